@@ -1,0 +1,221 @@
+"""The rollout-engine interface shared by the SGLang (GPU) and HF transformers (CPU) engines.
+
+Logprob semantics (both engines, by default): ``GenerationOutput.logprobs[i]`` is the
+log-probability of ``output_ids[i]`` under the *raw policy*, i.e. ``log_softmax(logits)``
+at temperature 1.0, before temperature scaling and before top-k / top-p truncation. This is
+what the trainer recomputes, so the train/inference mismatch metric compares like with like.
+``logprobs_mode="processed"`` (engine constructor argument) instead returns
+``log_softmax(logits / T)`` (temperature-scaled, still before top-k / top-p truncation),
+which is SGLang's own default. For greedy requests (temperature 0) both modes give the raw
+logprob. ``RolloutEngine.score`` always returns raw logprobs. See docs/rollout.md.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+from dataclasses import dataclass, field
+from typing import Iterable, List, Literal, Optional, Sequence, Tuple
+
+import torch
+
+FinishReason = Literal["stop", "length", "abort"]
+LOGPROBS_MODES = ("raw", "processed")
+
+WEIGHTS = "weights"
+KV_CACHE = "kv_cache"
+MEMORY_TAGS = (WEIGHTS, KV_CACHE)
+
+
+@dataclass
+class SamplingParams:
+    """Sampling parameters of one ``generate`` call (applied to every prompt of the call).
+
+    temperature: 0 means greedy (argmax); top_k: -1 disables it; top_p: 1.0 disables it.
+    stop_token_ids: extra token ids that end a sample (the engine's EOS ids are added unless
+    ``ignore_eos``). stop: strings that end a sample (needs a tokenizer in HFEngine).
+    seed: per-request seed; sample j of a prompt uses ``derive_seed(seed, j)``.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 128
+    n: int = 1
+    stop_token_ids: List[int] = field(default_factory=list)
+    stop: List[str] = field(default_factory=list)
+    seed: Optional[int] = None
+    ignore_eos: bool = False
+
+    def validate(self) -> None:
+        if not (self.temperature >= 0.0):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k != -1 and self.top_k < 1:
+            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if isinstance(self.stop, str):
+            raise TypeError("stop must be a list of strings, not a string")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+
+@dataclass
+class GenerationOutput:
+    """One sample. ``logprobs`` has one entry per ``output_ids`` entry (see module doc)."""
+
+    prompt_ids: List[int]
+    output_ids: List[int]
+    logprobs: List[float]
+    finish_reason: FinishReason
+    text: Optional[str] = None
+
+
+def derive_seed(seed: int, sample_index: int) -> int:
+    """The seed of sample ``sample_index`` of a request seeded with ``seed`` (63-bit)."""
+    if sample_index == 0:
+        return int(seed) & ((1 << 63) - 1)
+    digest = hashlib.sha256(f"{int(seed)}:{int(sample_index)}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+class EngineReleasedError(RuntimeError):
+    """Raised by generate/score/update_weights while the needed memory is released."""
+
+
+class WeightUpdateError(RuntimeError):
+    """A bucket or a whole weight update does not match the engine's parameters."""
+
+
+def format_name_mismatch(missing: Iterable[str], unexpected: Iterable[str]) -> str:
+    missing, unexpected = sorted(missing), sorted(unexpected)
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} missing: {missing}")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected: {unexpected}")
+    return "; ".join(parts)
+
+
+class RolloutEngine(abc.ABC):
+    """One rollout engine. Memory tags: "weights" and "kv_cache".
+
+    Weight updates: call ``update_weights(bucket)`` any number of times (each bucket a list
+    of (HF parameter name, tensor)), then ``finish_weight_update()``, which flushes the
+    cache and checks that every expected parameter name arrived since the last finish
+    (raising ``WeightUpdateError`` listing missing names otherwise).
+
+    While "weights" is released, ``generate``, ``score`` and ``update_weights`` raise
+    ``EngineReleasedError``; while "kv_cache" is released, ``generate`` and ``score`` raise.
+    The colocation order is: release both -> train -> resume "weights" -> update_weights ...
+    -> finish_weight_update -> resume "kv_cache" -> generate.
+    """
+
+    def __init__(self) -> None:
+        self._released: set = set()
+        self._received: set = set()
+
+    # --- generation -----------------------------------------------------------------
+    @abc.abstractmethod
+    def generate(
+        self, prompts: List[List[int]], params: SamplingParams
+    ) -> List[List[GenerationOutput]]:
+        """``params.n`` outputs per prompt, in prompt order."""
+
+    @abc.abstractmethod
+    def score(
+        self, sequences: List[List[int]], prompt_lens: Sequence[int]
+    ) -> List[List[float]]:
+        """Raw (temperature 1) logprob of each token ``sequences[i][prompt_lens[i]:]`` given
+        its prefix. ``prompt_lens[i]`` must be >= 1."""
+
+    # --- weights --------------------------------------------------------------------
+    @abc.abstractmethod
+    def expected_weight_names(self) -> List[str]:
+        """HF names a complete update must carry (tied lm_head not included)."""
+
+    @abc.abstractmethod
+    def _load_bucket(self, bucket: List[Tuple[str, torch.Tensor]]) -> List[str]:
+        """Load one validated bucket, return the canonical names it covered."""
+
+    def update_weights(self, bucket: List[Tuple[str, torch.Tensor]]) -> None:
+        self._check_not_released(WEIGHTS, "update_weights")
+        names = self._load_bucket(list(bucket))
+        self._received.update(names)
+
+    def finish_weight_update(self) -> None:
+        self._check_not_released(WEIGHTS, "finish_weight_update")
+        expected = set(self.expected_weight_names())
+        missing = expected - self._received
+        unexpected = self._received - expected
+        self._received = set()
+        self.flush_cache()
+        if missing or unexpected:
+            raise WeightUpdateError(
+                "incomplete weight update since the last finish_weight_update: "
+                + format_name_mismatch(missing, unexpected)
+            )
+
+    # --- memory ---------------------------------------------------------------------
+    def is_released(self, tag: str) -> bool:
+        _check_tags([tag])
+        return tag in self._released
+
+    def release_memory(self, tags: Sequence[str] = MEMORY_TAGS) -> None:
+        tags = _check_tags(tags)
+        todo = [t for t in tags if t not in self._released]
+        if todo:
+            self._release(todo)
+            self._released.update(todo)
+
+    def resume_memory(self, tags: Sequence[str] = MEMORY_TAGS) -> None:
+        tags = _check_tags(tags)
+        todo = [t for t in tags if t in self._released]
+        if todo:
+            self._resume(todo)
+            self._released.difference_update(todo)
+
+    @abc.abstractmethod
+    def _release(self, tags: List[str]) -> None: ...
+
+    @abc.abstractmethod
+    def _resume(self, tags: List[str]) -> None: ...
+
+    def _check_not_released(self, tag: str, what: str) -> None:
+        if tag in self._released:
+            raise EngineReleasedError(
+                f"{type(self).__name__}.{what}() called while its {tag!r} memory is released; "
+                f"call resume_memory([{tag!r}]) first"
+            )
+
+    def _check_can_generate(self, what: str) -> None:
+        self._check_not_released(WEIGHTS, what)
+        self._check_not_released(KV_CACHE, what)
+
+    # --- misc -----------------------------------------------------------------------
+    @abc.abstractmethod
+    def flush_cache(self) -> None: ...
+
+    @abc.abstractmethod
+    def abort(self) -> None:
+        """Abort in-flight requests (their outputs finish with reason "abort")."""
+
+    @abc.abstractmethod
+    def health(self) -> bool: ...
+
+    @abc.abstractmethod
+    def shutdown(self) -> None: ...
+
+
+def _check_tags(tags) -> List[str]:
+    if isinstance(tags, str):
+        tags = [tags]
+    tags = list(tags)
+    bad = [t for t in tags if t not in MEMORY_TAGS]
+    if bad:
+        raise ValueError(f"unknown memory tags {bad}; known: {list(MEMORY_TAGS)}")
+    return tags

@@ -1,0 +1,427 @@
+"""HFEngine: a transformers causal LM on CPU behind the RolloutEngine interface.
+
+For tests and demos. The sampling loop is our own (left-padded batch, attention mask,
+explicit position ids, a transformers ``DynamicCache``), so that it honours exactly our
+``SamplingParams`` and returns per-token logprobs.
+
+Sampling, per step and per row: ``logits`` (fp32) -> greedy argmax when temperature is 0,
+else ``logits / T`` -> top-k -> top-p (smallest set of highest-probability tokens whose mass
+reaches top_p) -> softmax -> inverse-CDF draw with one uniform number from the row's own
+``torch.Generator``. Logprobs: see ``megatron_dapo.rollout.base`` (raw by default).
+
+Seeds: sample j of a request with ``seed`` uses ``derive_seed(seed, j)`` and consumes exactly
+one uniform per generated token, so its random stream does not depend on the batch it ran
+in. The guarantee achieved: a seeded request gives the same tokens whatever else is in the
+batch *as long as the model's logits for it are the same*; on CPU fp32 they are in practice
+(tested with different batch compositions and paddings), but batch-dependent numerics could
+in principle move a probability across the drawn uniform. Unseeded rows draw their seed from
+the engine's own RNG (constructor ``seed``).
+
+Stop strings (need ``tokenizer``): after each token the sample's output is decoded; at the
+first occurrence of any stop string the sample finishes with reason "stop". ``output_ids``
+keep every token up to and including the one that completed the stop string (that token may
+carry characters past it) and nothing after; ``text`` is cut just before the stop string.
+Stop tokens (EOS and ``stop_token_ids``) are included in ``output_ids``.
+
+Memory: ``release_memory(["weights"])`` resizes every parameter storage to 0 bytes (really
+freed); ``resume_memory(["weights"])`` re-allocates it with *undefined contents*: generate and
+score refuse until a complete weight update has been finished (``finish_weight_update``).
+The KV cache only lives during a ``generate`` call; releasing "kv_cache" drops any cache
+kept and makes generate/score refuse until it is resumed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import random
+import threading
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from megatron_dapo.rollout.base import (
+    KV_CACHE,
+    LOGPROBS_MODES,
+    WEIGHTS,
+    EngineReleasedError,
+    GenerationOutput,
+    RolloutEngine,
+    SamplingParams,
+    WeightUpdateError,
+    derive_seed,
+)
+
+
+class HFEngine(RolloutEngine):
+    """``HFEngine(model_dir)`` or ``HFEngine(config, state_dict)`` or ``HFEngine((config, sd))``.
+
+    ``state_dict=None`` with a config gives random weights (load real ones with
+    update_weights). ``eos_token_ids`` defaults to the config's ``eos_token_id``.
+    """
+
+    def __init__(
+        self,
+        model: Union[str, os.PathLike, object, Tuple[object, Dict[str, torch.Tensor]]],
+        state_dict: Optional[Dict[str, torch.Tensor]] = None,
+        *,
+        tokenizer=None,
+        dtype: torch.dtype = torch.float32,
+        device: Union[str, torch.device] = "cpu",
+        eos_token_ids: Optional[Sequence[int]] = None,
+        pad_token_id: Optional[int] = None,
+        logprobs_mode: str = "raw",
+        seed: Optional[int] = None,
+    ) -> None:
+        super().__init__()
+        from transformers import AutoModelForCausalLM
+
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
+        if isinstance(model, tuple):
+            if state_dict is not None:
+                raise TypeError("pass either (config, state_dict) or config, state_dict")
+            model, state_dict = model
+        self.device = torch.device(device)
+        self.dtype = dtype
+        if isinstance(model, (str, os.PathLike)):
+            if state_dict is not None:
+                raise TypeError("state_dict is only accepted with a config")
+            self.model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype)
+        else:
+            self.model = AutoModelForCausalLM.from_config(model, dtype=dtype)
+        self.model.to(self.device).eval()
+        self.model.requires_grad_(False)
+        self.config = self.model.config
+        self.tokenizer = tokenizer
+        self.logprobs_mode = logprobs_mode
+        self._rng = random.Random(seed)
+        self._abort = threading.Event()
+        self._closed = False
+        self._weights_valid = True
+        self._cache = None
+        self._step_hook: Optional[Callable[[int], None]] = None  # tests: called every step
+
+        if eos_token_ids is None:
+            eos = getattr(self.config, "eos_token_id", None)
+            if eos is None and getattr(self.model, "generation_config", None) is not None:
+                eos = self.model.generation_config.eos_token_id
+            eos_token_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        self.eos_token_ids = [int(t) for t in eos_token_ids]
+        if pad_token_id is None:
+            pad_token_id = getattr(self.config, "pad_token_id", None)
+            if pad_token_id is None:
+                pad_token_id = self.eos_token_ids[0] if self.eos_token_ids else 0
+        self.pad_token_id = int(pad_token_id)
+
+        fwd_params = inspect.signature(type(self.model).forward).parameters
+        self._cache_kwarg = "cache" if "cache" in fwd_params else "past_key_values"
+        self._has_logits_to_keep = "logits_to_keep" in fwd_params
+
+        self._build_name_index()
+        if state_dict is not None:
+            self.update_weights(list(state_dict.items()))
+            self.finish_weight_update()
+
+    # ------------------------------------------------------------------ weights ----
+    def _build_name_index(self) -> None:
+        # named_parameters() drops duplicates: a tied lm_head.weight is not listed, the
+        # embedding is. Persistent buffers are part of a checkpoint too.
+        self._params: Dict[str, torch.Tensor] = dict(self.model.named_parameters())
+        persistent = self.model.state_dict(keep_vars=True)
+        for name, t in self.model.named_buffers():
+            if name in persistent:
+                self._params[name] = t
+        # Aliases: every state_dict name sharing storage with a canonical one (tied weights).
+        self._alias: Dict[str, str] = {n: n for n in self._params}
+        by_ptr = {}
+        for n, t in self._params.items():
+            by_ptr.setdefault(t.data_ptr(), n)
+        for n, t in persistent.items():
+            if n not in self._alias and t.data_ptr() in by_ptr:
+                self._alias[n] = by_ptr[t.data_ptr()]
+        self._storages = {}  # data_ptr-independent list of unique storages, filled on release
+
+    def expected_weight_names(self) -> List[str]:
+        return sorted(self._params)
+
+    def _load_bucket(self, bucket: List[Tuple[str, torch.Tensor]]) -> List[str]:
+        # Validate the whole bucket before touching any parameter.
+        plan = []
+        for name, tensor in bucket:
+            if not isinstance(tensor, torch.Tensor):
+                raise WeightUpdateError(f"bucket entry {name!r} is not a tensor: {type(tensor).__name__}")
+            canonical = self._alias.get(name)
+            if canonical is None:
+                raise WeightUpdateError(
+                    f"unknown parameter name {name!r} in weight bucket (the model has "
+                    f"{len(self._params)} parameters, e.g. {sorted(self._params)[:3]})"
+                )
+            param = self._params[canonical]
+            if tuple(tensor.shape) != tuple(param.shape):
+                raise WeightUpdateError(
+                    f"shape mismatch for {name!r}: bucket has {tuple(tensor.shape)}, "
+                    f"model expects {tuple(param.shape)}"
+                )
+            if tensor.is_floating_point() != param.is_floating_point():
+                raise WeightUpdateError(
+                    f"dtype mismatch for {name!r}: bucket has {tensor.dtype}, model has {param.dtype}"
+                )
+            plan.append((canonical, param, tensor))
+        with torch.no_grad():
+            for _, param, tensor in plan:
+                param.data.copy_(tensor.to(device=param.device, dtype=param.dtype))
+        return [c for c, _, _ in plan]
+
+    def finish_weight_update(self) -> None:
+        super().finish_weight_update()  # raises on missing names
+        self._weights_valid = True
+
+    def get_weight(self, name: str) -> torch.Tensor:
+        """The engine's current tensor for an HF name (aliases allowed); for tests/probes."""
+        self._check_not_released(WEIGHTS, "get_weight")
+        return self._params[self._alias[name]].detach()
+
+    # ------------------------------------------------------------------- memory ----
+    def _unique_storages(self):
+        seen = {}
+        for t in self._params.values():
+            s = t.data.untyped_storage()
+            seen.setdefault(id(s) if s.data_ptr() == 0 else s.data_ptr(), (t, s))
+        return list(seen.values())
+
+    def _release(self, tags: List[str]) -> None:
+        if WEIGHTS in tags:
+            self._saved_sizes = []
+            for t, s in self._unique_storages():
+                self._saved_sizes.append((t, s.nbytes()))
+                s.resize_(0)
+            self._weights_valid = False
+        if KV_CACHE in tags:
+            self._cache = None
+
+    def _resume(self, tags: List[str]) -> None:
+        if WEIGHTS in tags:
+            for t, nbytes in self._saved_sizes:
+                t.data.untyped_storage().resize_(nbytes)
+            self._saved_sizes = []
+            # Contents are undefined until a full update is finished.
+            self._weights_valid = False
+            self._received = set()
+
+    def param_storage_bytes(self) -> int:
+        """Bytes currently held by parameter storages (0 while "weights" is released)."""
+        return sum(s.nbytes() for _, s in self._unique_storages())
+
+    def _check_ready(self, what: str) -> None:
+        if self._closed:
+            raise RuntimeError(f"HFEngine.{what}() called after shutdown()")
+        self._check_can_generate(what)
+        if not self._weights_valid:
+            raise EngineReleasedError(
+                f"HFEngine.{what}() called after resume_memory(['weights']) but before a complete "
+                "weight update (update_weights ... finish_weight_update): weights are undefined"
+            )
+
+    def update_weights(self, bucket) -> None:
+        if self._closed:
+            raise RuntimeError("HFEngine.update_weights() called after shutdown()")
+        super().update_weights(bucket)
+
+    # ---------------------------------------------------------------- generation ----
+    def _forward(self, input_ids, attention_mask, position_ids, cache, last_only=False):
+        kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        if cache is not None:
+            # transformers 5.x renamed past_key_values to cache.
+            kwargs[self._cache_kwarg] = cache
+            kwargs["use_cache"] = True
+        else:
+            kwargs["use_cache"] = False
+        if last_only and self._has_logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        return self.model(**kwargs).logits
+
+    @torch.no_grad()
+    def generate(self, prompts: List[List[int]], params: SamplingParams) -> List[List[GenerationOutput]]:
+        from transformers import DynamicCache
+
+        self._check_ready("generate")
+        params.validate()
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need HFEngine(tokenizer=...)")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("empty prompt")
+        self._abort.clear()
+
+        stop_ids = set(int(t) for t in params.stop_token_ids)
+        if not params.ignore_eos:
+            stop_ids.update(self.eos_token_ids)
+
+        rows = []  # (prompt index, sample index, prompt ids, generator)
+        for i, p in enumerate(prompts):
+            for j in range(params.n):
+                seed = derive_seed(params.seed, j) if params.seed is not None else self._rng.getrandbits(63)
+                g = torch.Generator(device="cpu")
+                g.manual_seed(seed)
+                rows.append((i, j, [int(t) for t in p], g))
+
+        outs_ids: List[List[int]] = [[] for _ in rows]
+        outs_lp: List[List[float]] = [[] for _ in rows]
+        finish: List[Optional[str]] = [None] * len(rows)
+        texts: List[Optional[str]] = [None] * len(rows)
+
+        if params.max_new_tokens == 0 or not rows:
+            finish = ["length"] * len(rows)
+        else:
+            B = len(rows)
+            max_len = max(len(r[2]) for r in rows)
+            ids = torch.full((B, max_len), self.pad_token_id, dtype=torch.long)
+            mask = torch.zeros((B, max_len), dtype=torch.long)
+            for b, r in enumerate(rows):
+                ids[b, max_len - len(r[2]):] = torch.tensor(r[2])
+                mask[b, max_len - len(r[2]):] = 1
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)
+            ids, mask, pos = ids.to(self.device), mask.to(self.device), pos.to(self.device)
+            cache = DynamicCache(config=self.config)
+            self._cache = cache
+            logits = self._forward(ids, mask, pos, cache, last_only=True)[:, -1, :]
+            next_pos = pos[:, -1:] + 1
+            active = list(range(B))  # row index of each batch slot
+            step = 0
+            while True:
+                tokens, lps = self._sample(logits.float(), [rows[b][3] for b in active], params)
+                still = []
+                for slot, b in enumerate(active):
+                    tok = int(tokens[slot])
+                    outs_ids[b].append(tok)
+                    outs_lp[b].append(float(lps[slot]))
+                    if tok in stop_ids:
+                        finish[b] = "stop"
+                    elif params.stop and self._check_stop_strings(b, outs_ids, texts, params.stop):
+                        finish[b] = "stop"
+                    elif len(outs_ids[b]) >= params.max_new_tokens:
+                        finish[b] = "length"
+                    else:
+                        still.append(slot)
+                step += 1
+                if self._step_hook is not None:
+                    self._step_hook(step)
+                if self._abort.is_set():
+                    for slot in still:
+                        finish[active[slot]] = "abort"
+                    still = []
+                if not still:
+                    break
+                if len(still) < len(active):
+                    sel = torch.tensor(still, device=self.device)
+                    cache.batch_select_indices(sel)
+                    mask = mask[sel]
+                    next_pos = next_pos[sel]
+                    tokens = tokens[sel.cpu()]
+                    active = [active[s] for s in still]
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+                logits = self._forward(
+                    tokens.view(-1, 1).to(self.device), mask, next_pos, cache, last_only=True
+                )[:, -1, :]
+                next_pos = next_pos + 1
+            self._cache = None
+
+        if self.tokenizer is not None:
+            for b in range(len(rows)):
+                if texts[b] is None:
+                    texts[b] = self.tokenizer.decode(outs_ids[b])
+        result: List[List[GenerationOutput]] = [[] for _ in prompts]
+        for b, (i, j, p, _) in enumerate(rows):
+            result[i].append(
+                GenerationOutput(
+                    prompt_ids=list(p),
+                    output_ids=outs_ids[b],
+                    logprobs=outs_lp[b],
+                    finish_reason=finish[b],
+                    text=texts[b],
+                )
+            )
+        return result
+
+    def _check_stop_strings(self, b, outs_ids, texts, stops) -> bool:
+        text = self.tokenizer.decode(outs_ids[b])
+        hits = [(text.find(s), s) for s in stops if s in text]
+        if not hits:
+            return False
+        texts[b] = text[: min(h[0] for h in hits)]
+        return True
+
+    def _sample(self, logits: torch.Tensor, generators, params: SamplingParams):
+        """logits: [B, V] fp32 -> (tokens [B] long, logprobs [B] float)."""
+        raw = torch.log_softmax(logits, dim=-1)
+        if params.temperature == 0.0:
+            tokens = logits.argmax(dim=-1)
+            lp = raw
+        else:
+            scaled = logits / params.temperature
+            lp = raw if self.logprobs_mode == "raw" else torch.log_softmax(scaled, dim=-1)
+            filtered = _top_k_top_p(scaled, params.top_k, params.top_p)
+            probs = torch.softmax(filtered, dim=-1)
+            cdf = probs.cumsum(dim=-1)
+            u = torch.stack([torch.rand((), generator=g) for g in generators]).to(cdf)
+            u = u * cdf[:, -1]
+            tokens = torch.searchsorted(cdf, u.unsqueeze(-1), right=True).squeeze(-1)
+            tokens = tokens.clamp(max=logits.shape[-1] - 1)
+        return tokens.cpu(), lp.gather(-1, tokens.to(lp.device).unsqueeze(-1)).squeeze(-1).cpu()
+
+    @torch.no_grad()
+    def score(self, sequences: List[List[int]], prompt_lens: Sequence[int]) -> List[List[float]]:
+        self._check_ready("score")
+        if len(sequences) != len(prompt_lens):
+            raise ValueError("sequences and prompt_lens differ in length")
+        for s, p in zip(sequences, prompt_lens):
+            if not 1 <= p <= len(s):
+                raise ValueError(f"prompt_len {p} out of range [1, {len(s)}]")
+        if not sequences:
+            return []
+        B, L = len(sequences), max(len(s) for s in sequences)
+        ids = torch.full((B, L), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((B, L), dtype=torch.long)
+        for b, s in enumerate(sequences):  # right padding: positions are plain 0..len-1
+            ids[b, : len(s)] = torch.tensor(s)
+            mask[b, : len(s)] = 1
+        pos = torch.arange(L).expand(B, L)
+        logits = self._forward(ids.to(self.device), mask.to(self.device), pos.to(self.device), None)
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        out = []
+        for b, (s, p) in enumerate(zip(sequences, prompt_lens)):
+            tgt = torch.tensor(s[p:], dtype=torch.long, device=logp.device)
+            out.append(logp[b, p - 1 : len(s) - 1].gather(-1, tgt.unsqueeze(-1)).squeeze(-1).tolist())
+        return out
+
+    # --------------------------------------------------------------------- misc ----
+    def flush_cache(self) -> None:
+        self._cache = None
+
+    def abort(self) -> None:
+        self._abort.set()
+
+    def health(self) -> bool:
+        return not self._closed
+
+    def shutdown(self) -> None:
+        self._closed = True
+        self._cache = None
+        self.model = None
+        self._params = {}
+
+
+def _top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    V = logits.shape[-1]
+    if 0 < top_k < V:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # mass of strictly better tokens
+        drop_sorted = before >= top_p
+        drop_sorted[:, 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
