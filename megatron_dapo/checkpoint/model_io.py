@@ -1,0 +1,149 @@
+"""Move weights between a rank's megatron-core modules and full (HF or megatron) tensors.
+
+Built on :mod:`megatron_dapo.checkpoint.mapping`; no layout logic of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable, Iterator
+
+import torch
+
+from ..models.hf_config import ModelArch
+from . import mapping
+
+
+def layer_offset(model) -> int:
+    """Global index of the first transformer layer held by this PP stage's model."""
+    model = unwrap(model)
+    layers = model.decoder.layers
+    return (layers[0].layer_number - 1) if len(layers) else 0
+
+
+def unwrap(model):
+    """Strip DDP / Float16Module wrappers."""
+    while hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+def global_param_name(model, local_name: str, arch: ModelArch) -> str:
+    """The megatron full name of a local parameter (a tied output layer maps to the embedding)."""
+    name = mapping.local_to_global(local_name, layer_offset(model))
+    if name == "output_layer.weight" and arch.tie_word_embeddings:
+        return "embedding.word_embeddings.weight"
+    return name
+
+
+class HFWeights:
+    """Lazy read access to an HF checkpoint directory (safetensors, sharded or not)."""
+
+    def __init__(self, directory: str):
+        from safetensors import safe_open
+
+        self.directory = directory
+        index = os.path.join(directory, "model.safetensors.index.json")
+        if os.path.exists(index):
+            with open(index) as f:
+                weight_map = json.load(f)["weight_map"]
+        else:
+            single = os.path.join(directory, "model.safetensors")
+            if not os.path.exists(single):
+                raise FileNotFoundError(f"{directory}: no model.safetensors or model.safetensors.index.json")
+            from safetensors import safe_open as _so
+
+            with _so(single, "pt") as f:
+                weight_map = {k: "model.safetensors" for k in f.keys()}
+        self.weight_map = weight_map
+        self._open = {}
+        self._safe_open = safe_open
+
+    def keys(self) -> list[str]:
+        return list(self.weight_map)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.weight_map
+
+    def __call__(self, name: str) -> torch.Tensor:
+        if name not in self.weight_map:
+            raise KeyError(f"{self.directory}: tensor {name!r} missing from the HF checkpoint")
+        fname = self.weight_map[name]
+        if fname not in self._open:
+            self._open[fname] = self._safe_open(os.path.join(self.directory, fname), "pt")
+        return self._open[fname].get_tensor(name)
+
+
+def check_hf_tensors(arch: ModelArch, names) -> None:
+    """Missing or unexpected HF tensors are an error listing them (never a partial load)."""
+    want = set(mapping.hf_names(arch))
+    have = set(names)
+    if arch.tie_word_embeddings:
+        have.discard("lm_head.weight")  # some tied checkpoints still store it
+    have = {n for n in have if not n.endswith("rotary_emb.inv_freq")}
+    missing, unexpected = sorted(want - have), sorted(have - want)
+    if missing or unexpected:
+        raise ValueError(
+            f"HF checkpoint tensors do not match the config: missing {missing[:20]}"
+            f"{' ...' if len(missing) > 20 else ''}, unexpected {unexpected[:20]}{' ...' if len(unexpected) > 20 else ''}"
+        )
+
+
+@torch.no_grad()
+def load_full_weights(model, arch: ModelArch, get_full: Callable[[str], torch.Tensor]) -> None:
+    """Copy FULL megatron tensors (by global name) into this rank's shards of ``model``."""
+    from megatron.core import parallel_state as ps
+
+    tp_rank = ps.get_tensor_model_parallel_rank()
+    tp_size = ps.get_tensor_model_parallel_world_size()
+    inner = unwrap(model)
+    for local, p in inner.named_parameters():
+        gname = global_param_name(inner, local, arch)
+        full = get_full(gname)
+        shard = mapping.shard_tp(gname, full, tp_rank, tp_size)
+        if tuple(shard.shape) != tuple(p.shape):
+            raise ValueError(f"{local}: shard shape {tuple(shard.shape)} != parameter shape {tuple(p.shape)}")
+        p.copy_(shard.to(p.dtype))
+
+
+@torch.no_grad()
+def load_hf_weights(model, arch: ModelArch, hf_dir_or_getter, padded_vocab: int) -> None:
+    """Initialise this rank's shards from an HF checkpoint (directory or tensor getter)."""
+    getter = HFWeights(hf_dir_or_getter) if isinstance(hf_dir_or_getter, (str, os.PathLike)) else hf_dir_or_getter
+    if isinstance(getter, HFWeights):
+        check_hf_tensors(arch, getter.keys())
+    cache: dict[str, torch.Tensor] = {}
+
+    def get_full(gname):
+        if gname not in cache:
+            cache.clear()  # one full tensor at a time
+            ((_, t),) = list(mapping.hf_to_megatron(arch, getter, padded_vocab, names=[gname]))
+            cache[gname] = t
+        return cache[gname]
+
+    load_full_weights(model, arch, get_full)
+
+
+@torch.no_grad()
+def gather_full_weights(model, arch: ModelArch, tp_group=None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (global megatron name, FULL tensor) for this PP stage, TP shards all-gathered.
+
+    Collective over the TP group: every TP rank must iterate in the same order.
+    """
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    tp_group = tp_group or ps.get_tensor_model_parallel_group()
+    tp_size = dist.get_world_size(tp_group)
+    inner = unwrap(model)
+    for local, p in inner.named_parameters():
+        gname = mapping.local_to_global(local, layer_offset(inner))
+        if gname == "output_layer.weight" and arch.tie_word_embeddings:
+            continue  # the tied copy on the last stage
+        t = p.detach()
+        if tp_size > 1 and mapping.tp_partition_dim(gname) is not None:
+            shards = [torch.empty_like(t) for _ in range(tp_size)]
+            dist.all_gather(shards, t.contiguous(), group=tp_group)
+            t = mapping.unshard_tp(gname, shards)
+        yield gname, t

@@ -1,0 +1,83 @@
+"""Process groups: the default group, megatron's model-parallel groups, and their teardown.
+
+Everything distributed in this package takes process groups as arguments; this module is
+the one place that creates them (from torchrun/Ray environment variables or explicit ranks).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from . import platform
+
+
+def init_distributed(
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    master_addr: Optional[str] = None,
+    master_port: Optional[int] = None,
+    backend: Optional[str] = None,
+    timeout_s: float = 600.0,
+) -> None:
+    """Initialise the default process group (gloo on CPU, nccl on GPU) once per process."""
+    platform.apply_cpu_patches()
+    if dist.is_initialized():
+        return
+    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
+    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    os.environ["MASTER_ADDR"] = master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(master_port or os.environ.get("MASTER_PORT", "29500"))
+    if platform.cuda_available():
+        local_rank = int(os.environ.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1)))
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(
+        backend or platform.dist_backend(),
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+
+
+def init_parallel(
+    tensor_model_parallel_size: int = 1,
+    pipeline_model_parallel_size: int = 1,
+    context_parallel_size: int = 1,
+    seed: int = 1234,
+) -> None:
+    """(Re)initialise megatron's model-parallel groups over the default group and seed RNGs."""
+    from megatron.core import parallel_state as ps
+
+    if not dist.is_initialized():
+        init_distributed()
+    world = dist.get_world_size()
+    mp = tensor_model_parallel_size * pipeline_model_parallel_size * context_parallel_size
+    if world % mp:
+        raise ValueError(
+            f"world size {world} is not divisible by --tensor-model-parallel-size {tensor_model_parallel_size} x "
+            f"--pipeline-model-parallel-size {pipeline_model_parallel_size} x --context-parallel-size {context_parallel_size}"
+        )
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=tensor_model_parallel_size,
+        pipeline_model_parallel_size=pipeline_model_parallel_size,
+        context_parallel_size=context_parallel_size,
+    )
+    platform.manual_seed(seed)
+
+
+def destroy_parallel() -> None:
+    from megatron.core import parallel_state as ps
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+
+
+def barrier(group=None) -> None:
+    if dist.is_initialized():
+        dist.barrier(group=group)

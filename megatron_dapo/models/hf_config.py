@@ -1,0 +1,155 @@
+"""Read a Hugging Face ``config.json`` into a validated, framework-neutral model description.
+
+Only the fields that change the math of a Qwen2/Qwen2.5 or Llama decoder are read. Any field
+this package cannot honour (rope scaling, sliding window, biases where megatron's layout has
+none, another activation) is an error naming that field: a silent mismatch would train a
+different model than the checkpoint's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from typing import Any, Optional
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+
+
+class ModelConfigError(ValueError):
+    """An HF config that megatron-dapo cannot build faithfully."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelArch:
+    """The architecture facts megatron-core needs, read from an HF config."""
+
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    head_dim: int
+    vocab_size: int
+    max_position_embeddings: int
+    rope_theta: float
+    norm_eps: float
+    qkv_bias: bool
+    tie_word_embeddings: bool
+    bos_token_id: Optional[int] = None
+    eos_token_id: Any = None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def num_parameters(self) -> int:
+        """Parameter count of the HF model (untied output counted once more)."""
+        h, f, L, v = self.hidden_size, self.ffn_hidden_size, self.num_layers, self.vocab_size
+        q = self.num_attention_heads * self.head_dim
+        kv = self.num_query_groups * self.head_dim
+        attn = h * q + 2 * h * kv + q * h + (q + 2 * kv if self.qkv_bias else 0)
+        mlp = 3 * h * f
+        per_layer = attn + mlp + 2 * h
+        emb = v * h * (1 if self.tie_word_embeddings else 2)
+        return L * per_layer + emb + h
+
+
+def load_hf_config(path_or_dict) -> dict:
+    """Return the raw config dict of an HF checkpoint directory, a config.json path or a dict."""
+    if isinstance(path_or_dict, dict):
+        return dict(path_or_dict)
+    path = os.fspath(path_or_dict)
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"HF config not found: {path} (expected a checkpoint directory with config.json)")
+    with open(path) as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            raise ModelConfigError(f"{path}: not valid JSON ({e})") from e
+
+
+def hf_config_hash(cfg: dict) -> str:
+    """Stable hash of the architecture-relevant part of an HF config (stored in checkpoints)."""
+    arch = parse_hf_config(cfg).to_dict()
+    return hashlib.sha256(json.dumps(arch, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _rope_theta(cfg: dict) -> float:
+    rp = cfg.get("rope_parameters")
+    if isinstance(rp, dict):
+        rtype = rp.get("rope_type", "default")
+        if rtype not in (None, "default"):
+            raise ModelConfigError(f"unsupported HF config field rope_parameters.rope_type={rtype!r} (only default RoPE)")
+        if "rope_theta" in rp:
+            return float(rp["rope_theta"])
+    return float(cfg.get("rope_theta", 10000.0))
+
+
+def _require(cfg: dict, key: str):
+    if key not in cfg:
+        raise ModelConfigError(f"HF config is missing required field {key!r}")
+    return cfg[key]
+
+
+def parse_hf_config(path_or_dict) -> ModelArch:
+    """Validate an HF config of the Qwen2 or Llama family and return its :class:`ModelArch`."""
+    cfg = load_hf_config(path_or_dict)
+    mtype = cfg.get("model_type")
+    if mtype not in SUPPORTED_MODEL_TYPES:
+        raise ModelConfigError(
+            f"unsupported HF config field model_type={mtype!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    if cfg.get("rope_scaling"):
+        raise ModelConfigError(f"unsupported HF config field rope_scaling={cfg['rope_scaling']!r} (only plain RoPE)")
+    if cfg.get("use_sliding_window"):
+        raise ModelConfigError("unsupported HF config field use_sliding_window=true (sliding-window attention)")
+    if mtype == "llama" and cfg.get("sliding_window"):
+        raise ModelConfigError(f"unsupported HF config field sliding_window={cfg['sliding_window']!r}")
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ModelConfigError(f"unsupported HF config field hidden_act={act!r} (SwiGLU with silu only)")
+    if cfg.get("mlp_bias"):
+        raise ModelConfigError("unsupported HF config field mlp_bias=true")
+    if mtype == "llama" and cfg.get("attention_bias"):
+        # Llama's attention_bias also biases o_proj, which megatron's layout cannot express
+        # without biasing every linear layer.
+        raise ModelConfigError("unsupported HF config field attention_bias=true for llama")
+    if cfg.get("pretraining_tp", 1) not in (1, None):
+        raise ModelConfigError(f"unsupported HF config field pretraining_tp={cfg['pretraining_tp']!r}")
+
+    hidden = int(_require(cfg, "hidden_size"))
+    heads = int(_require(cfg, "num_attention_heads"))
+    kv = int(cfg.get("num_key_value_heads") or heads)
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    if head_dim * heads != hidden and mtype == "qwen2":
+        raise ModelConfigError(f"HF config head_dim={head_dim} x num_attention_heads={heads} != hidden_size={hidden}")
+    if heads % kv:
+        raise ModelConfigError(f"HF config num_attention_heads={heads} not divisible by num_key_value_heads={kv}")
+    return ModelArch(
+        model_type=mtype,
+        num_layers=int(_require(cfg, "num_hidden_layers")),
+        hidden_size=hidden,
+        ffn_hidden_size=int(_require(cfg, "intermediate_size")),
+        num_attention_heads=heads,
+        num_query_groups=kv,
+        head_dim=head_dim,
+        vocab_size=int(_require(cfg, "vocab_size")),
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+        rope_theta=_rope_theta(cfg),
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        qkv_bias=(mtype == "qwen2"),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", mtype == "llama" and False)),
+        bos_token_id=cfg.get("bos_token_id"),
+        eos_token_id=cfg.get("eos_token_id"),
+    )
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int, tp_size: int) -> int:
+    """Megatron pads the vocabulary so every TP rank holds an equal, aligned slice."""
+    multiple = divisible_by * tp_size
+    return ((vocab_size + multiple - 1) // multiple) * multiple

@@ -1,0 +1,137 @@
+"""Build a megatron-core ``GPTModel`` + ``TransformerConfig`` from an HF config.
+
+Parallelism is applied from outside: the caller initialises megatron's ``parallel_state``
+(``megatron_dapo.distributed.init_parallel``) and this module builds the local stage/shard of
+the model for the calling rank. The transformer-engine layer spec is used when TE imports
+(GPU), megatron-core's local spec otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+from .hf_config import ModelArch, padded_vocab_size, parse_hf_config
+
+
+@dataclasses.dataclass
+class ModelBuildOptions:
+    """What the run adds on top of the checkpoint's architecture."""
+
+    params_dtype: torch.dtype = torch.float32
+    bf16: bool = False
+    sequence_parallel: bool = False
+    make_vocab_size_divisible_by: int = 128
+    recompute_granularity: Optional[str] = None
+    recompute_method: Optional[str] = None
+    recompute_num_layers: Optional[int] = None
+    context_parallel_size: int = 1
+    use_te: Optional[bool] = None  # None = TE when it imports
+    deterministic: bool = False
+
+
+def transformer_config_from_arch(arch: ModelArch, opts: ModelBuildOptions):
+    """The megatron-core ``TransformerConfig`` of an HF architecture under the current parallel state."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    tp = ps.get_tensor_model_parallel_world_size()
+    pp = ps.get_pipeline_model_parallel_world_size()
+    on_gpu = torch.cuda.is_available()
+    return TransformerConfig(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        ffn_hidden_size=arch.ffn_hidden_size,
+        num_attention_heads=arch.num_attention_heads,
+        num_query_groups=arch.num_query_groups,
+        kv_channels=arch.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=arch.norm_eps,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        add_bias_linear=False,
+        add_qkv_bias=arch.qkv_bias,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        masked_softmax_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        context_parallel_size=opts.context_parallel_size,
+        sequence_parallel=opts.sequence_parallel and tp > 1,
+        params_dtype=opts.params_dtype,
+        bf16=opts.bf16,
+        pipeline_dtype=opts.params_dtype,
+        use_cpu_initialization=not on_gpu,
+        perform_initialization=True,
+        recompute_granularity=opts.recompute_granularity,
+        recompute_method=opts.recompute_method,
+        recompute_num_layers=opts.recompute_num_layers,
+        deterministic_mode=opts.deterministic,
+        batch_p2p_comm=False if not on_gpu else True,
+        batch_p2p_sync=on_gpu,
+        variable_seq_lengths=True,
+        moe_token_dispatcher_type="alltoall",
+    )
+
+
+def layer_spec(use_te: Optional[bool] = None):
+    """TE spec when transformer_engine imports (GPU), local spec otherwise."""
+    from megatron.core.models.gpt import gpt_layer_specs as specs
+
+    from ..platform import te_available
+
+    if use_te is None:
+        use_te = te_available()
+    if use_te:
+        return specs.get_gpt_layer_with_transformer_engine_spec()
+    return specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+
+
+def build_gpt_model(hf_config, opts: Optional[ModelBuildOptions] = None, *, pre_process=None, post_process=None):
+    """Build the calling rank's part of the megatron-core GPTModel for ``hf_config``.
+
+    ``hf_config`` is an HF checkpoint directory, a config.json path, a dict or a ModelArch.
+    Returns ``(model, arch, transformer_config)``.
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    opts = opts or ModelBuildOptions()
+    arch = hf_config if isinstance(hf_config, ModelArch) else parse_hf_config(hf_config)
+    cfg = transformer_config_from_arch(arch, opts)
+    if pre_process is None:
+        pre_process = ps.is_pipeline_first_stage()
+    if post_process is None:
+        post_process = ps.is_pipeline_last_stage()
+    vocab = padded_vocab_size(arch.vocab_size, opts.make_vocab_size_divisible_by, cfg.tensor_model_parallel_size)
+    model = GPTModel(
+        config=cfg,
+        transformer_layer_spec=layer_spec(opts.use_te),
+        vocab_size=vocab,
+        max_sequence_length=arch.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        parallel_output=True,
+        share_embeddings_and_output_weights=arch.tie_word_embeddings,
+        position_embedding_type="rope",
+        rotary_base=int(arch.rope_theta) if float(arch.rope_theta).is_integer() else arch.rope_theta,
+    )
+    if torch.cuda.is_available():
+        model.cuda(torch.cuda.current_device())
+    return model, arch, cfg
+
+
+def causal_mask(seq_len: int, device=None) -> torch.Tensor:
+    """Explicit causal mask in megatron's convention (True = masked), shape [1, 1, s, s].
+
+    megatron's ``get_default_causal_mask`` is CUDA-only, so callers always pass this.
+    """
+    return torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device), diagonal=1).view(
+        1, 1, seq_len, seq_len
+    )

@@ -1,0 +1,1 @@
+"""Training on megatron-core: forward/backward over micro-batches, optimizer, DAPO update."""

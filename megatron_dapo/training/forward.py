@@ -1,0 +1,159 @@
+"""Forward (and backward) passes of a megatron-core GPTModel over micro-batches, any TP/PP.
+
+A micro-batch is a dict of tensors with at least ``tokens`` [b, s] (right-padded) and
+optionally ``position_ids``; everything else (loss masks, old logprobs, advantages ...) is
+passed through to the loss function on the last pipeline stage.
+
+The loss function contract (see :func:`forward_backward`): ``loss_fn(batch, logits)`` gets
+the vocab-parallel logits [b, s, V/tp] of the last stage and returns ``(loss, metrics)``,
+where ``loss`` is this micro-batch's *already normalised* contribution to the step loss
+(e.g. sum of its token losses divided by the token count of the whole optimizer step). No
+rescaling happens afterwards: megatron is run with ``calculate_per_token_loss=True`` (no
+division by the number of micro-batches, DP gradients summed) and gradients are not scaled
+by token counts in ``finalize_model_grads``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Optional
+
+import torch
+
+from ..models.provider import causal_mask
+
+
+def finalize_grads_no_token_scaling(model, num_tokens=None, **kwargs):
+    """megatron's ``finalize_model_grads`` with the token-count scaling turned off.
+
+    Our losses are normalised by the caller over the whole optimizer step.
+    """
+    from megatron.core.distributed import finalize_model_grads
+
+    return finalize_model_grads(model, None, **kwargs)
+
+
+def configure_for_step_normalised_loss(config) -> None:
+    """Set a TransformerConfig so that micro-batch losses are summed as given (see module doc)."""
+    config.calculate_per_token_loss = True
+    config.finalize_model_grads_func = finalize_grads_no_token_scaling
+
+
+def _model_inputs(batch: dict):
+    tokens = batch["tokens"]
+    b, s = tokens.shape
+    pos = batch.get("position_ids")
+    if pos is None:
+        pos = torch.arange(s, device=tokens.device).unsqueeze(0).expand(b, s)
+    return tokens, pos, causal_mask(s, device=tokens.device)
+
+
+def forward_backward(
+    model,
+    microbatches: list[dict],
+    loss_fn: Callable,
+    forward_only: bool = False,
+) -> list[dict]:
+    """Run megatron's pipeline schedule over ``microbatches``; returns the last stage's metrics.
+
+    ``model`` is the local model chunk (possibly DDP-wrapped). On stages other than the last
+    the returned list is empty.
+    """
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    if not microbatches:
+        raise ValueError("forward_backward: microbatches is empty")
+
+    def forward_step(data_iterator, model_chunk):
+        batch = next(data_iterator)
+        tokens, pos, mask = _model_inputs(batch)
+        output = model_chunk(tokens, pos, mask)
+        return output, functools.partial(_loss_wrapper, loss_fn, batch)
+
+    seq_len = max(mb["tokens"].shape[1] for mb in microbatches)
+    mbs = microbatches[0]["tokens"].shape[0]
+    fb = get_forward_backward_func()
+    out = fb(
+        forward_step_func=forward_step,
+        data_iterator=iter(microbatches),
+        model=[model],
+        num_microbatches=len(microbatches),
+        seq_length=seq_len,
+        micro_batch_size=mbs,
+        forward_only=forward_only,
+    )
+    return list(out)
+
+
+def _loss_wrapper(loss_fn, batch, logits):
+    loss, metrics = loss_fn(batch, logits)
+    # 3-tuple: (loss, num_tokens, reported). With calculate_per_token_loss the schedule does
+    # not rescale; num_tokens is ignored by finalize_grads_no_token_scaling.
+    return loss, torch.tensor(1, dtype=torch.int), metrics
+
+
+def mask_vocab_padding(logits: torch.Tensor, true_vocab: int) -> torch.Tensor:
+    """Set the logits of megatron's padded vocabulary rows to -inf on this TP rank's shard."""
+    from megatron.core import parallel_state as ps
+
+    shard = logits.shape[-1]
+    start = ps.get_tensor_model_parallel_rank() * shard
+    n_valid = max(0, min(shard, true_vocab - start))
+    if n_valid == shard:
+        return logits
+    return torch.cat(
+        [logits[..., :n_valid], torch.full_like(logits[..., n_valid:], float("-inf"))], dim=-1
+    )
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, true_vocab: Optional[int] = None) -> torch.Tensor:
+    """Log-probability of each next token, vocab-parallel: logprobs[:, t] = log p(tokens[:, t+1]).
+
+    ``logits`` [b, s, V/tp] (this rank's vocab shard), ``tokens`` [b, s]. Returns [b, s-1].
+    The full vocabulary is never gathered (megatron's vocab-parallel cross entropy).
+    """
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    if true_vocab is not None:
+        logits = mask_vocab_padding(logits, true_vocab)
+    lg = logits[:, :-1].transpose(0, 1).contiguous().float()  # [s-1, b, v/tp]
+    target = tokens[:, 1:].transpose(0, 1).contiguous()
+    return -vocab_parallel_cross_entropy(lg, target).transpose(0, 1)
+
+
+def vocab_parallel_entropy(logits: torch.Tensor, true_vocab: Optional[int] = None, chunk_size: int = 1024) -> torch.Tensor:
+    """Entropy of the softmax over vocab-parallel logits, H = logsumexp(z) - sum_v p_v z_v.
+
+    ``logits`` [..., V/tp]: this TP rank's shard. The max, the partition function and the
+    expectation of z are all-reduced over the TP group, so the full vocabulary is never
+    gathered; rows are processed in chunks of ``chunk_size`` so no second full-size float
+    tensor is materialised. Differentiable.
+    """
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+    if true_vocab is not None:
+        logits = mask_vocab_padding(logits, true_vocab)
+    lead = logits.shape[:-1]
+    flat = logits.reshape(-1, logits.shape[-1])
+    tp_group = ps.get_tensor_model_parallel_group()
+    outs = []
+    for i in range(0, flat.shape[0], chunk_size):
+        z = flat[i : i + chunk_size].float()
+        zmax = z.detach().max(dim=-1, keepdim=True).values
+        if dist.get_world_size(tp_group) > 1:
+            dist.all_reduce(zmax, op=dist.ReduceOp.MAX, group=tp_group)
+        ez = torch.exp(z - zmax)
+        sum_ez = reduce_from_tensor_model_parallel_region(ez.sum(-1))
+        zfin = torch.where(torch.isfinite(z), z, torch.zeros_like(z))
+        sum_ez_z = reduce_from_tensor_model_parallel_region((ez * zfin).sum(-1))
+        outs.append(torch.log(sum_ez) + zmax.squeeze(-1) - sum_ez_z / sum_ez)
+    return torch.cat(outs).reshape(lead)
+
+
+def gather_vocab(logits: torch.Tensor) -> torch.Tensor:
+    """All-gather vocab-parallel logits over TP (tests and probes only; never in training)."""
+    from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
+
+    return gather_from_tensor_model_parallel_region(logits)

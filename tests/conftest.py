@@ -1,0 +1,45 @@
+"""Session-wide fixtures: one gloo pool per world size, started once and reused."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    assert SHARED_DATA.is_dir(), f"{SHARED_DATA} missing: the project expects ../shared/data beside the repo"
+    return SHARED_DATA
+
+
+class _Pools:
+    def __init__(self):
+        self._pools = {}
+
+    def __call__(self, world_size: int):
+        from tests.harness import GlooPool
+
+        pool = self._pools.get(world_size)
+        if pool is None or not pool.alive:
+            pool = GlooPool(world_size)
+            self._pools[world_size] = pool
+        return pool
+
+    def close(self):
+        for p in self._pools.values():
+            p.close()
+
+
+@pytest.fixture(scope="session")
+def gloo():
+    """``gloo(n)`` returns the session's pool of n gloo ranks (see tests/harness.py)."""
+    pools = _Pools()
+    yield pools
+    pools.close()

@@ -1,0 +1,131 @@
+"""Run a test body on N gloo ranks (CPU), with processes started once per test session.
+
+``GlooPool(world_size)`` spawns ``world_size`` worker processes that join one gloo default
+group and then wait for tasks. ``pool.run(fn, *args)`` runs ``fn(*args)`` on every rank
+(``fn`` must be a module-level function, so that it pickles by name) and returns the list of
+per-rank results. A body that raises on any rank fails the call with that rank's traceback;
+a body that does not finish within ``timeout`` kills the pool (a hang fails the test, not
+CI) and the next call starts a fresh one.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import socket
+import traceback
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, tasks, results) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import torch
+
+    torch.set_num_threads(1)
+    from megatron_dapo.distributed import init_distributed
+
+    try:
+        init_distributed(rank=rank, world_size=world, master_port=port, timeout_s=900)
+        results.put((rank, "ready", None))
+    except BaseException:
+        results.put((rank, "error", traceback.format_exc()))
+        return
+    while True:
+        item = tasks.get()
+        if item is None:
+            break
+        task_id, fn, args, kwargs = item
+        try:
+            out = fn(*args, **kwargs)
+            results.put((rank, task_id, ("ok", out)))
+        except BaseException:
+            results.put((rank, task_id, ("error", traceback.format_exc())))
+        finally:
+            try:
+                from megatron_dapo.distributed import destroy_parallel
+
+                destroy_parallel()
+            except Exception:
+                pass
+
+
+class GlooPool:
+    def __init__(self, world_size: int, start_timeout: float = 300.0):
+        self.world_size = world_size
+        ctx = mp.get_context("spawn")
+        port = _free_port()
+        self._tasks = [ctx.Queue() for _ in range(world_size)]
+        self._results = ctx.Queue()
+        self._procs = [
+            ctx.Process(target=_worker, args=(r, world_size, port, self._tasks[r], self._results), daemon=True)
+            for r in range(world_size)
+        ]
+        for p in self._procs:
+            p.start()
+        self._next_id = 0
+        ready = 0
+        while ready < world_size:
+            rank, tag, payload = self._get(start_timeout)
+            if tag == "error":
+                self.close()
+                raise RuntimeError(f"gloo rank {rank} failed to start:\n{payload}")
+            ready += 1
+
+    @property
+    def alive(self) -> bool:
+        return all(p.is_alive() for p in self._procs)
+
+    def _get(self, timeout: float):
+        try:
+            return self._results.get(timeout=timeout)
+        except queue.Empty:
+            self.close()
+            raise TimeoutError(f"gloo pool of {self.world_size} ranks did not answer within {timeout:.0f}s (killed)")
+
+    def run(self, fn, *args, timeout: float = 300.0, **kwargs) -> list:
+        if not self.alive:
+            raise RuntimeError("gloo pool is dead")
+        task_id = self._next_id
+        self._next_id += 1
+        for q in self._tasks:
+            q.put((task_id, fn, args, kwargs))
+        out: dict[int, object] = {}
+        errors = {}
+        while len(out) + len(errors) < self.world_size:
+            rank, tid, payload = self._get(timeout)
+            if tid != task_id:
+                continue
+            status, value = payload
+            if status == "ok":
+                out[rank] = value
+            else:
+                errors[rank] = value
+                # Other ranks may now block in a collective forever: kill the pool.
+                self.close()
+                break
+        if errors:
+            rank = min(errors)
+            raise AssertionError(f"test body failed on gloo rank {rank}:\n{errors[rank]}")
+        return [out[r] for r in range(self.world_size)]
+
+    def close(self) -> None:
+        for q in self._tasks:
+            try:
+                q.put_nowait(None)
+            except Exception:
+                pass
+        for p in self._procs:
+            p.join(timeout=2)
+            if p.is_alive():
+                p.kill()
+        for p in self._procs:
+            p.join(timeout=5)
