@@ -1,0 +1,565 @@
+"""SGLangEngine: a thin adapter around ``sglang.Engine`` (GPU), pinned to SGLANG_VERSION.
+
+sglang is imported lazily (constructor / methods only). Everything that translates between
+our types and SGLang's lives in pure functions below, exercised by CPU tests without sglang:
+``build_engine_kwargs``, ``to_sglang_sampling_params``, ``build_generate_requests``,
+``from_sglang_output``, ``group_outputs``, ``build_score_requests``,
+``from_sglang_score_output``, ``flatten_bucket`` / ``serialize_bucket``,
+``checkpoint_weight_shapes``.
+
+Every SGLang entry point, keyword argument, server-arg field, sampling-param name, meta_info
+key, constant and environment variable the adapter uses is listed in ``USED_API``;
+tests/rollout/test_sglang_api.py checks each against the source of the pinned wheel (read
+with ``ast``, never imported). Add to USED_API whenever you add a use of SGLang here.
+
+Logprobs: with ``logprobs_mode="raw"`` (default) the adapter sets
+``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` in the environment before SGLang starts its scheduler
+processes, so ``meta_info["output_token_logprobs"]`` are log_softmax(logits) at temperature
+1.0 (SGLang's sampler; greedy requests are raw in either mode). With
+``logprobs_mode="processed"`` the variable is not set (an existing value must then be
+falsy) and SGLang returns log_softmax(logits / T), computed before top-k / top-p
+truncation. The variable is process-wide: all SGLangEngines started by one process must use
+the same mode. ``score`` uses prompt ("input") logprobs, which SGLang always computes from
+raw logits.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import io
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from megatron_dapo.rollout.base import (
+    KV_CACHE,
+    LOGPROBS_MODES,
+    WEIGHTS,
+    GenerationOutput,
+    RolloutEngine,
+    SamplingParams,
+    WeightUpdateError,
+    derive_seed,
+)
+
+logger = logging.getLogger(__name__)
+
+_VERSION_FILE = Path(__file__).with_name("SGLANG_VERSION")
+SGLANG_VERSION = _VERSION_FILE.read_text().strip()
+
+INSTALL_HINT = (
+    f"SGLangEngine needs sglang=={SGLANG_VERSION} (GPU only): pip install megatron-dapo[gpu] "
+    f"(or pip install sglang=={SGLANG_VERSION})"
+)
+
+RAW_LOGPROB_ENV = "SGLANG_RETURN_ORIGINAL_LOGPROB"
+FLATTENED_BUCKET = "flattened_bucket"
+BUCKET_ALIGN_BYTES = 64
+
+# Single source of truth for what the adapter uses of SGLang. Checked against the pinned
+# wheel by tests/rollout/test_sglang_api.py. Modules are dotted paths inside the wheel.
+USED_API: Dict[str, Any] = {
+    # (module, "Class.method" or "function", keyword arguments we pass by name)
+    "callables": [
+        ("sglang.srt.entrypoints.engine", "Engine.generate",
+         ("input_ids", "sampling_params", "return_logprob", "logprob_start_len")),
+        ("sglang.srt.entrypoints.engine", "Engine.update_weights_from_tensor",
+         ("named_tensors", "load_format", "flush_cache")),
+        ("sglang.srt.entrypoints.engine", "Engine.release_memory_occupation", ("tags",)),
+        ("sglang.srt.entrypoints.engine", "Engine.resume_memory_occupation", ("tags",)),
+        ("sglang.srt.entrypoints.engine", "Engine.flush_cache", ()),
+        ("sglang.srt.entrypoints.engine", "Engine.get_server_info", ()),
+        ("sglang.srt.entrypoints.engine", "Engine.shutdown", ()),
+        ("sglang.srt.managers.tokenizer_manager", "TokenizerManager.abort_request", ("abort_all",)),
+        ("sglang.srt.utils.common", "MultiprocessingSerializer.serialize", ("obj", "output_str")),
+        ("sglang.srt.utils.patch_torch", "monkey_patch_torch_reductions", ()),
+    ],
+    # attributes we read on instances: (module, class, attribute assigned in the class)
+    "attributes": [
+        ("sglang.srt.entrypoints.engine", "Engine", "tokenizer_manager"),
+        ("sglang.srt.entrypoints.engine", "Engine", "loop"),
+    ],
+    # names we import: (module, name); "sglang" itself must export Engine
+    "imports": [
+        ("sglang", "Engine"),
+        ("sglang.srt.utils.common", "MultiprocessingSerializer"),
+        ("sglang.srt.utils.patch_torch", "monkey_patch_torch_reductions"),
+        ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata"),
+    ],
+    # Engine(**kwargs) are ServerArgs fields
+    "server_args": (
+        "model_path", "tokenizer_path", "tp_size", "mem_fraction_static", "base_gpu_id",
+        "enable_memory_saver", "dtype", "random_seed", "enable_deterministic_inference",
+        "trust_remote_code", "log_level", "disable_cuda_graph", "context_length", "port",
+    ),
+    # keys of the sampling_params dicts we send (sglang.srt.sampling.sampling_params.SamplingParams)
+    "sampling_params": (
+        "temperature", "top_p", "top_k", "max_new_tokens", "n", "stop", "stop_token_ids",
+        "ignore_eos", "sampling_seed",
+    ),
+    # dataclass fields we fill: (module, class, fields)
+    "dataclass_fields": [
+        ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata",
+         ("name", "shape", "dtype", "start_idx", "end_idx", "numel")),
+    ],
+    # string literals that must appear in a module: the receiving side of our protocols
+    "string_literals": [
+        # load_format branch and the keys of the payload dict it reads
+        ("sglang.srt.model_executor.model_runner_components.weight_updater",
+         (FLATTENED_BUCKET, "flattened_tensor", "metadata")),
+        # meta_info keys and finish_reason types we read
+        ("sglang.srt.managers.tokenizer_manager",
+         ("meta_info", "finish_reason", "output_token_logprobs", "input_token_logprobs", "output_ids")),
+        ("sglang.srt.managers.schedule_batch", ("type", "stop", "length", "abort")),
+    ],
+    # module-level constants: (module, name, value)
+    "constants": [
+        ("sglang.srt.constants", "GPU_MEMORY_TYPE_WEIGHTS", WEIGHTS),
+        ("sglang.srt.constants", "GPU_MEMORY_TYPE_KV_CACHE", KV_CACHE),
+    ],
+    # environment variables we set: (module that declares/reads it, name)
+    "env_vars": [
+        ("sglang.srt.environ", RAW_LOGPROB_ENV),
+        ("sglang.srt.layers.sampler", RAW_LOGPROB_ENV),
+    ],
+}
+
+
+# ------------------------------------------------------------------ pure functions ----
+def build_engine_kwargs(
+    model_path: str,
+    *,
+    tp_size: int = 1,
+    mem_fraction_static: float = 0.5,
+    base_gpu_id: int = 0,
+    enable_memory_saver: bool = True,
+    dtype: str = "bfloat16",
+    random_seed: Optional[int] = None,
+    enable_deterministic_inference: bool = False,
+    trust_remote_code: bool = False,
+    log_level: str = "error",
+    disable_cuda_graph: bool = False,
+    context_length: Optional[int] = None,
+    port: Optional[int] = None,
+    tokenizer_path: Optional[str] = None,
+) -> Dict[str, Any]:
+    """Keyword arguments of ``sglang.Engine`` (ServerArgs fields; all in USED_API)."""
+    kw: Dict[str, Any] = dict(
+        model_path=str(model_path),
+        tp_size=int(tp_size),
+        mem_fraction_static=float(mem_fraction_static),
+        base_gpu_id=int(base_gpu_id),
+        enable_memory_saver=bool(enable_memory_saver),
+        dtype=dtype,
+        trust_remote_code=bool(trust_remote_code),
+        log_level=log_level,
+        disable_cuda_graph=bool(disable_cuda_graph),
+        enable_deterministic_inference=bool(enable_deterministic_inference),
+    )
+    for k, v in (("random_seed", random_seed), ("context_length", context_length),
+                 ("port", port), ("tokenizer_path", tokenizer_path)):
+        if v is not None:
+            kw[k] = v
+    return kw
+
+
+def to_sglang_sampling_params(params: SamplingParams, seed: Optional[int] = None) -> Dict[str, Any]:
+    """One SGLang sampling_params dict for one sample (n is always 1: we expand n ourselves
+    so that every sample gets its own seed and the output order is ours)."""
+    params.validate()
+    d: Dict[str, Any] = {
+        "temperature": float(params.temperature),  # SGLang: 0 -> greedy (top_k=1)
+        "top_p": float(params.top_p),
+        "top_k": int(params.top_k),  # -1 = whole vocabulary in both
+        "max_new_tokens": int(params.max_new_tokens),
+        "n": 1,
+        "ignore_eos": bool(params.ignore_eos),
+    }
+    if params.stop_token_ids:
+        d["stop_token_ids"] = [int(t) for t in params.stop_token_ids]
+    if params.stop:
+        d["stop"] = list(params.stop)
+    if seed is not None:
+        d["sampling_seed"] = int(seed)
+    return d
+
+
+def build_generate_requests(
+    prompts: List[List[int]], params: SamplingParams
+) -> Tuple[List[List[int]], List[Dict[str, Any]], List[Tuple[int, int]]]:
+    """Expand prompts x n into flat SGLang requests: (input_ids, sampling_params, (i, j))."""
+    input_ids, sps, index = [], [], []
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError("empty prompt")
+        for j in range(params.n):
+            seed = derive_seed(params.seed, j) if params.seed is not None else None
+            input_ids.append([int(t) for t in p])
+            sps.append(to_sglang_sampling_params(params, seed))
+            index.append((i, j))
+    return input_ids, sps, index
+
+
+_FINISH_TYPES = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+def parse_finish_reason(fr: Any) -> str:
+    """SGLang's meta_info["finish_reason"] (``{"type": ...}`` dict, or a string) -> ours."""
+    kind = fr.get("type") if isinstance(fr, dict) else fr
+    if kind not in _FINISH_TYPES:
+        raise ValueError(f"unexpected SGLang finish_reason {fr!r}")
+    return _FINISH_TYPES[kind]
+
+
+def from_sglang_output(out: Dict[str, Any], prompt_ids: List[int]) -> GenerationOutput:
+    """One SGLang output dict (``return_logprob=True``) -> GenerationOutput."""
+    meta = out["meta_info"]
+    output_ids = [int(t) for t in out["output_ids"]]
+    entries = meta.get("output_token_logprobs") or []
+    finish = parse_finish_reason(meta.get("finish_reason"))
+    if len(entries) != len(output_ids):
+        raise ValueError(
+            f"SGLang returned {len(output_ids)} output ids but {len(entries)} output_token_logprobs"
+        )
+    logprobs = []
+    for k, (entry, tok) in enumerate(zip(entries, output_ids)):
+        lp, tid = entry[0], entry[1]
+        if int(tid) != tok:
+            raise ValueError(f"logprob entry {k} is for token {tid}, output token is {tok}")
+        if lp is None:
+            raise ValueError(f"SGLang returned no logprob for output token {k}")
+        logprobs.append(float(lp))
+    return GenerationOutput(
+        prompt_ids=list(prompt_ids), output_ids=output_ids, logprobs=logprobs,
+        finish_reason=finish, text=out.get("text"),
+    )
+
+
+def group_outputs(
+    flat: List[GenerationOutput], index: List[Tuple[int, int]], num_prompts: int
+) -> List[List[GenerationOutput]]:
+    if len(flat) != len(index):
+        raise ValueError(f"SGLang returned {len(flat)} outputs for {len(index)} requests")
+    result: List[List[Optional[GenerationOutput]]] = [[] for _ in range(num_prompts)]
+    for out, (i, j) in zip(flat, index):
+        if len(result[i]) != j:
+            raise ValueError("requests were not expanded in prompt-major order")
+        result[i].append(out)
+    return result  # type: ignore[return-value]
+
+
+def build_score_requests(
+    sequences: List[List[int]], prompt_lens: Sequence[int]
+) -> Tuple[List[List[int]], List[Dict[str, Any]], List[int]]:
+    """(input_ids, sampling_params, logprob_start_len) for a prefill-only scoring call.
+
+    SGLang's input_token_logprobs cover tokens ``ids[logprob_start_len:]``, the first being
+    None (no context), so start at ``prompt_len - 1`` to get logprobs of ``ids[prompt_len:]``.
+    """
+    if len(sequences) != len(prompt_lens):
+        raise ValueError("sequences and prompt_lens differ in length")
+    ids, sps, starts = [], [], []
+    for s, p in zip(sequences, prompt_lens):
+        if not 1 <= p <= len(s):
+            raise ValueError(f"prompt_len {p} out of range [1, {len(s)}]")
+        ids.append([int(t) for t in s])
+        sps.append({"max_new_tokens": 0, "temperature": 1.0})
+        starts.append(int(p) - 1)
+    return ids, sps, starts
+
+
+def from_sglang_score_output(out: Dict[str, Any], sequence: List[int], prompt_len: int) -> List[float]:
+    entries = out["meta_info"].get("input_token_logprobs") or []
+    want = len(sequence) - prompt_len
+    if want == 0:
+        return []
+    if len(entries) < want:
+        raise ValueError(f"SGLang returned {len(entries)} input logprobs, need {want}")
+    tail = entries[len(entries) - want:]
+    res = []
+    for k, (entry, tok) in enumerate(zip(tail, sequence[prompt_len:])):
+        lp, tid = entry[0], entry[1]
+        if lp is None or int(tid) != int(tok):
+            raise ValueError(f"bad input logprob entry {entry!r} for token {tok} at {prompt_len + k}")
+        res.append(float(lp))
+    return res
+
+
+@dataclass
+class BucketEntry:
+    """Our description of one tensor in a flattened bucket (mirrors SGLang's
+    FlattenedTensorMetadata: byte offsets into a uint8 buffer; ``numel`` is in bytes)."""
+
+    name: str
+    shape: torch.Size
+    dtype: torch.dtype
+    start_idx: int
+    end_idx: int
+    numel: int
+
+
+def flatten_bucket(
+    named_tensors: List[Tuple[str, torch.Tensor]], align: int = BUCKET_ALIGN_BYTES
+) -> Tuple[torch.Tensor, List[BucketEntry]]:
+    """Pack tensors (any dtypes) into one uint8 buffer on their device.
+
+    Each tensor starts at a multiple of ``align`` bytes so that SGLang's
+    ``flat[start:end].view(dtype)`` is legal for every dtype (SGLang's own
+    FlattenedTensorBucket packs without padding).
+    """
+    if not named_tensors:
+        raise ValueError("cannot flatten an empty bucket")
+    device = named_tensors[0][1].device
+    entries, offset = [], 0
+    for name, t in named_tensors:
+        if t.device != device:
+            raise ValueError(f"bucket mixes devices: {name!r} on {t.device}, first on {device}")
+        nbytes = t.numel() * t.element_size()
+        entries.append(BucketEntry(name, torch.Size(t.shape), t.dtype, offset, offset + nbytes, nbytes))
+        offset += -(-nbytes // align) * align if nbytes else 0
+    flat = torch.zeros(max(offset, 1), dtype=torch.uint8, device=device)
+    for e, (_, t) in zip(entries, named_tensors):
+        if e.numel:
+            flat[e.start_idx:e.end_idx].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
+    return flat, entries
+
+
+def reconstruct_bucket(flat: torch.Tensor, metadata) -> List[Tuple[str, torch.Tensor]]:
+    """What SGLang's FlattenedTensorBucket.reconstruct_tensors does (for tests)."""
+    return [(m.name, flat[m.start_idx:m.end_idx].view(m.dtype).reshape(m.shape)) for m in metadata]
+
+
+def default_serializer(obj, output_str: bool = True):
+    """Same bytes as SGLang's MultiprocessingSerializer.serialize (ForkingPickler [+ base64])."""
+    from multiprocessing.reduction import ForkingPickler
+
+    buf = io.BytesIO()
+    ForkingPickler(buf).dump(obj)
+    data = buf.getvalue()
+    return base64.b64encode(data).decode("utf-8") if output_str else data
+
+
+def serialize_bucket(
+    named_tensors: List[Tuple[str, torch.Tensor]],
+    tp_size: int,
+    *,
+    metadata_cls: Optional[Callable[..., Any]] = None,
+    serializer: Callable[..., Any] = default_serializer,
+) -> Tuple[List[Any], torch.Tensor]:
+    """One payload per TP rank for ``update_weights_from_tensor(load_format="flattened_bucket")``.
+
+    Each payload is ``serializer({"flattened_tensor": flat, "metadata": [metadata_cls(...)]})``.
+    SGLang's unpickler only admits its own FlattenedTensorMetadata, so the adapter passes that
+    class; tests pass a stand-in. Returns (payloads, flat): keep ``flat`` alive until SGLang
+    has loaded the bucket (CUDA IPC handles point into it).
+    """
+    flat, entries = flatten_bucket(named_tensors)
+    make = metadata_cls or BucketEntry
+    metadata = [make(name=e.name, shape=e.shape, dtype=e.dtype, start_idx=e.start_idx,
+                     end_idx=e.end_idx, numel=e.numel) for e in entries]
+    payload = {"flattened_tensor": flat, "metadata": metadata}
+    return [serializer(payload, output_str=True) for _ in range(int(tp_size))], flat
+
+
+def checkpoint_weight_shapes(model_dir) -> Dict[str, Tuple[int, ...]]:
+    """HF name -> shape of every tensor in a local safetensors checkpoint (headers only)."""
+    model_dir = Path(model_dir)
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
+    shapes: Dict[str, Tuple[int, ...]] = {}
+    for f in files:
+        with open(f, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(n))
+        for name, info in header.items():
+            if name != "__metadata__":
+                shapes[name] = tuple(info["shape"])
+    return shapes
+
+
+def tied_embeddings(model_dir) -> bool:
+    cfg_path = Path(model_dir) / "config.json"
+    if not cfg_path.exists():
+        return False
+    cfg = json.loads(cfg_path.read_text())
+    return bool(cfg.get("tie_word_embeddings", cfg.get("text_config", {}).get("tie_word_embeddings", False)))
+
+
+# --------------------------------------------------------------------- the adapter ----
+def _import_sglang():
+    try:
+        import sglang  # noqa: F401
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError(INSTALL_HINT) from e
+    return sglang
+
+
+class SGLangEngine(RolloutEngine):
+    """``sglang.Engine`` behind the RolloutEngine interface (token ids in and out).
+
+    ``expected_shapes``: HF name -> shape used to validate buckets and the completeness of a
+    weight update; by default read from the safetensors headers of a local ``model_path``
+    (a tied ``lm_head.weight`` is accepted but not required). ``None`` and a non-local path:
+    names and shapes are not checked (a warning is logged).
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        tp_size: int = 1,
+        mem_fraction_static: float = 0.5,
+        base_gpu_id: int = 0,
+        enable_memory_saver: bool = True,
+        dtype: str = "bfloat16",
+        random_seed: Optional[int] = None,
+        enable_deterministic_inference: bool = False,
+        logprobs_mode: str = "raw",
+        expected_shapes: Optional[Dict[str, Tuple[int, ...]]] = None,
+        **server_args,
+    ) -> None:
+        super().__init__()
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
+        unknown = sorted(set(server_args) - set(USED_API["server_args"]))
+        if unknown:
+            raise TypeError(f"server args {unknown} are not in USED_API['server_args'] (add and test them)")
+        self.logprobs_mode = logprobs_mode
+        self.tp_size = int(tp_size)
+        _set_logprob_env(logprobs_mode)
+        sglang = _import_sglang()
+        from sglang.srt.utils.common import MultiprocessingSerializer
+        from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+        from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
+
+        monkey_patch_torch_reductions()  # sender side: CUDA IPC handles carry device UUIDs
+        self._serializer = MultiprocessingSerializer.serialize
+        self._metadata_cls = FlattenedTensorMetadata
+
+        self.tied = False
+        if expected_shapes is None and Path(model_path).is_dir():
+            expected_shapes = checkpoint_weight_shapes(model_path)
+            self.tied = tied_embeddings(model_path)
+        if expected_shapes is None:
+            logger.warning("SGLangEngine: no expected weight names for %s; updates are not checked", model_path)
+        self._shapes = expected_shapes
+        kwargs = build_engine_kwargs(
+            model_path, tp_size=tp_size, mem_fraction_static=mem_fraction_static,
+            base_gpu_id=base_gpu_id, enable_memory_saver=enable_memory_saver, dtype=dtype,
+            random_seed=random_seed, enable_deterministic_inference=enable_deterministic_inference,
+            **server_args,
+        )
+        self._engine = sglang.Engine(**kwargs)
+
+    # generation
+    def generate(self, prompts, params: SamplingParams):
+        self._check_can_generate("generate")
+        ids, sps, index = build_generate_requests(prompts, params)
+        if not ids:
+            return [[] for _ in prompts]
+        outs = self._engine.generate(input_ids=ids, sampling_params=sps, return_logprob=True)
+        flat = [from_sglang_output(o, p) for o, p in zip(outs, ids)]
+        return group_outputs(flat, index, len(prompts))
+
+    def score(self, sequences, prompt_lens):
+        self._check_can_generate("score")
+        ids, sps, starts = build_score_requests(sequences, prompt_lens)
+        if not ids:
+            return []
+        outs = self._engine.generate(
+            input_ids=ids, sampling_params=sps, return_logprob=True, logprob_start_len=starts
+        )
+        return [from_sglang_score_output(o, s, p) for o, s, p in zip(outs, ids, prompt_lens)]
+
+    # weights
+    def expected_weight_names(self) -> List[str]:
+        if self._shapes is None:
+            return sorted(self._received)
+        names = set(self._shapes)
+        if self.tied:
+            names.discard("lm_head.weight")
+        return sorted(names)
+
+    def _load_bucket(self, bucket):
+        if not bucket:
+            return []
+        if self._shapes is not None:
+            for name, t in bucket:
+                if name not in self._shapes:
+                    raise WeightUpdateError(f"unknown parameter name {name!r} in weight bucket")
+                if tuple(t.shape) != tuple(self._shapes[name]):
+                    raise WeightUpdateError(
+                        f"shape mismatch for {name!r}: bucket has {tuple(t.shape)}, "
+                        f"checkpoint has {tuple(self._shapes[name])}"
+                    )
+        payloads, flat = serialize_bucket(
+            bucket, self.tp_size, metadata_cls=self._metadata_cls, serializer=self._serializer
+        )
+        result = self._engine.update_weights_from_tensor(
+            named_tensors=payloads, load_format=FLATTENED_BUCKET, flush_cache=False
+        )
+        del flat
+        _check_result(result, "update_weights_from_tensor")
+        return [n for n, _ in bucket if not (self.tied and n == "lm_head.weight")]
+
+    # memory
+    def _release(self, tags):
+        _check_result(self._engine.release_memory_occupation(tags=list(tags)), "release_memory_occupation")
+
+    def _resume(self, tags):
+        _check_result(self._engine.resume_memory_occupation(tags=list(tags)), "resume_memory_occupation")
+
+    # misc
+    def flush_cache(self) -> None:
+        self._engine.flush_cache()
+
+    def abort(self) -> None:
+        tm = self._engine.tokenizer_manager
+        loop = self._engine.loop
+        call = functools.partial(tm.abort_request, abort_all=True)
+        if loop.is_running():
+            loop.call_soon_threadsafe(call)
+        else:
+            call()
+
+    def health(self) -> bool:
+        if self._engine is None:
+            return False
+        try:
+            self._engine.get_server_info()
+            return True
+        except Exception:  # noqa: BLE001 - any failure means unhealthy
+            return False
+
+    def shutdown(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
+
+
+def _set_logprob_env(mode: str) -> None:
+    cur = os.environ.get(RAW_LOGPROB_ENV)
+    if mode == "raw":
+        if cur is not None and cur.lower() not in ("1", "true", "yes", "on"):
+            raise RuntimeError(f"{RAW_LOGPROB_ENV}={cur!r} conflicts with logprobs_mode='raw'")
+        os.environ[RAW_LOGPROB_ENV] = "1"
+    elif cur is not None and cur.lower() in ("1", "true", "yes", "on"):
+        raise RuntimeError(f"{RAW_LOGPROB_ENV}={cur!r} conflicts with logprobs_mode='processed'")
+
+
+def _check_result(result, what: str) -> None:
+    """SGLang control calls return (success, message[, ...]) tuples or objects with .success."""
+    ok, msg = True, ""
+    if isinstance(result, tuple) and result and isinstance(result[0], bool):
+        ok, msg = result[0], (result[1] if len(result) > 1 else "")
+    elif hasattr(result, "success"):
+        ok, msg = bool(result.success), getattr(result, "message", "")
+    if not ok:
+        raise RuntimeError(f"SGLang {what} failed: {msg}")
