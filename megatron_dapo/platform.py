@@ -20,11 +20,10 @@ need it:
    ``torch.cuda.Stream`` / ``torch.cuda.stream`` -> dummies: ``p2p_communication`` (with
    ``batch_p2p_sync``), ``dist_checkpointing`` save (synchronize before writing), the DDP
    buffers' communication stream, ``timers``.
-3. ``torch.Tensor.type()`` of a CPU float tensor is ``'torch.FloatTensor'``; the mixed
-   precision / float16 optimizer asserts ``param.type() == 'torch.cuda.FloatTensor'``. We
-   never use that optimizer on CPU (fp32, ``Float16OptimizerWithFloat16Params`` is not built
-   when bf16/fp16 are off), so this is not patched; bf16 on CPU is refused by config
-   validation instead.
+3. ``tensor.type()`` (no arguments) reports ``'torch.cuda.FloatTensor'`` for a CPU float
+   tensor (inside the same torch function mode): ``optimizer/clip_grads.py`` asserts
+   ``param.grad.type() == 'torch.cuda.FloatTensor'`` and ``distrib_optimizer.py`` /
+   ``optimizer.py`` dispatch on ``param.type()`` when building main-param groups.
 4. ``model_parallel_cuda_manual_seed`` must be called with ``inference_rng_tracker=True`` on
    CPU (the default tracker forks ``torch.cuda`` RNG states): see :func:`manual_seed`.
 5. ``get_default_causal_mask`` is CUDA-only: callers pass an explicit attention mask
@@ -77,6 +76,7 @@ def _is_cuda_device(d) -> bool:
 _CPU = torch.device("cpu")
 _TO_FUNCS = {torch.Tensor.to}
 _IDENTITY_FUNCS = {torch.Tensor.cuda}
+_TENSOR_TYPE = torch.Tensor.type
 
 
 class _CudaToCpuMode(TorchFunctionMode):
@@ -86,6 +86,9 @@ class _CudaToCpuMode(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in _IDENTITY_FUNCS:  # tensor.cuda(...) -> the tensor itself
             return args[0]
+        if func is _TENSOR_TYPE and len(args) == 1 and not kwargs:  # patch 3
+            name = func(*args)
+            return name.replace("torch.", "torch.cuda.", 1) if name.startswith("torch.") and ".cuda." not in name else name
         if "device" in kwargs and _is_cuda_device(kwargs["device"]):
             kwargs = dict(kwargs, device=_CPU)
         if func in _TO_FUNCS and len(args) > 1 and _is_cuda_device(args[1]):

@@ -43,3 +43,56 @@ def logits_vs_hf(hf_cfg: dict, tp: int, pp: int):
     if not ps.is_pipeline_last_stage():
         return None
     return float((got[0] - ref).abs().max())
+
+
+def _nll_loss_fn(arch, global_tokens):
+    """Token-mean NLL normalised by the token count of the whole step (all micro-batches, ranks)."""
+    from megatron_dapo.training.forward import token_logprobs
+
+    def loss_fn(batch, logits):
+        lp = token_logprobs(logits, batch["tokens"], arch.vocab_size)
+        mask = batch["loss_mask"][:, 1:].float()
+        return -(lp * mask).sum() / global_tokens, {}
+
+    return loss_fn
+
+
+def dp_optimizer_step(hf_cfg: dict, tp: int, pp: int, distributed_optimizer: bool, split: bool):
+    """One AdamW step on the concatenated batch; with ``split`` each DP rank gets its own half.
+
+    Returns the full (TP-gathered) parameters of this rank's PP stage after the step.
+    """
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from megatron_dapo.checkpoint.model_io import gather_full_weights, load_hf_weights
+    from megatron_dapo.distributed import init_parallel
+    from megatron_dapo.models import ModelBuildOptions
+    from megatron_dapo.training.setup import OptimizerOptions, build_policy, train_step
+    from tests.tiny import random_hf_model
+
+    init_parallel(tp, pp, seed=1234)
+    hf = random_hf_model(hf_cfg, seed=0)
+    sd = hf.state_dict()
+    opt = OptimizerOptions(lr=1e-3, weight_decay=0.1, clip_grad=1.0, use_distributed_optimizer=distributed_optimizer)
+    policy = build_policy(hf_cfg, ModelBuildOptions(), opt)
+    load_hf_weights(policy.model, policy.arch, lambda n: sd[n], policy.padded_vocab)
+    # DDP keeps fp32 main params in the optimizer: re-sync them from the loaded weights.
+    policy.optimizer.reload_model_params()
+
+    g = torch.Generator().manual_seed(11)
+    data = torch.randint(0, policy.arch.vocab_size, (4, 10), generator=g)
+    mask = torch.ones_like(data)
+    mask[0, 7:] = 0  # unequal lengths
+    mask[3, 4:] = 0
+    global_tokens = float(mask[:, 1:].sum())
+    if split:
+        dp_rank, dp = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+        rows = torch.arange(4).chunk(dp)[dp_rank]
+    else:
+        rows = torch.arange(4)
+    mbs = [{"tokens": data[r : r + 1], "loss_mask": mask[r : r + 1]} for r in rows.tolist()]
+    out = train_step(policy, mbs, _nll_loss_fn(policy.arch, global_tokens))
+    assert out["update_successful"]
+    full = {n: t.clone() for n, t in gather_full_weights(policy.model, policy.arch)}
+    return {"params": full, "grad_norm": out["grad_norm"], "dp": ps.get_data_parallel_world_size()}

@@ -1,0 +1,145 @@
+"""Build the trainable policy: megatron-core GPTModel + DDP wrapper + optimizer + LR schedule.
+
+The caller has initialised the parallel state (``megatron_dapo.distributed.init_parallel``).
+Losses are normalised over the whole optimizer step by the caller (see
+``megatron_dapo.training.forward``), so the model config is set up with
+``calculate_per_token_loss=True`` and DP gradients are summed, not averaged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import torch
+
+from ..models.provider import ModelBuildOptions, build_gpt_model
+from .forward import configure_for_step_normalised_loss
+
+
+@dataclasses.dataclass
+class OptimizerOptions:
+    lr: float = 1e-6
+    min_lr: float = 0.0
+    weight_decay: float = 0.1
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    use_distributed_optimizer: bool = False
+    lr_warmup_iters: int = 0
+    lr_decay_style: str = "constant"
+    train_iters: int = 10**9  # constant LR: only the warm-up matters
+
+
+@dataclasses.dataclass
+class Policy:
+    """The trainable model of one rank: its chunk, optimizer and scheduler."""
+
+    model: torch.nn.Module  # DDP-wrapped local chunk
+    optimizer: object
+    scheduler: object
+    arch: object
+    config: object  # TransformerConfig
+    padded_vocab: int
+
+
+def wrap_ddp(model, config, use_distributed_optimizer: bool):
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=False,
+        use_distributed_optimizer=use_distributed_optimizer,
+        average_in_collective=False,
+        check_for_nan_in_grad=False,
+        bucket_size=None,
+    )
+    return DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
+
+
+def build_optimizer(model, opt: OptimizerOptions, bf16: bool = False):
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    oc = OptimizerConfig(
+        optimizer="adam",
+        lr=opt.lr,
+        min_lr=opt.min_lr,
+        weight_decay=opt.weight_decay,
+        adam_beta1=opt.adam_beta1,
+        adam_beta2=opt.adam_beta2,
+        adam_eps=opt.adam_eps,
+        clip_grad=opt.clip_grad,
+        bf16=bf16,
+        params_dtype=torch.bfloat16 if bf16 else torch.float32,
+        use_distributed_optimizer=opt.use_distributed_optimizer,
+    )
+    optimizer = get_megatron_optimizer(oc, [model])
+    scheduler = OptimizerParamScheduler(
+        optimizer,
+        init_lr=0.0 if opt.lr_warmup_iters > 0 else opt.lr,
+        max_lr=opt.lr,
+        min_lr=opt.min_lr if opt.lr_decay_style != "constant" else opt.lr,
+        lr_warmup_steps=opt.lr_warmup_iters,
+        lr_decay_steps=max(opt.train_iters, opt.lr_warmup_iters + 1),
+        lr_decay_style=opt.lr_decay_style,
+        start_wd=opt.weight_decay,
+        end_wd=opt.weight_decay,
+        wd_incr_steps=max(opt.train_iters, 1),
+        wd_incr_style="constant",
+    )
+    return optimizer, scheduler
+
+
+def build_policy(hf_config, build: Optional[ModelBuildOptions] = None, opt: Optional[OptimizerOptions] = None) -> Policy:
+    """Model (this rank's TP/PP part) wrapped in DDP, with its optimizer and LR schedule."""
+    from ..models.hf_config import padded_vocab_size
+
+    build = build or ModelBuildOptions()
+    opt = opt or OptimizerOptions()
+    model, arch, config = build_gpt_model(hf_config, build)
+    configure_for_step_normalised_loss(config)
+    ddp = wrap_ddp(model, config, opt.use_distributed_optimizer)
+    optimizer, scheduler = build_optimizer(ddp, opt, bf16=build.bf16)
+    pv = padded_vocab_size(arch.vocab_size, build.make_vocab_size_divisible_by, config.tensor_model_parallel_size)
+    return Policy(ddp, optimizer, scheduler, arch, config, pv)
+
+
+def train_step(policy: Policy, microbatches: list[dict], loss_fn) -> dict:
+    """Zero grads, forward/backward over all micro-batches, one optimizer step.
+
+    Returns ``{"update_successful", "grad_norm", "metrics"}``; a non-finite gradient norm
+    skips the update (megatron's optimizer returns ``update_successful=False``).
+    """
+    from .forward import forward_backward
+
+    policy.model.zero_grad_buffer()
+    policy.optimizer.zero_grad()
+    metrics = forward_backward(policy.model, microbatches, loss_fn, forward_only=False)
+    ok, grad_norm = optimizer_step(policy.optimizer, policy.optimizer.config.clip_grad)
+    if ok:
+        policy.scheduler.step(increment=1)
+    return {"update_successful": ok, "grad_norm": grad_norm, "metrics": metrics}
+
+
+@torch.no_grad()
+def optimizer_step(optimizer, clip_grad: float) -> tuple[bool, float]:
+    """megatron's optimizer step, skipped when the gradient norm is not finite.
+
+    megatron's FP32 optimizer never reports an overflow, so a NaN loss would poison the
+    weights; here a non-finite norm (computed across all model-parallel ranks, so every
+    rank decides the same) returns ``(False, norm)`` without touching the parameters.
+    """
+    found_inf = optimizer.prepare_grads()
+    if found_inf:
+        return False, float("nan")
+    norm = optimizer.get_grad_norm()
+    norm = float(norm) if norm is not None else 0.0
+    if not math.isfinite(norm):
+        return False, norm
+    if clip_grad > 0:
+        optimizer.clip_grad_norm(clip_grad)
+    ok = bool(optimizer.step_with_ready_grads())
+    return ok, norm

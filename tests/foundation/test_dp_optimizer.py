@@ -1,0 +1,33 @@
+"""Distributed optimizer at TP1xDP2 with different data per rank equals a single-rank step."""
+
+import pytest
+import torch
+
+from tests.foundation import bodies
+from tests.tiny import tiny_qwen2_config
+
+pytestmark = [pytest.mark.gloo]
+
+
+@pytest.fixture(scope="module")
+def single_rank_reference(gloo):
+    # TP1 x PP2 on two ranks has DP1: every rank sees the whole batch (the single-batch step).
+    outs = gloo(2).run(bodies.dp_optimizer_step, tiny_qwen2_config(), 1, 2, False, False)
+    merged = {}
+    for o in outs:
+        assert o["dp"] == 1
+        merged.update(o["params"])
+    return merged, outs[0]["grad_norm"]
+
+
+@pytest.mark.parametrize("distributed_optimizer", [True, False])
+def test_dp2_step_equals_single_batch_step(gloo, single_rank_reference, distributed_optimizer):
+    ref, ref_norm = single_rank_reference
+    outs = gloo(2).run(bodies.dp_optimizer_step, tiny_qwen2_config(), 1, 1, distributed_optimizer, True)
+    assert all(o["dp"] == 2 for o in outs)
+    for o in outs:
+        assert o["grad_norm"] == pytest.approx(ref_norm, rel=1e-5)
+        assert set(o["params"]) == set(ref)
+        for name, t in o["params"].items():
+            assert torch.allclose(t, ref[name], atol=1e-6, rtol=0), name
+    assert outs[0]["grad_norm"] > 0
