@@ -40,8 +40,8 @@ def _check_advantages(advantages: torch.Tensor, logprobs: torch.Tensor) -> torch
     )
 
 
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    return (x * mask).sum() / count
+def _masked_mean(x: torch.Tensor, valid: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    return torch.where(valid, x, torch.zeros_like(x)).sum() / count
 
 
 def policy_loss(
@@ -138,7 +138,10 @@ def policy_loss(
     adv = adv.detach().to(dtype)
     valid = loss_mask.to(device=logprobs.device) != 0
 
-    log_ratio = torch.clamp(logprobs.to(dtype) - old, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    # Masked positions are replaced by a log-ratio of 0 *before* any arithmetic, so NaN/inf
+    # garbage there reaches neither the loss nor (through where's backward) the gradient.
+    log_ratio = torch.where(valid, logprobs.to(dtype) - old, torch.zeros((), dtype=dtype, device=old.device))
+    log_ratio = torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
@@ -157,23 +160,21 @@ def policy_loss(
     loss = torch.where(valid, loss, torch.zeros_like(loss))
 
     with torch.no_grad():
-        m = valid.to(torch.float32)
-        count = m.sum().clamp(min=1.0)
+        count = valid.sum().to(torch.float32).clamp(min=1.0)
         r32 = ratio.detach().to(torch.float32)
         low = (r32 < 1.0 - eps_low) & negative
         high = (r32 > 1.0 + eps_high) & (adv > 0)
-        any_valid = valid.any()
-        ratio_max = torch.where(
-            any_valid,
-            torch.where(valid, r32, torch.full_like(r32, float("-inf"))).max(),
-            torch.zeros((), dtype=torch.float32, device=r32.device),
-        )
+        # ratios are > 0, so filling masked positions with 0 makes an all-masked max 0
+        if r32.numel() > 0:
+            ratio_max = torch.where(valid, r32, torch.zeros_like(r32)).max()
+        else:
+            ratio_max = torch.zeros((), dtype=torch.float32, device=r32.device)
         metrics = {
-            "clip_frac_low": _masked_mean(low.to(torch.float32), m, count),
-            "clip_frac_high": _masked_mean(high.to(torch.float32), m, count),
-            "dual_clip_frac": _masked_mean(dual_active.to(torch.float32), m, count),
-            "approx_kl": _masked_mean(-log_ratio.detach().to(torch.float32), m, count),
-            "ratio_mean": _masked_mean(r32, m, count),
+            "clip_frac_low": _masked_mean(low.to(torch.float32), valid, count),
+            "clip_frac_high": _masked_mean(high.to(torch.float32), valid, count),
+            "dual_clip_frac": _masked_mean(dual_active.to(torch.float32), valid, count),
+            "approx_kl": _masked_mean(-log_ratio.detach().to(torch.float32), valid, count),
+            "ratio_mean": _masked_mean(r32, valid, count),
             "ratio_max": ratio_max,
         }
     return loss, metrics
