@@ -1,0 +1,574 @@
+"""The four-boundary diagnosis of a DAPO run from its per-step metrics.
+
+Boundaries (docs/diagnosis.md gives the reasoning from the DAPO paper):
+
+* ``exploration`` -- does the policy still explore? ``entropy``, ``clip_frac_low``,
+  ``clip_frac_high``. Alerts: entropy collapse (vs its early value), entropy runaway, clip
+  fraction too high, sudden entropy drop.
+* ``group_contrast`` -- do the sampled groups still carry a direction? ``kept_group_ratio``,
+  ``all_correct_ratio``, ``all_wrong_ratio``, ``num_gen_batches``. Alerts: kept-group ratio low
+  or falling toward 0, groups mostly all-correct / all-wrong, generation rounds at the cap or
+  rising, sudden drop of the kept ratio.
+* ``token_credit`` -- do the tokens earn their credit? ``response_length_mean``,
+  ``response_length_max``, ``repetition_rate`` against ``acc_mean``. Alerts: length growing
+  while accuracy stalls, repetition high or rising, sudden length jump.
+* ``reward_interpretation`` -- is the reward measuring answers? ``truncation_ratio``,
+  ``overlong_penalty_mean``, ``no_answer_rate``. Alerts: truncation above threshold, overlong
+  penalty dominating, no-answer rate high or rising, sudden rises.
+
+An *alert* describes the current state of the run: its condition holds on the smoothed value at
+the last logged step (its ``step`` is the onset: where the final stretch of the condition began),
+or a sudden change happened inside the recent window. A condition that held earlier and
+recovered, or a sudden change before the recent window, is kept as a *warning* (printed and
+plotted, but it does not fail ``--fail-on-alert``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from megatron_dapo.diagnostics.history import History
+from megatron_dapo.diagnostics.thresholds import Thresholds
+
+__all__ = [
+    "BOUNDARIES",
+    "Alert",
+    "Boundary",
+    "BoundaryReport",
+    "Diagnosis",
+    "MetricSummary",
+    "diagnose",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Boundary:
+    key: str
+    title: str
+    question: str
+    metrics: tuple[str, ...]  # the boundary's own metrics (any of them present -> "has data")
+    context: tuple[str, ...] = ()  # metrics it is read against (summarised, never "data" alone)
+
+
+BOUNDARIES: tuple[Boundary, ...] = (
+    Boundary("exploration", "Exploration", "Does the policy still explore?",
+             ("entropy", "clip_frac_low", "clip_frac_high")),
+    Boundary("group_contrast", "Group contrast", "Do the sampled groups still carry a direction?",
+             ("kept_group_ratio", "all_correct_ratio", "all_wrong_ratio", "num_gen_batches")),
+    Boundary("token_credit", "Token credit", "Do the generated tokens earn their credit?",
+             ("response_length_mean", "response_length_max", "repetition_rate"), ("acc_mean",)),
+    Boundary("reward_interpretation", "Reward interpretation", "Does the reward measure answers?",
+             ("truncation_ratio", "overlong_penalty_mean", "no_answer_rate")),
+)
+
+#: Metrics summarised in the run overview (not part of any boundary's verdict).
+OVERVIEW_METRICS = ("acc_mean", "reward_mean", "approx_kl", "grad_norm",
+                    "train_infer_logprob_diff", "tokens_per_second", "time_step")
+
+
+@dataclasses.dataclass
+class Alert:
+    boundary: str
+    kind: str  # e.g. "entropy_collapse"
+    metric: str
+    step: float  # onset step (the step of the jump for sudden changes)
+    value: float  # the value that crossed (smoothed recent value, or the jumped-to value)
+    threshold: float
+    message: str
+    severity: str = "alert"  # "alert" (current) or "warning" (in the past / recovered)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class MetricSummary:
+    name: str
+    n: int  # finite values logged
+    last: float | None
+    last_step: float | None
+    early: float | None  # median of the first early_window values
+    recent: float | None  # mean of the last window values
+    slope: float | None  # least-squares slope per step over the last trend_window values
+    change: float | None  # slope x step span of the trend window (the change it explains)
+    trend: str  # "rising", "falling", "flat" or "n/a"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class BoundaryReport:
+    key: str
+    title: str
+    question: str
+    status: str  # "ok", "alert" or "no_data"
+    verdict: str
+    metrics: dict[str, MetricSummary]
+    alerts: list[Alert]
+    warnings: list[Alert]
+    notes: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        return d
+
+
+@dataclasses.dataclass
+class Diagnosis:
+    boundaries: list[BoundaryReport]
+    overview: dict[str, MetricSummary]
+    num_steps: int
+    first_step: float | None
+    last_step: float | None
+    thresholds: Thresholds
+    source: str | None = None
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def alerts(self) -> list[Alert]:
+        return [a for b in self.boundaries for a in b.alerts]
+
+    @property
+    def warnings(self) -> list[Alert]:
+        return [a for b in self.boundaries for a in b.warnings]
+
+    @property
+    def any_alert(self) -> bool:
+        return bool(self.alerts)
+
+    def boundary(self, key: str) -> BoundaryReport:
+        for b in self.boundaries:
+            if b.key == key:
+                return b
+        raise KeyError(key)
+
+    def alerting_boundaries(self) -> set[str]:
+        return {b.key for b in self.boundaries if b.alerts}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "num_steps": self.num_steps,
+            "first_step": self.first_step,
+            "last_step": self.last_step,
+            "any_alert": self.any_alert,
+            "boundaries": [b.to_dict() for b in self.boundaries],
+            "overview": {k: v.to_dict() for k, v in self.overview.items()},
+            "thresholds": self.thresholds.to_dict(),
+            "notes": list(self.notes),
+        }
+
+
+# ----------------------------------------------------------------------------------------------
+# numeric helpers
+# ----------------------------------------------------------------------------------------------
+
+def _finite(h: History, key: str) -> tuple[np.ndarray, np.ndarray]:
+    v = h.get(key)
+    m = np.isfinite(v)
+    return h.steps[m], v[m]
+
+
+def _eff(window: int, n: int) -> int:
+    """A window shrunk to a third of a short history (at least 1)."""
+    return max(1, min(int(window), n // 3 if n >= 3 else 1))
+
+
+def _early(x: np.ndarray, th: Thresholds) -> float:
+    return float(np.median(x[: _eff(th.early_window, len(x))]))
+
+
+def _rolling_mean(x: np.ndarray, w: int) -> np.ndarray:
+    c = np.concatenate(([0.0], np.cumsum(x)))
+    idx = np.arange(1, len(x) + 1)
+    lo = np.maximum(0, idx - w)
+    return (c[idx] - c[lo]) / (idx - lo)
+
+
+def _slope(t: np.ndarray, y: np.ndarray) -> float:
+    if len(t) < 2:
+        return math.nan
+    tc = t - t.mean()
+    den = float(np.dot(tc, tc))
+    if den == 0:
+        return math.nan
+    return float(np.dot(tc, y - y.mean()) / den)
+
+
+def _trend_window(th: Thresholds, n: int) -> int:
+    return max(2, min(int(th.trend_window), max(2, n // 2)))
+
+
+def _summary(h: History, key: str, th: Thresholds) -> MetricSummary:
+    t, x = _finite(h, key)
+    n = len(x)
+    if n == 0:
+        return MetricSummary(key, 0, None, None, None, None, None, None, "n/a")
+    w = _eff(th.window, n)
+    recent = float(np.mean(x[-w:]))
+    slope = change = None
+    trend = "n/a"
+    if n >= 3:
+        tw = _trend_window(th, n)
+        s = _slope(t[-tw:], x[-tw:])
+        if math.isfinite(s):
+            slope = s
+            change = s * float(t[-1] - t[-tw])
+            scale = max(abs(float(np.mean(x[-tw:]))), 1e-12)
+            # "flat" unless the change is both material (5% of the level) and clear of the
+            # noise (slope more than 3 standard errors from zero)
+            tt, yy = t[-tw:], x[-tw:]
+            resid = yy - (yy.mean() + s * (tt - tt.mean()))
+            den = float(np.sum((tt - tt.mean()) ** 2))
+            se = math.sqrt(float(np.sum(resid**2)) / max(len(tt) - 2, 1) / den) if den else 0.0
+            clear = abs(s) > 3 * se
+            trend = ("flat" if abs(change) < 0.05 * scale or not clear
+                     else ("rising" if change > 0 else "falling"))
+    return MetricSummary(key, n, float(x[-1]), float(t[-1]), _early(x, th), recent, slope,
+                         change, trend)
+
+
+def _onset(t: np.ndarray, cond: np.ndarray) -> tuple[bool, float | None, float | None]:
+    """(holds at the last step, onset step of the final run, first step it ever held)."""
+    if not cond.any():
+        return False, None, None
+    first = float(t[int(np.argmax(cond))])
+    if not cond[-1]:
+        return False, None, first
+    i = len(cond) - 1
+    while i > 0 and cond[i - 1]:
+        i -= 1
+    return True, float(t[i]), first
+
+
+def _fmt(v: float | None, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "n/a"
+    av = abs(v)
+    if av != 0 and (av >= 1e4 or av < 1e-3):
+        return f"{v:.2e}"
+    if av >= 100:
+        return f"{v:.0f}"
+    return f"{v:.{digits}g}"
+
+
+def _step(s: float | None) -> str:
+    return "n/a" if s is None else str(int(s)) if float(s).is_integer() else f"{s:g}"
+
+
+class _Collector:
+    def __init__(self, boundary: str, th: Thresholds):
+        self.boundary = boundary
+        self.th = th
+        self.alerts: list[Alert] = []
+        self.warnings: list[Alert] = []
+        self.notes: list[str] = []
+
+    def condition(self, kind: str, metric: str, t: np.ndarray, smoothed: np.ndarray,
+                  cond: np.ndarray, threshold: float, describe: Callable[[float, str], str]) -> None:
+        # the smoothed value is judged only once its window is full (no verdicts on one step)
+        cond = np.asarray(cond, dtype=bool).copy()
+        cond[: _eff(self.th.window, len(t)) - 1] = False
+        holds, onset, first = _onset(t, cond)
+        if holds:
+            v = float(smoothed[-1])
+            self.alerts.append(Alert(self.boundary, kind, metric, onset, v, threshold,
+                                     describe(v, f"since step {_step(onset)}")))
+        elif first is not None:
+            i = int(np.argmax(cond))
+            v = float(smoothed[i])
+            self.warnings.append(Alert(self.boundary, kind, metric, first, v, threshold,
+                                       describe(v, f"at step {_step(first)}, recovered since"),
+                                       "warning"))
+
+
+def _sudden(col: _Collector, h: History, metric: str, direction: str, th: Thresholds,
+            rate: bool, hint: str) -> None:
+    """Sudden one-step changes of ``metric`` against the median of the preceding window."""
+    t, x = _finite(h, metric)
+    n = len(x)
+    w = max(3, _eff(th.window, n))
+    if n < max(th.min_steps, w + 1):
+        return
+    recent_from = n - _eff(th.window, n)
+    found_alert = found_warning = False
+    for i in range(w, n):
+        prev = x[i - w:i]
+        base = float(np.median(prev))
+        sigma = 1.4826 * float(np.median(np.abs(prev - base)))
+        delta = (base - x[i]) if direction == "drop" else (x[i] - base)
+        if delta <= 0:
+            continue
+        if delta <= th.sudden_z * sigma or delta <= th.sudden_rel * abs(base):
+            continue
+        if rate and delta <= th.sudden_abs_rate:
+            continue
+        word = "dropped" if direction == "drop" else "jumped"
+        msg = (f"{metric} {word} from ~{_fmt(base)} to {_fmt(float(x[i]))} at step "
+               f"{_step(float(t[i]))} (sudden change){hint}")
+        if i >= recent_from:
+            if not found_alert:
+                col.alerts.append(Alert(col.boundary, f"sudden_{direction}", metric, float(t[i]),
+                                        float(x[i]), base, msg))
+                found_alert = True
+        elif not found_warning:
+            col.warnings.append(Alert(col.boundary, f"sudden_{direction}", metric, float(t[i]),
+                                      float(x[i]), base, msg, "warning"))
+            found_warning = True
+
+
+# ----------------------------------------------------------------------------------------------
+# the four boundaries
+# ----------------------------------------------------------------------------------------------
+
+def _exploration(h: History, th: Thresholds, col: _Collector) -> None:
+    t, x = _finite(h, "entropy")
+    n = len(x)
+    if n:
+        if n >= th.min_steps:
+            early = _early(x, th)
+            sm = _rolling_mean(x, _eff(th.window, n))
+            if early > 0:
+                col.condition(
+                    "entropy_collapse", "entropy", t, sm, sm < th.entropy_collapse_ratio * early,
+                    th.entropy_collapse_ratio,
+                    lambda v, when: (f"entropy collapsed to {_fmt(v)} = {v / early:.0%} of its early "
+                                     f"{_fmt(early)} (< {th.entropy_collapse_ratio:.0%}) {when}: the "
+                                     "policy stopped exploring; raise eps_high (clip-higher)"))
+                col.condition(
+                    "entropy_runaway", "entropy", t, sm, sm > th.entropy_explode_ratio * early,
+                    th.entropy_explode_ratio,
+                    lambda v, when: (f"entropy ran away to {_fmt(v)} = {v / early:.1f}x its early "
+                                     f"{_fmt(early)} (> {th.entropy_explode_ratio:g}x) {when}: "
+                                     "sampling turns to noise; lower eps_high or the learning rate"))
+        else:
+            col.notes.append(f"only {n} entropy values: no comparison with the early value yet")
+        _sudden(col, h, "entropy", "drop", th, rate=False,
+                hint=": exploration lost in one update")
+    lo, hi = h.get("clip_frac_low"), h.get("clip_frac_high")
+    if h.has("clip_frac_low") or h.has("clip_frac_high"):
+        both = np.where(np.isfinite(lo), lo, 0.0) + np.where(np.isfinite(hi), hi, 0.0)
+        m = np.isfinite(lo) | np.isfinite(hi)
+        tc, xc = h.steps[m], both[m]
+        sm = _rolling_mean(xc, _eff(th.window, len(xc)))
+        col.condition(
+            "clip_frac_high", "clip_frac", tc, sm, sm > th.clip_frac_max, th.clip_frac_max,
+            lambda v, when: (f"{v:.1%} of tokens clipped (low + high > {th.clip_frac_max:.0%}) "
+                             f"{when}: each rollout moves the policy too far; lower the learning "
+                             "rate or the number of mini-batches per rollout"))
+
+
+def _group_contrast(h: History, th: Thresholds, col: _Collector) -> None:
+    t, x = _finite(h, "kept_group_ratio")
+    n = len(x)
+    ac = _summary(h, "all_correct_ratio", th).recent
+    aw = _summary(h, "all_wrong_ratio", th).recent
+    if ac is not None and aw is not None:
+        why = ("mostly all-correct groups: the data became too easy" if ac >= aw else
+               "mostly all-wrong groups: the data is too hard for the model")
+    else:
+        why = "groups became uniform (zero advantage)"
+    if n:
+        sm = _rolling_mean(x, _eff(th.window, n))
+        cond = sm < th.kept_group_ratio_min
+        early = _early(x, th)
+        if n >= th.min_steps and early > th.kept_group_ratio_min:
+            cond = cond | (sm < th.kept_group_ratio_drop * early)
+        col.condition(
+            "kept_groups_low", "kept_group_ratio", t, sm, cond, th.kept_group_ratio_min,
+            lambda v, when: (f"kept-group ratio fell to {_fmt(v)} (early {_fmt(early)}; alert below "
+                             f"{th.kept_group_ratio_min:g} or {th.kept_group_ratio_drop:.0%} of early) "
+                             f"{when}: {why}; dynamic sampling needs ever more generation"))
+        _sudden(col, h, "kept_group_ratio", "drop", th, rate=True,
+                hint=": the groups lost their contrast at once")
+    for key, limit, text in (
+        ("all_correct_ratio", th.all_correct_ratio_max,
+         "the data became too easy: refresh it with harder problems"),
+        ("all_wrong_ratio", th.all_wrong_ratio_max,
+         "the data is too hard for the model: easier problems or a stronger start"),
+    ):
+        tk, xk = _finite(h, key)
+        if len(xk):
+            sm = _rolling_mean(xk, _eff(th.window, len(xk)))
+            col.condition(
+                f"{key}_high", key, tk, sm, sm > limit, limit,
+                lambda v, when, key=key, limit=limit, text=text: (
+                    f"{key} at {_fmt(v)} (> {limit:g}) {when}: these groups have zero advantage; "
+                    f"{text}"))
+    tg, xg = _finite(h, "num_gen_batches")
+    if len(xg):
+        sm = _rolling_mean(xg, _eff(th.window, len(xg)))
+        cond = sm >= th.num_gen_batches_max
+        g_early = _early(xg, th)
+        if len(xg) >= th.min_steps:
+            cond = cond | ((sm >= th.num_gen_batches_rise * g_early) & (sm - g_early >= 1.0))
+        col.condition(
+            "gen_batches_rising", "num_gen_batches", tg, sm, cond, th.num_gen_batches_rise,
+            lambda v, when: (f"{_fmt(v)} generation rounds per step (early {_fmt(g_early)}; alert at "
+                             f"{th.num_gen_batches_max:g} or {th.num_gen_batches_rise:g}x early) {when}: "
+                             "dynamic sampling struggles to fill the batch with mixed groups"))
+
+
+def _token_credit(h: History, th: Thresholds, col: _Collector) -> None:
+    tl, xl = _finite(h, "response_length_mean")
+    acc = h.get("acc_mean")
+    if len(xl):
+        if not h.has("acc_mean"):
+            col.notes.append("acc_mean not logged: length growth cannot be read against accuracy")
+        else:
+            m = np.isfinite(h.get("response_length_mean")) & np.isfinite(acc)
+            t, ln, ac = h.steps[m], h.get("response_length_mean")[m], acc[m]
+            n = len(t)
+            if n >= th.min_steps:
+                tw = _trend_window(th, n)
+                growth = np.full(n, np.nan)
+                gain = np.full(n, np.nan)
+                for i in range(tw - 1, n):
+                    sl = slice(i - tw + 1, i + 1)
+                    span = float(t[i] - t[i - tw + 1])
+                    mean_len = float(np.mean(ln[sl]))
+                    if mean_len > 0:
+                        growth[i] = _slope(t[sl], ln[sl]) * span / mean_len
+                    gain[i] = _slope(t[sl], ac[sl]) * span
+                cond = np.nan_to_num(growth > th.length_growth_min) & np.nan_to_num(
+                    gain < th.acc_stall_delta)
+                cond = cond.astype(bool)
+                last_gain = gain[-1]
+                col.condition(
+                    "length_without_accuracy", "response_length_mean", t, growth, cond,
+                    th.length_growth_min,
+                    lambda v, when: (f"response length grew {v:+.0%} over the last {tw} steps while "
+                                     f"acc_mean changed {_fmt(float(last_gain), 2)} (< "
+                                     f"{th.acc_stall_delta:g}) {when}: long samples earn credit "
+                                     "without answers; check the token-level loss and overlong "
+                                     "shaping"))
+            else:
+                col.notes.append(f"only {n} steps: no length-vs-accuracy trend yet")
+        _sudden(col, h, "response_length_mean", "rise", th, rate=False,
+                hint=": responses became much longer in one update")
+    tr, xr = _finite(h, "repetition_rate")
+    if len(xr):
+        sm = _rolling_mean(xr, _eff(th.window, len(xr)))
+        cond = sm > th.repetition_rate_max
+        r_early = _early(xr, th)
+        if len(xr) >= th.min_steps:
+            cond = cond | (sm - r_early > th.repetition_rise)
+        col.condition(
+            "repetition_rising", "repetition_rate", tr, sm, cond, th.repetition_rate_max,
+            lambda v, when: (f"{v:.1%} of responses end in a repetition loop (early {r_early:.1%}; "
+                             f"alert above {th.repetition_rate_max:.0%} or +{th.repetition_rise:.0%}) "
+                             f"{when}: tokens of degenerate loops share the sample's reward"))
+        _sudden(col, h, "repetition_rate", "rise", th, rate=True,
+                hint=": the policy fell into loops at once")
+
+
+def _reward_interpretation(h: History, th: Thresholds, col: _Collector) -> None:
+    tt, xt = _finite(h, "truncation_ratio")
+    if len(xt):
+        sm = _rolling_mean(xt, _eff(th.window, len(xt)))
+        col.condition(
+            "truncation_high", "truncation_ratio", tt, sm, sm > th.truncation_ratio_max,
+            th.truncation_ratio_max,
+            lambda v, when: (f"{v:.1%} of responses truncated at the length cap (> "
+                             f"{th.truncation_ratio_max:.0%}) {when}: truncated reasoning is scored "
+                             "as wrong, reward noise; use overlong filtering / soft punishment or a "
+                             "larger cap"))
+        _sudden(col, h, "truncation_ratio", "rise", th, rate=True,
+                hint=": many responses hit the cap at once")
+    to, xo = _finite(h, "overlong_penalty_mean")
+    if len(xo):
+        sm = np.abs(_rolling_mean(xo, _eff(th.window, len(xo))))
+        col.condition(
+            "overlong_penalty_high", "overlong_penalty_mean", to, sm, sm > th.overlong_penalty_max,
+            th.overlong_penalty_max,
+            lambda v, when: (f"overlong penalty averages {_fmt(v)} per sample (|mean| > "
+                             f"{th.overlong_penalty_max:g}) {when}: length shaping outweighs the "
+                             "correctness signal"))
+    tn, xn = _finite(h, "no_answer_rate")
+    if len(xn):
+        sm = _rolling_mean(xn, _eff(th.window, len(xn)))
+        cond = sm > th.no_answer_rate_max
+        n_early = _early(xn, th)
+        if len(xn) >= th.min_steps:
+            cond = cond | (sm - n_early > th.no_answer_rise)
+        col.condition(
+            "no_answer_rising", "no_answer_rate", tn, sm, cond, th.no_answer_rate_max,
+            lambda v, when: (f"{v:.1%} of responses give no parsable answer (early {n_early:.1%}; "
+                             f"alert above {th.no_answer_rate_max:.0%} or +{th.no_answer_rise:.0%}) "
+                             f"{when}: format failures are scored as wrong answers"))
+        _sudden(col, h, "no_answer_rate", "rise", th, rate=True,
+                hint=": answers went missing at once")
+
+
+_CHECKS = {
+    "exploration": _exploration,
+    "group_contrast": _group_contrast,
+    "token_credit": _token_credit,
+    "reward_interpretation": _reward_interpretation,
+}
+
+_HEADLINE = {
+    "exploration": ("entropy", "clip_frac_high"),
+    "group_contrast": ("kept_group_ratio", "num_gen_batches"),
+    "token_credit": ("response_length_mean", "repetition_rate", "acc_mean"),
+    "reward_interpretation": ("truncation_ratio", "no_answer_rate"),
+}
+
+
+def _verdict(b: Boundary, status: str, metrics: dict[str, MetricSummary], alerts: list[Alert],
+             warnings: list[Alert]) -> str:
+    if status == "no_data":
+        return f"no data: none of {', '.join(b.metrics)} was logged"
+    parts = []
+    for k in _HEADLINE[b.key]:
+        s = metrics.get(k)
+        if s is not None and s.n:
+            parts.append(f"{k} {_fmt(s.last)} ({s.trend})")
+    state = ("ALERT: " + ", ".join(dict.fromkeys(a.kind for a in alerts))) if alerts else "healthy"
+    if not alerts and warnings:
+        state += f" ({len(warnings)} past warning{'s' if len(warnings) > 1 else ''})"
+    return f"{state}; " + "; ".join(parts) if parts else state
+
+
+def diagnose(history: History, thresholds: Thresholds | None = None) -> Diagnosis:
+    """Diagnose a run's metric history against ``thresholds`` (defaults: :class:`Thresholds`)."""
+    th = thresholds or Thresholds()
+    reports = []
+    for b in BOUNDARIES:
+        metrics = {k: _summary(history, k, th) for k in b.metrics + b.context}
+        col = _Collector(b.key, th)
+        if any(history.has(k) for k in b.metrics):
+            _CHECKS[b.key](history, th, col)
+            status = "alert" if col.alerts else "ok"
+        else:
+            status = "no_data"
+        missing = [k for k in b.metrics + b.context if not history.has(k)]
+        if missing and status != "no_data":
+            col.notes.append("not logged: " + ", ".join(missing))
+        reports.append(BoundaryReport(b.key, b.title, b.question, status,
+                                      _verdict(b, status, metrics, col.alerts, col.warnings),
+                                      metrics, col.alerts, col.warnings, col.notes))
+    notes = []
+    if history.bad_lines:
+        notes.append(f"{history.bad_lines} unreadable line(s) skipped")
+    if history.duplicate_steps:
+        notes.append(f"{history.duplicate_steps} re-logged step(s): the last record of each kept")
+    n = len(history)
+    if n == 0:
+        notes.append("no metrics logged")
+    return Diagnosis(
+        reports,
+        {k: _summary(history, k, th) for k in OVERVIEW_METRICS if history.has(k)},
+        n,
+        float(history.steps[0]) if n else None,
+        float(history.steps[-1]) if n else None,
+        th,
+        history.source,
+        notes,
+    )
