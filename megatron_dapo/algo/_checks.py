@@ -10,6 +10,8 @@ synchronisation to the training step.
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 from typing import Any
 
 import torch
@@ -46,9 +48,15 @@ def check_same_shape(t: torch.Tensor, name: str, ref: torch.Tensor, ref_name: st
         )
 
 
+def check_int(value: Any, name: str) -> int:
+    """An integer (Python or numpy), not a bool."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    return operator.index(value)
+
+
 def check_group_size(group_size: Any, batch: int, name: str = "group_size", batch_name: str = "batch") -> int:
-    if isinstance(group_size, bool) or not isinstance(group_size, int):
-        raise ValueError(f"{name} must be an int, got {group_size!r}")
+    group_size = check_int(group_size, name)
     if group_size < 1:
         raise ValueError(f"{name} must be >= 1, got {group_size}")
     if batch % group_size != 0:
@@ -57,7 +65,7 @@ def check_group_size(group_size: Any, batch: int, name: str = "group_size", batc
 
 
 def check_real(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a real number, got {value!r}")
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value!r}")

@@ -6,7 +6,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 
 import torch
 
-from ._checks import as_tensor, check_1d_nonempty, check_2d, check_real
+from ._checks import as_tensor, check_1d_nonempty, check_2d, check_int, check_real
 
 #: Finish reasons that mean "the response was cut at the length limit".
 TRUNCATED_FINISH_REASONS = ("length",)
@@ -56,12 +56,10 @@ def overlong_penalty(
     check_1d_nonempty(lengths, "response_lengths")
     if lengths.dtype == torch.bool:
         raise ValueError("response_lengths must be numbers, got a bool tensor")
-    if isinstance(max_response_length, bool) or not isinstance(max_response_length, int):
-        raise ValueError(f"max_response_length must be an int, got {max_response_length!r}")
+    max_response_length = check_int(max_response_length, "max_response_length")
     if max_response_length <= 0:
         raise ValueError(f"max_response_length must be > 0, got {max_response_length}")
-    if isinstance(overlong_buffer_length, bool) or not isinstance(overlong_buffer_length, int):
-        raise ValueError(f"overlong_buffer_length must be an int, got {overlong_buffer_length!r}")
+    overlong_buffer_length = check_int(overlong_buffer_length, "overlong_buffer_length")
     if not 0 <= overlong_buffer_length <= max_response_length:
         raise ValueError(
             f"overlong_buffer_length must be in [0, max_response_length={max_response_length}], "
