@@ -1,0 +1,189 @@
+"""Command line and YAML for the config tree; validation before any process group exists.
+
+* Flags come from the dataclass fields of :mod:`megatron_dapo.config.schema` (Megatron-LM's
+  kebab-case names for model, parallelism and optimizer).
+* ``--config FILE.yaml`` holds sections (``optim: {lr: 1e-6}``) or flat keys (``lr: 1e-6``,
+  ``eps-clip-high: 0.28``); flags on the command line win over the file.
+* Booleans: ``--flag`` (true), ``--flag false``, ``--no-flag``. Optionals: ``none``.
+* The ``--algorithm`` preset fills every DAPO control not given explicitly.
+
+Why plain argparse rather than a dataclass-CLI library: Megatron-style scripts need exact
+flag names such as ``--tensor-model-parallel-size`` on a nested tree without section
+prefixes, and store-true booleans; tyro/simple-parsing prefix nested fields or differ in
+boolean syntax, so ~150 lines of argparse generated from field metadata fit better
+(docs/design.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from typing import Any, Optional
+
+from ..algo.config import apply_preset
+from .schema import SECTIONS, DAPOConfig, flag_of
+
+
+class ConfigError(ValueError):
+    """An invalid configuration; the message names the flags and values involved."""
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _base_type(tp):
+    """(python type, optional?) of a field annotation (strings under PEP 563)."""
+    if isinstance(tp, str):
+        tp = eval(tp, {"Optional": Optional, "typing": typing, "list": list, "dict": dict, "Any": Any})
+    origin = typing.get_origin(tp)
+    if origin is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0], True
+    return tp, False
+
+
+def _parse_bool(flag: str):
+    def conv(s):
+        v = str(s).strip().lower()
+        if v in _TRUE:
+            return True
+        if v in _FALSE:
+            return False
+        raise argparse.ArgumentTypeError(f"{flag} expects true/false, got {s!r}")
+
+    return conv
+
+
+def _converter(flag: str, tp, optional: bool):
+    if tp is bool:
+        return _parse_bool(flag)
+
+    def conv(s):
+        if optional and str(s).strip().lower() in ("none", "null", ""):
+            return None
+        try:
+            return tp(s) if tp in (int, float, str) else s
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} expects {tp.__name__}, got {s!r}")
+
+    return conv
+
+
+def _fields():
+    """(section, field, flag, type, optional) for every leaf of the tree."""
+    out = []
+    for sec in dataclasses.fields(DAPOConfig):
+        cls = sec.default_factory
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            tp, opt = _base_type(hints[f.name])
+            out.append((sec.name, f, flag_of(f), tp, opt))
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m megatron_dapo.train",
+        description="DAPO training on megatron-core (flags: Megatron-LM names for model/parallel/optimizer).",
+        argument_default=argparse.SUPPRESS,
+    )
+    p.add_argument("--config", help="YAML file of settings (sections or flat keys); flags win over it.")
+    groups = {s: p.add_argument_group(s) for s in SECTIONS}
+    for sec, f, flag, tp, opt in _fields():
+        g = groups[sec]
+        dest = f"{sec}.{f.name}"
+        helptext = f.metadata.get("help", "")
+        if tp is bool:
+            g.add_argument(flag, dest=dest, nargs="?", const=True, type=_parse_bool(flag), help=helptext + f" (default {f.default})")
+            g.add_argument("--no-" + flag[2:], dest=dest, action="store_false", help=argparse.SUPPRESS)
+        elif tp is list or typing.get_origin(tp) is list:
+            g.add_argument(flag, dest=dest, nargs="*", help=helptext)
+        else:
+            choices = f.metadata.get("choices")
+            kw = {}
+            if choices:
+                kw["choices"] = [c for c in choices if c is not None] + (["none"] if None in choices else [])
+            conv = _converter(flag, tp, opt)
+            g.add_argument(flag, dest=dest, type=conv if not choices else str, help=helptext + f" (default {f.default})", **kw)
+    return p
+
+
+def _index():
+    by_key = {}
+    for sec, f, flag, tp, opt in _fields():
+        for key in (f.name, flag[2:], flag[2:].replace("-", "_"), f"{sec}.{f.name}"):
+            by_key[key] = (sec, f, flag, tp, opt)
+    return by_key
+
+
+def _coerce(value, flag, tp, opt):
+    if value is None:
+        if opt:
+            return None
+        raise ConfigError(f"{flag} may not be null")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        return _parse_bool(flag)(value)
+    if tp is list or typing.get_origin(tp) is list:
+        return list(value) if isinstance(value, (list, tuple)) else [value]
+    if tp in (int, float):
+        try:
+            return tp(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{flag} expects {tp.__name__}, got {value!r}")
+    if isinstance(value, str) and opt and value.lower() == "none":
+        return None
+    return value
+
+
+def load_yaml(path: str) -> dict:
+    """Flatten a YAML config into {section.field: value}; unknown keys are an error naming them."""
+    import yaml
+
+    try:
+        with open(path) as fh:
+            raw = yaml.safe_load(fh) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"--config: file not found: {path}")
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--config {path}: invalid YAML ({e})")
+    idx = _index()
+    out = {}
+
+    def put(key, value):
+        if key not in idx:
+            raise ConfigError(f"--config {path}: unknown setting {key!r}")
+        sec, f, flag, tp, opt = idx[key]
+        out[f"{sec}.{f.name}"] = _coerce(value, flag, tp, opt)
+
+    for k, v in raw.items():
+        if k in SECTIONS and isinstance(v, dict):
+            for k2, v2 in v.items():
+                put(f"{k}.{k2}" if f"{k}.{k2}" in idx else k2, v2)
+        else:
+            put(k, v)
+    return out
+
+
+def parse_args(argv=None) -> tuple[DAPOConfig, set[str]]:
+    """Parse flags (and ``--config``) into a DAPOConfig; returns (config, explicitly set keys)."""
+    ns = vars(build_parser().parse_args(argv))
+    values = {}
+    if "config" in ns:
+        values.update(load_yaml(ns.pop("config")))
+    idx = _index()
+    for k, v in ns.items():
+        sec, f, flag, tp, opt = idx[k]
+        if f.metadata.get("choices") and isinstance(v, str) and v == "none":
+            v = None
+        values[k] = _coerce(v, flag, tp, opt) if v is not None or opt else v
+    cfg = DAPOConfig()
+    for key, v in values.items():
+        sec, name = key.split(".", 1)
+        setattr(getattr(cfg, sec), name, v)
+    explicit = {k.split(".", 1)[1] for k in values if k.startswith("algo.")}
+    cfg.algo = apply_preset(cfg.algo, cfg.algo.algorithm, explicit)
+    return cfg, set(values)

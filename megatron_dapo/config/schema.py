@@ -1,0 +1,164 @@
+"""The one typed config tree of a run (dataclasses), one section per concern.
+
+Every field becomes a command-line flag (``megatron_dapo.config.cli``): model, parallelism
+and optimizer flags use Megatron-LM's names so users can paste their scripts; the flag of a
+field is ``metadata["flag"]`` or ``--`` + its dashed name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ..algo.config import AlgorithmConfig
+
+
+def _f(default: Any, help: str, flag: Optional[str] = None, **extra: Any):
+    md = {"help": help, **extra}
+    if flag:
+        md["flag"] = flag
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=md)
+    return field(default=default, metadata=md)
+
+
+@dataclass
+class ModelConfig:
+    hf_checkpoint: Optional[str] = _f(
+        None, "HF checkpoint directory: model shape (config.json), tokenizer, and initial weights unless "
+        "--pretrained-checkpoint or --load is given."
+    )
+    pretrained_checkpoint: Optional[str] = _f(None, "A converted torch_dist checkpoint to initialise weights from.")
+    tokenizer: Optional[str] = _f(None, "Tokenizer directory (default: --hf-checkpoint).")
+    make_vocab_size_divisible_by: int = _f(128, "Pad the vocabulary to a multiple of this x TP (Megatron-LM).")
+    bf16: bool = _f(False, "bf16 parameters and compute (GPU); CPU runs are fp32.")
+    recompute_granularity: Optional[str] = _f(None, "Activation recompute: full or selective.", choices=(None, "full", "selective"))
+    recompute_method: Optional[str] = _f(None, "uniform or block (with --recompute-granularity full).", choices=(None, "uniform", "block"))
+    recompute_num_layers: Optional[int] = _f(None, "Layers per recompute chunk (uniform) or recomputed layers (block).")
+    ref_load: Optional[str] = _f(None, "Reference model checkpoint for KL (default: the initial policy) when --kl-coef > 0.")
+
+
+@dataclass
+class ParallelConfig:
+    tensor_model_parallel_size: int = _f(1, "Tensor model parallel size.")
+    pipeline_model_parallel_size: int = _f(1, "Pipeline model parallel size.")
+    context_parallel_size: int = _f(1, "Context parallel size (GPU/TE only).")
+    sequence_parallel: bool = _f(False, "Sequence parallelism with TP (GPU/TE only).")
+    use_distributed_optimizer: bool = _f(False, "Shard optimizer state over data-parallel ranks.")
+    nnodes: int = _f(1, "Number of nodes.", "--actor-num-nodes")
+    gpus_per_node: int = _f(1, "GPUs (CPU demo: worker processes) per node.", "--actor-num-gpus-per-node")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = _f(1e-6, "Learning rate (constant after warm-up).")
+    min_lr: float = _f(0.0, "Minimum learning rate (unused with the constant schedule).")
+    lr_warmup_iters: int = _f(0, "Linear warm-up length in optimizer steps.")
+    lr_warmup_rollout_steps: Optional[int] = _f(
+        None, "Linear warm-up length in rollout steps (converted to optimizer steps; wins over --lr-warmup-iters)."
+    )
+    weight_decay: float = _f(0.1, "AdamW weight decay.")
+    clip_grad: float = _f(1.0, "Gradient clipping by global norm (0 = off).")
+    adam_beta1: float = _f(0.9, "AdamW beta1.")
+    adam_beta2: float = _f(0.999, "AdamW beta2.")
+    adam_eps: float = _f(1e-8, "AdamW epsilon.")
+    micro_batch_size: int = _f(1, "Responses per micro-batch (upper bound when --max-tokens-per-gpu packs).")
+    global_batch_size: int = _f(512, "Responses per optimizer step (all DP ranks).")
+    max_tokens_per_gpu: Optional[int] = _f(None, "Token budget of one micro-batch; micro-batches are packed to it.")
+    seed: int = _f(1234, "Random seed.")
+    max_skipped_steps: int = _f(3, "Stop after this many consecutive skipped (non-finite) optimizer steps.")
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = _f("auto", "Rollout engine: sglang (GPU), hf (CPU) or auto.", "--rollout-engine", choices=("auto", "sglang", "hf"))
+    rollout_batch_size: int = _f(512, "Prompts per rollout step (groups kept after dynamic sampling).")
+    n_samples_per_prompt: int = _f(16, "Responses per prompt (group size G).")
+    over_sampling_batch_size: Optional[int] = _f(None, "Prompts generated per generation round (default: --rollout-batch-size).")
+    max_num_gen_batches: int = _f(10, "Generation rounds per step before giving up (0 = unbounded).")
+    temperature: float = _f(1.0, "Sampling temperature for training rollouts.", "--rollout-temperature")
+    top_p: float = _f(1.0, "Top-p for training rollouts.", "--rollout-top-p")
+    top_k: int = _f(-1, "Top-k for training rollouts (-1 = off).", "--rollout-top-k")
+    stop: list = _f([], "Stop strings (repeatable).", "--rollout-stop", nargs="*")
+    num_gpus_per_engine: int = _f(1, "GPUs per rollout engine (engine TP size).", "--rollout-num-gpus-per-engine")
+    mem_fraction_static: float = _f(0.7, "SGLang static memory fraction.", "--sglang-mem-fraction-static")
+    update_weight_buffer_size: int = _f(512 * 1024**2, "Weight-sync bucket size in bytes.")
+    check_weight_sync_every: int = _f(1, "Probe engine vs trainer logprobs every N syncs (0 = never).")
+    weight_sync_tolerance: float = _f(1e-3, "Max |logp_engine - logp_trainer| on the probe before failing.")
+    reuse_surplus_groups: bool = _f(False, "Keep surplus mixed groups for the next step (off in the dapo preset).")
+    engine_timeout_s: float = _f(600.0, "A generation call slower than this restarts the engine.")
+
+
+@dataclass
+class RewardConfig:
+    mode: str = _f("dapo", "Verifier: dapo (official Answer: check) or math (sympy equivalence).", "--reward-mode", choices=("dapo", "math"))
+    reward_fn: Optional[str] = _f(None, "Custom reward 'package.module:function' (see docs/reward.md).")
+    num_workers: int = _f(2, "Verifier processes.", "--reward-num-workers")
+    timeout_s: float = _f(10.0, "Per-item verifier timeout.", "--reward-timeout")
+
+
+@dataclass
+class DataConfig:
+    prompt_data: Optional[str] = _f(None, "Training prompts: parquet or jsonl in the verl schema.")
+    eval_data: list = _f([], "Evaluation sets (parquet/jsonl), repeatable.", nargs="*")
+    max_prompt_length: int = _f(2048, "Prompts longer than this many tokens are skipped or left-truncated.")
+    prompt_overflow: str = _f("skip", "What to do with long prompts: skip (counted) or truncate-left.", choices=("skip", "truncate-left"))
+    apply_chat_template: bool = _f(True, "Render chat-message prompts with the tokenizer's chat template.")
+    skip_bad_rows: bool = _f(False, "Skip rows without a prompt or ground truth (counted) instead of failing.")
+    allow_data_change: bool = _f(False, "Allow resuming with a dataset whose fingerprint changed.")
+    shuffle: bool = _f(True, "Shuffle prompts each epoch (deterministic from --seed).")
+
+
+@dataclass
+class CheckpointConfig:
+    load: Optional[str] = _f(None, "Resume a run from this checkpoint directory (weights, optimizer, trainer state).")
+    save: Optional[str] = _f(None, "Directory for checkpoints.")
+    save_interval: int = _f(0, "Save every N rollout steps (0 = only at the end when --save is given).")
+    keep_last: int = _f(2, "Keep the N newest checkpoints.")
+    save_hf_interval: int = _f(0, "Also export HF weights every N steps (0 = off).")
+
+
+@dataclass
+class LoggingConfig:
+    run_dir: str = _f("runs/latest", "Run directory: metrics.jsonl, rollouts/, plots.")
+    wandb_project: Optional[str] = _f(None, "wandb project (offline mode unless --wandb-mode online).")
+    wandb_mode: str = _f("offline", "wandb mode: offline, online or disabled.", choices=("offline", "online", "disabled"))
+    tensorboard: bool = _f(False, "Also write tensorboard event files.")
+    dump_rollouts_every: int = _f(0, "Write rollouts to RUN_DIR/rollouts/step_XXXXXX.jsonl every N steps.")
+    eval_interval: int = _f(0, "Evaluate on --eval-data every N steps (0 = off).")
+    progress: bool = _f(True, "Progress bars.")
+
+
+@dataclass
+class RunConfig:
+    num_rollout_steps: int = _f(100, "Rollout steps to run.", "--num-rollout")
+    deterministic: bool = _f(False, "Per-sample seeds, fixed generation rounds: reruns and resumes are identical.")
+    dry_run: bool = _f(False, "Validate configuration, data and paths, print the plan, start nothing.")
+    inject_nan_at_step: Optional[int] = _f(None, "Testing: make the loss NaN at this step.", "--debug-inject-nan-step")
+
+
+@dataclass
+class DAPOConfig:
+    """Root of the config tree."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+SECTIONS = [f.name for f in dataclasses.fields(DAPOConfig)]
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag", "--" + f.name.replace("_", "-"))
