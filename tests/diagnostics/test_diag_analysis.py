@@ -5,6 +5,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import diag_synthetic as S
 from megatron_dapo.diagnostics import (
@@ -181,3 +183,20 @@ def test_to_dict_is_json_serialisable():
     out = json.loads(json.dumps(d.to_dict()))
     assert out["any_alert"] is True
     assert [b["key"] for b in out["boundaries"]] == BOUNDARY_KEYS
+
+
+METRIC_KEYS = [k for b in BOUNDARIES for k in b.metrics + b.context]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.dictionaries(
+    st.sampled_from(METRIC_KEYS + ["step", "time_step", "extra"]),
+    st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True, width=32),
+              st.integers(-5, 5), st.text(max_size=3)),
+    max_size=8), max_size=40))
+def test_diagnose_never_crashes_on_odd_histories(recs):
+    d = diagnose(History.from_records(recs))
+    json.dumps(d.to_dict())
+    format_report(d, verbose=True)
+    for b in d.boundaries:
+        assert b.status in ("ok", "alert", "no_data")
