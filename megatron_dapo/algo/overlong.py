@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional, Sequence, Union
 
+import numbers
+
 import torch
 
 from ._checks import as_tensor, check_1d_nonempty, check_2d, check_int, check_real
@@ -87,6 +89,14 @@ def overlong_penalty(
     return out
 
 
+def _is_numpy_bool(item: Any) -> bool:
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy ships with torch in practice
+        return False
+    return isinstance(item, np.bool_)
+
+
 def _is_truncated(item: Any, reasons: Iterable[str], index: int) -> bool:
     if isinstance(item, dict):  # e.g. SGLang meta_info["finish_reason"] = {"type": "length", ...}
         if "type" not in item:
@@ -94,7 +104,9 @@ def _is_truncated(item: Any, reasons: Iterable[str], index: int) -> bool:
         item = item["type"]
     if isinstance(item, str):
         return item in reasons
-    if isinstance(item, (bool, int)) or (isinstance(item, torch.Tensor) and item.numel() == 1):
+    if isinstance(item, (bool, numbers.Integral)) or _is_numpy_bool(item):
+        return bool(item)
+    if isinstance(item, torch.Tensor) and item.numel() == 1:
         return bool(item)
     raise ValueError(
         f"truncated[{index}] must be a bool, a finish-reason string or a finish-reason dict, got {item!r}"

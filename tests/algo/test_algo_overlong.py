@@ -81,3 +81,10 @@ def test_filter_mask_applied_to_loss_mask():
     assert out.dtype == mask.dtype
     out_bool = overlong_filter_mask(torch.tensor([1, 0, 0]), loss_mask=mask.bool())
     assert out_bool.dtype == torch.bool and out_bool.tolist() == [[False] * 3, [True] * 3, [True, False, False]]
+
+
+def test_filter_mask_numpy_inputs():
+    import numpy as np
+
+    assert overlong_filter_mask([np.bool_(True), np.int64(0), "stop"]).tolist() == [0.0, 1.0, 1.0]
+    assert overlong_filter_mask(np.array([True, False])).tolist() == [0.0, 1.0]
