@@ -405,8 +405,9 @@ class SGLangEngine(RolloutEngine):
     """``sglang.Engine`` behind the RolloutEngine interface (token ids in and out).
 
     ``expected_shapes``: HF name -> shape used to validate buckets and the completeness of a
-    weight update; by default read from the safetensors headers of a local ``model_path``
-    (a tied ``lm_head.weight`` is accepted but not required). ``None`` and a non-local path:
+    weight update; by default read from the safetensors headers of a local ``model_path``.
+    With tied embeddings (config.json) a ``lm_head.weight`` in a bucket is accepted, checked
+    against the embedding's shape and not sent (the engine's head is its embedding). ``None`` and a non-local path:
     names and shapes are not checked (a warning is logged).
     """
 
@@ -488,6 +489,16 @@ class SGLangEngine(RolloutEngine):
         return sorted(names)
 
     def _load_bucket(self, bucket):
+        if self.tied:
+            # The tied head is the embedding: the engine gets embed_tokens, lm_head is dropped.
+            for name, t in bucket:
+                emb = (self._shapes or {}).get("model.embed_tokens.weight")
+                if name == "lm_head.weight" and emb is not None and tuple(t.shape) != tuple(emb):
+                    raise WeightUpdateError(
+                        f"shape mismatch for 'lm_head.weight': bucket has {tuple(t.shape)}, "
+                        f"tied embedding has {tuple(emb)}"
+                    )
+            bucket = [(n, t) for n, t in bucket if n != "lm_head.weight"]
         if not bucket:
             return []
         if self._shapes is not None:
@@ -507,7 +518,7 @@ class SGLangEngine(RolloutEngine):
         )
         del flat
         _check_result(result, "update_weights_from_tensor")
-        return [n for n, _ in bucket if not (self.tied and n == "lm_head.weight")]
+        return [n for n, _ in bucket]
 
     # memory
     def _release(self, tags):
