@@ -13,7 +13,7 @@ def compute_group_advantages(
     eps: float = 1e-6,
     normalize_std: bool = True,
 ) -> torch.Tensor:
-    r"""Group-relative advantage of every sample (DAPO paper, Eq. 9 / GRPO).
+    r"""Group-relative advantage of every sample (GRPO / DAPO paper sections 2.2 and 3).
 
     .. math::
 

@@ -27,7 +27,7 @@ def dynamic_sampling_mask(
     group_size: int,
     metric: Optional[torch.Tensor] = None,
 ) -> DynamicSamplingResult:
-    r"""Dynamic sampling filter, DAPO paper Eq. 11 constraint.
+    r"""Dynamic sampling filter, the constraint of the DAPO objective (paper section 3.2).
 
     Keep a group (the ``G`` responses to one prompt, contiguous in the batch) iff
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from ._checks import as_tensor, check_float_tensor
 
@@ -40,6 +41,7 @@ class _ChunkedEntropy(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out: torch.Tensor):
         logits2d, entropy = ctx.saved_tensors
         chunk_size, dtype = ctx.chunk_size, ctx.dtype

@@ -53,7 +53,7 @@ def policy_loss(
     eps_high: float = 0.28,
     clip_ratio_c: Optional[float] = None,
 ) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
-    r"""Per-token decoupled-clip PPO surrogate loss (DAPO paper, Eq. 8 and 10).
+    r"""Per-token decoupled-clip PPO surrogate loss (DAPO paper section 3: the DAPO objective with Clip-Higher).
 
     With the token ratio :math:`r_{i,t} = \pi_\theta(o_{i,t}\mid q, o_{i,<t}) /
     \pi_{\theta_{old}}(o_{i,t}\mid q, o_{i,<t}) = \exp(\log\pi_\theta - \log\pi_{old})`:
@@ -228,7 +228,7 @@ def aggregate_loss(
 
     Modes (``M`` = ``loss_mask``, ``L`` = ``per_token_loss``):
 
-    * ``"token-mean"`` (DAPO, token-level policy-gradient loss, Eq. 12):
+    * ``"token-mean"`` (DAPO, token-level policy-gradient loss, paper section 3.3):
 
       .. math:: \mathcal{L} = \frac{1}{\sum_{i}|o_i|}\sum_{i}\sum_{t} M_{i,t} L_{i,t}
 
@@ -237,7 +237,7 @@ def aggregate_loss(
       all micro-batches, all-reduced over the data-parallel ranks). Without it the local
       count of this call is used, which is only right for a single micro-batch on a
       single rank.
-    * ``"seq-mean-token-mean"`` (original GRPO, Eq. 4): mean over the valid tokens of
+    * ``"seq-mean-token-mean"`` (original GRPO objective, paper section 2.2): mean over the valid tokens of
       each sequence, then mean over sequences,
       :math:`\frac{1}{N}\sum_i \frac{1}{|o_i|}\sum_t M_{i,t}L_{i,t}`.
     * ``"seq-mean-token-sum"``: sum over the tokens of each sequence, then mean over

@@ -85,3 +85,11 @@ def test_every_flag_is_documented():
 ])
 def test_explicit_flags_win_over_presets(argv, field, value):
     assert getattr(_parse(argv), field) == value
+
+
+def test_project_cli_agrees_on_the_ablation_lines():
+    """The project's CLI (megatron_dapo.config.cli) resolves the documented lines the same way."""
+    cli = pytest.importorskip("megatron_dapo.config.cli")
+    for argv in _ablation_lines():
+        cfg, _ = cli.parse_args(argv)
+        assert cfg.algo == _parse(argv), argv

@@ -161,7 +161,7 @@ def test_counts():
 
 # --------------------------------------------------- gradient vs the paper's objective
 def _paper_objective_loops(logp, old, adv, lengths, eps_low, eps_high):
-    """DAPO Eq. 8 written directly: J = 1/sum|o_i| sum_i sum_t min(r A, clip(r) A)."""
+    """The DAPO objective written directly: J = 1/sum|o_i| sum_i sum_t min(r A, clip(r) A)."""
     total = sum(lengths)
     j = 0.0
     for i, n in enumerate(lengths):
@@ -229,7 +229,7 @@ def test_gradient_grpo_seq_mean_token_mean_equals_loops():
     (grad,) = torch.autograd.grad(loss, logp)
     logp2 = logp.detach().clone().requires_grad_(True)
     j = 0.0
-    for i, n in enumerate(lengths):  # GRPO Eq. 4: 1/G sum_i 1/|o_i| sum_t min(...)
+    for i, n in enumerate(lengths):  # GRPO objective: 1/G sum_i 1/|o_i| sum_t min(...)
         s = 0.0
         for t in range(n):
             r = torch.exp(logp2[i][t] - old[i][t])
