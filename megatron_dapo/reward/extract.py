@@ -1,0 +1,329 @@
+"""Answer extraction and LaTeX clean-up for `math` mode (text level, no sympy).
+
+`extract_final_answer(text)` finds the final answer of a response or gold string, in this
+order: ``\\boxed{}`` (several boxes joined by "and"/","-like separators become a list),
+an "Answer:" / "final answer is" phrase, the last math span(s) ``$...$`` / ``\\(...\\)`` /
+``\\[...\\]``, and finally the last number of plain text. `clean_answer` then removes
+presentation-only LaTeX (\\left, spacing, units in \\text{}, degrees, percent, thousands
+separators, dollar signs) so that the parser sees only mathematics.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: Only the tail of very long texts is searched (the final answer is at the end).
+MAX_TEXT_CHARS = 20000
+
+_KNOWN_CMDS = (
+    "boxed|frac|dfrac|tfrac|cfrac|left|right|text|textbf|mathrm|sqrt|pi|cdot|times|infty|quad|"
+    "qquad|in|cup|pm|mp|le|ge|leq|geq|neq|begin|end|overline|mathbf|approx|fbox|circ|sum|binom"
+)
+_DOUBLE_ESCAPED = re.compile(r"\\\\(?=(?:" + _KNOWN_CMDS + r")(?![a-zA-Z]))")
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_ANSWER_PHRASE = re.compile(
+    r"(?:final\s+answer\s*(?:is|:)|answer\s*(?:is|:))\s*", re.IGNORECASE
+)
+_HOPE = re.compile(r"\s*I hope it is correct.*$", re.IGNORECASE | re.DOTALL)
+_MATH_SPAN = re.compile(
+    r"(?<!\\)\$\$((?:\\.|[^$\\])+?)\$\$"  # $$...$$ (may span lines)
+    r"|\\\[(.+?)\\\]"  # \[...\]
+    r"|\\\(([^\n]+?)\\\)"  # \(...\) on one line
+    r"|(?<!\\)\$((?:\\.|[^$\\\n])+?)\$",  # $...$ on one line, \$ escaped
+    re.DOTALL,
+)
+_PLAIN_NUMBER = re.compile(
+    r"(?<![A-Za-z0-9.,_^])[-+]?(?:[1-9]\d{0,2}(?:(?:,\d{3})+|(?: \d{3})+)(?:\.\d+)?(?![\d])"
+    r"|\d+(?:[.,]\d+)?|\.\d+)(?:/\d+(?![\d]))?"
+)
+_WORDS = re.compile(r"[A-Za-z]+")
+_CONJ = {"and", "or"}
+
+
+def _match_brace(text: str, start: int) -> int:
+    """Index just past the brace group opening at text[start] == "{" (len(text) if unclosed)."""
+    depth = 0
+    for i in range(start, len(text)):
+        ch = text[i]
+        if ch == "\\":
+            continue
+        if ch == "{" and (i == 0 or text[i - 1] != "\\"):
+            depth += 1
+        elif ch == "}" and (i == 0 or text[i - 1] != "\\"):
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return len(text)
+
+
+def _joinable(separator: str) -> bool:
+    """Whether the text between two answers joins them into one list ("and", ",", "\\quad")."""
+    separator = re.sub(r"[A-Za-z](?:_\{?\w+\}?)?\s*=\s*$", "", separator)
+    sep = re.sub(r"\\(?:text|textbf|mbox|mathrm)\s*\{([^{}]*)\}", r" \1 ", separator)
+    sep = re.sub(r"\\[a-zA-Z]+|\\.|[$()]", " ", sep)
+    words = [w.lower() for w in _WORDS.findall(sep)]
+    if not words:
+        return len(separator) <= 40
+    return len(words) <= 4 and words[-1] in _CONJ
+
+
+def _join_last_group(spans: list[tuple[int, int, str]], text: str) -> list[str]:
+    """From the last span backwards, keep the spans whose separators are joinable."""
+    group = [spans[-1]]
+    for prev in reversed(spans[:-1]):
+        if _joinable(text[prev[1] : group[0][0]]):
+            group.insert(0, prev)
+        else:
+            break
+    return [s[2] for s in group]
+
+
+def find_boxed(text: str) -> list[str] | None:
+    """Contents of the last group of \\boxed{} answers, or None when there is none."""
+    spans = []
+    for m in _BOX_RE.finditer(text):
+        end = _match_brace(text, m.end() - 1)
+        inner_end = end - 1 if end <= len(text) and text[end - 1 : end] == "}" else end
+        spans.append((m.start(), end, text[m.end() : inner_end]))
+    if not spans:
+        return None
+    # Nested boxes: keep outermost only.
+    outer = []
+    for span in spans:
+        if outer and span[0] < outer[-1][1]:
+            continue
+        outer.append(span)
+    return _join_last_group(outer, text)
+
+
+def find_math_spans(text: str) -> list[str] | None:
+    """Contents of the last group of math spans ($...$, \\(...\\), \\[...\\], $$...$$)."""
+    spans = [
+        (m.start(), m.end(), next(g for g in m.groups() if g is not None))
+        for m in _MATH_SPAN.finditer(text)
+    ]
+    spans = [s for s in spans if s[2].strip()]
+    if not spans:
+        return None
+    return _join_last_group(spans, text)
+
+
+def find_plain_number(text: str) -> str | None:
+    """The last number of plain text, thousands/decimal separators normalised."""
+    matches = list(_PLAIN_NUMBER.finditer(text))
+    if not matches:
+        return None
+    return normalize_plain_number(matches[-1].group())
+
+
+def normalize_plain_number(num: str) -> str:
+    """ "1,000.99" -> "1000.99", "1 000" -> "1000", "1,22" / "0,111" (decimal comma) -> "1.22"."""
+    if re.fullmatch(r"[-+]?[1-9]\d{0,2}(?:(?:,\d{3})+|(?: \d{3})+)(?:\.\d+)?(?:/\d+)?", num):
+        return num.replace(",", "").replace(" ", "")
+    return num.replace(",", ".")
+
+
+def _answer_phrase(text: str) -> str | None:
+    """Text after the last "final answer is" / "answer:" phrase, up to the end of that line."""
+    matches = list(_ANSWER_PHRASE.finditer(text))
+    if not matches:
+        return None
+    rest = text[matches[-1].end() :]
+    rest = _HOPE.sub("", rest)
+    line = rest.split("\n")[0]
+    return line.strip() or None
+
+
+def preprocess(text: str) -> str:
+    """Drop chat markup and thinking, undo double escaping."""
+    if "</think>" in text:
+        after = text.rsplit("</think>", 1)[1]
+        if after.strip():
+            text = after
+    text = text.split("<|im_start|>")[0] if text.find("<|im_start|>") > 0 else text
+    text = re.sub(r"<\|[a-z_]+\|>|<think>", " ", text)
+    if len(text) > MAX_TEXT_CHARS:
+        text = text[-MAX_TEXT_CHARS:]
+    text = _DOUBLE_ESCAPED.sub(r"\\", text)
+    text = text.replace("\\n", "\n") if re.search(r"\\n(?![a-zA-Z])|\\n\\n", text) else text
+    return text
+
+
+def _after_last_is(phrase: str) -> str:
+    """ "The largest $n$ is 34" -> "34" (an " is " outside math spans)."""
+    masked = _MATH_SPAN.sub(lambda m: "#" * len(m.group()), phrase)
+    k = masked.rfind(" is ")
+    return phrase[k + 4 :] if k >= 0 and phrase[k + 4 :].strip() else phrase
+
+
+def _phrase_answer(phrase: str) -> tuple[list[str], str]:
+    phrase = _after_last_is(phrase)
+    spans = find_math_spans(phrase)
+    if spans:
+        return spans, "math"
+    phrase = phrase.strip().strip('"').rstrip(".").strip()
+    if " is " in phrase:
+        phrase = phrase.rsplit(" is ", 1)[1].strip().rstrip(".")
+    if re.fullmatch(r"[-+]?[\d.,/ ]+", phrase):
+        return [normalize_plain_number(phrase.replace(" ", "") if "," in phrase else phrase)], "text"
+    if re.search(r"[\\^_{}=]", phrase) or len(phrase.split()) <= 2:
+        return [phrase], "math"
+    num = find_plain_number(phrase)
+    return ([num], "text") if num else ([phrase], "text")
+
+
+def extract_final_answer(text: str) -> tuple[list[str], str]:
+    """Return (answer parts, source) where source is "boxed", "phrase", "math", "text" or "raw".
+
+    Several parts mean several answers joined by "and"/","-like separators (a list).
+    """
+    text = preprocess(text)
+    boxed = find_boxed(text)
+    if boxed is not None:
+        return boxed, "boxed"
+    phrase = _answer_phrase(text)
+    if phrase is not None:
+        parts, _ = _phrase_answer(phrase)
+        return parts, "phrase"
+    spans = find_math_spans(text)
+    if spans:
+        tail = text[text.rfind(spans[-1]) + len(spans[-1]) :]
+        if not (len(tail) > 30 and find_plain_number(tail)):
+            return spans, "math"
+        return [find_plain_number(tail)], "text"
+    stripped = text.strip()
+    bare = stripped.strip("$€ ").rstrip(".")
+    if _PLAIN_NUMBER.fullmatch(bare):
+        return [normalize_plain_number(bare)], "text"
+    if len(stripped) <= 40 and not re.search(r"[A-Za-z]{2,}\s*[\s:'.]\s*[A-Za-z0-9]", stripped):
+        return [stripped], "raw"
+    num = find_plain_number(stripped)
+    if num is not None:
+        return [num], "text"
+    return [stripped], "raw"
+
+
+# --------------------------------------------------------------------------- clean-up
+_UNIT_TEXT = re.compile(
+    r"(?<=[\d}).\s])\s*\\(?:text|mbox|textnormal|textrm|mathrm)\s*\{\s*[A-Za-z][A-Za-z .]*\}(?:\s*\^\s*\{?\d\}?)?"
+)
+_THOUSANDS_WHOLE = re.compile(r"\s*([^=]*=\s*)?([-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?)\s*")
+
+
+def clean_answer(text: str) -> str:
+    """Remove presentation-only LaTeX so that the parser sees only the mathematics."""
+    s = text.replace("\n", " ").replace("\t", " ")
+    s = _DOUBLE_ESCAPED.sub(r"\\", s)
+    for a, b in (("−", "-"), ("≤", "\\le "), ("≥", "\\ge "), ("≠", "\\ne "), ("×", "\\times "),
+                 ("·", "\\cdot "), ("÷", "\\div "), ("π", "\\pi "), ("∞", "\\infty "), ("√", "\\sqrt "),
+                 ("°", ""), ("€", ""), ("²", "^2"), ("³", "^3")):
+        s = s.replace(a, b)
+    s = re.sub(r"\\(?:left|right)\s*\.", " ", s)
+    s = re.sub(r"\\(?:left|right|bigl|bigr|Bigl|Bigr|biggl|biggr|big|Big|bigg|Bigg)(?![a-zA-Z])", "", s)
+    s = re.sub(r",\s*\\!\s*(?=\d)", ",", s)
+    s = re.sub(r"\\!", "", s)
+    s = re.sub(r"(\d)\s*\{\s*,\s*\}\s*(\d)", r"\1\2", s)
+    s = re.sub(r"\\q?quad", " ", s)
+    s = re.sub(r"(?<!\\)\\[,;: ]", " ", s)
+    s = s.replace("~", " ")
+    s = re.sub(r"\\(?:displaystyle|textstyle|scriptstyle)", "", s)
+    s = re.sub(r"\\[dtc]frac", r"\\frac", s)
+    s = re.sub(r"\\(?:mbox|textnormal|textrm|textit|textup|textsf|textbf|mathrm|mathit|mathbf|mathsf|operatorname)(?![a-zA-Z])", r"\\text", s)
+    s = re.sub(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\\degree", "", s)
+    s = re.sub(r"\\text\s*\{\s*(?:and|or)\s*\}", ",", s)
+    s = re.sub(r"\\%|%|\\text\s*\{\s*\\?%\s*\}", "", s)
+    s = re.sub(r"\s*\b(?:percentage|percent|pct)\b", "", s)
+    s = re.sub(r"\\\$|\$", "", s)
+    s = re.sub(r"\\text\s*\{\s*\(?\s*([A-Za-z])\s*\)?\s*\}", r"\\text{\1}", s)
+    s = re.sub(r"\b(?:and|or)\b", ",", s)
+    s = re.sub(r"(?<=[\d)}])or(?=[A-Za-z(\\])", ",", s)
+    if re.search(r"[\d}).]\s*\\text", s):
+        s = _UNIT_TEXT.sub("", s)
+    s = re.sub(r"\s*,(\s*,)+", ",", s).strip().strip(",").strip()
+    s = s.rstrip(".").strip()
+    m = _THOUSANDS_WHOLE.fullmatch(s)
+    if m:
+        s = (m.group(1) or "") + m.group(2).replace(",", "")
+    return s
+
+
+def split_top(text: str, seps: str = ",;") -> list[str]:
+    """Split on separators that are not inside (), [], {} (\\{ \\} count as brackets)."""
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\" and i + 1 < len(text):
+            if text[i + 1] in "{}":
+                depth += 1 if text[i + 1] == "{" else -1
+            i += 2
+            continue
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch in seps and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+        i += 1
+    parts.append(text[start:])
+    return parts
+
+
+_LABEL_OK = re.compile(r"[A-Za-z\\(){}|:,\s\[\]']+")
+
+
+def is_label(text: str) -> bool:
+    """Whether the left side of "lhs = value" only names the value ("x", "f(x)", "(p,q)", "|AB|")."""
+    t = re.sub(r"_\s*\{[^{}]*\}|_\s*\w", "", text).strip()
+    if not t or re.search(r"\d|[+\-*/^]", t):
+        return False
+    if "\\frac" in t:
+        t = t.replace("\\frac", "")
+    return bool(_LABEL_OK.fullmatch(t)) and bool(re.search(r"[A-Za-z]", t))
+
+
+_REL_SPLIT = re.compile(r"\\approx|(?<![<>!=])=(?!=)|\\in(?![a-zA-Z])")
+
+
+def split_label(item: str) -> tuple[str | None, str, bool]:
+    """Split "label = value" chains: returns (label or None, value text, is_equation).
+
+    "x = 5+5+1 = 7 = 11" -> (None, "11", False) (a computation chain: its last value);
+    "y = 2x+1" -> ("y", "2x+1", False); "2x+4y-3=0" -> (None, item, True) (an equation);
+    "x \\in [1, 2]" -> ("x", "[1, 2]", False); "1/3 \\approx 0.33" -> (None, "1/3", False).
+    """
+    depth = 0
+    cuts = []
+    for m in _REL_SPLIT.finditer(item):
+        prefix = item[: m.start()]
+        depth = prefix.count("(") + prefix.count("[") + prefix.count("{") - prefix.count(")") - prefix.count("]") - prefix.count("}")
+        if depth == 0:
+            cuts.append(m)
+    if not cuts:
+        return None, item, False
+    parts, ops, start = [], [], 0
+    for m in cuts:
+        parts.append(item[start : m.start()])
+        ops.append(m.group())
+        start = m.end()
+    parts.append(item[start:])
+    # \approx: keep the exact value before it unless that is only a name.
+    for k, op in enumerate(ops):
+        if op == "\\approx":
+            if k == 0 and is_label(parts[0]):
+                return parts[0].strip(), parts[1].strip(), False
+            parts, ops = parts[: k + 1], ops[:k]
+            break
+    if not ops:
+        return None, parts[0].strip(), False
+    if any(op.startswith("\\in") for op in ops):
+        k = ops.index(next(op for op in ops if op.startswith("\\in")))
+        return "".join(parts[: k + 1]).strip(), parts[-1].strip() if k == len(ops) - 1 else item, False
+    if len(parts) >= 3:
+        return None, parts[-1].strip(), False
+    lhs, rhs = parts[0].strip(), parts[1].strip()
+    if not lhs or not rhs:
+        return None, lhs or rhs, False
+    if is_label(lhs):
+        return lhs, rhs, False
+    return None, item, True

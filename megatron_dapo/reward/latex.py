@@ -1,0 +1,721 @@
+"""A small LaTeX answer parser for `math` mode: answer text -> sympy values.
+
+Own recursive-descent parser (no antlr, no `eval`), covering what final answers use:
+numbers (decimals kept exact as rationals), + - * / ^, implicit multiplication, \\frac (with
+the \\frac12 shorthand), \\sqrt, \\pi, e, \\infty, factorial, functions (\\sin, \\log, ...),
+subscripts, base-n literals (204_5), |x|, tuples, intervals, sets, \\cup, \\pm, relations
+(=, <, \\le, ...), matrices, \\sum, and \\text{}.
+
+Values produced: sympy expressions (matrices as ImmutableMatrix), `Seq` (tuples, bare lists,
+sets, intervals), `Rel` (relation chains) and `Text` (words). Every size that could explode
+(powers, factorials, literal lengths, nesting) is checked against `guards` first.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import sympy
+
+from .guards import (
+    MAX_FACTORIAL,
+    MAX_ITEMS,
+    MAX_NESTING,
+    MAX_NUMBER_DIGITS,
+    MAX_POWER_DIGITS,
+    MAX_SYMBOLIC_EXPONENT,
+    TooComplex,
+    check_parsable,
+)
+
+#: The ± marker: a ± b parses as a + PM*b and expands to the two values later.
+PM = sympy.Symbol("__pm__")
+
+
+class ParseError(Exception):
+    """The text is not an answer this parser understands."""
+
+
+@dataclass(frozen=True)
+class Seq:
+    """An ordered collection: kind is "tuple" ( ), "bracket" [ ], "interval" (mixed), "set" \\{ \\} or "list" (bare)."""
+
+    items: tuple
+    kind: str
+    left: str = ""
+    right: str = ""
+
+
+@dataclass(frozen=True)
+class Rel:
+    """A relation chain parts[0] ops[0] parts[1] ...; ops are "=", "<", "<=", ">", ">=", "!=", "~", "in"."""
+
+    ops: tuple
+    parts: tuple
+
+
+@dataclass(frozen=True)
+class Text:
+    """A textual answer (words), compared as a normalised string."""
+
+    text: str
+
+
+# --------------------------------------------------------------------------- tokens
+_TOKEN_RE = re.compile(
+    r"""
+    (?P<ws>\s+)
+  | (?P<num>\d+(?:\.\d+)?|\.\d+)
+  | (?P<rowsep>\\\\)
+  | (?P<cmd>\\[a-zA-Z]+|\\[{}|%$#&_])
+  | (?P<word>[a-zA-Z]+)
+  | (?P<op><=|>=|!=|=<|=>|[-+*/^_()\[\]{},;:=<>!|&'])
+    """,
+    re.VERBOSE,
+)
+
+_FUNCS = {
+    "sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan, "sec": sympy.sec, "csc": sympy.csc,
+    "cot": sympy.cot, "arcsin": sympy.asin, "arccos": sympy.acos, "arctan": sympy.atan,
+    "sinh": sympy.sinh, "cosh": sympy.cosh, "tanh": sympy.tanh, "exp": sympy.exp,
+    "ln": sympy.log, "log": sympy.log, "lg": lambda x: sympy.log(x, 10),
+}
+_GREEK = {
+    "alpha", "beta", "gamma", "delta", "epsilon", "varepsilon", "zeta", "eta", "theta", "vartheta",
+    "iota", "kappa", "lambda", "mu", "nu", "xi", "rho", "sigma", "tau", "upsilon", "phi",
+    "varphi", "chi", "psi", "omega", "Gamma", "Delta", "Theta", "Lambda", "Xi", "Sigma",
+    "Phi", "Psi", "Omega",
+}
+_REL_CMDS = {
+    "le": "<=", "leq": "<=", "leqslant": "<=", "ge": ">=", "geq": ">=", "geqslant": ">=",
+    "lt": "<", "gt": ">", "ne": "!=", "neq": "!=", "approx": "~", "in": "in", "eq": "=",
+}
+_REL_OPS = {"=": "=", "<": "<", ">": ">", "<=": "<=", ">=": ">=", "=<": "<=", "=>": ">=", "!=": "!="}
+_MUL_CMDS = {"cdot", "times", "ast"}
+_IGNORED_CMDS = {"displaystyle", "textstyle", "limits", "nolimits", "circ", "degree", "angle", "mathstrut"}
+_FUNCTION_LETTERS = {"f", "g", "h"}
+_SYMBOL_CACHE: dict[str, sympy.Symbol] = {}
+
+
+def _sym(name: str) -> sympy.Symbol:
+    sym = _SYMBOL_CACHE.get(name)
+    if sym is None:
+        sym = _SYMBOL_CACHE[name] = sympy.Symbol(name)
+    return sym
+
+
+def tokenize(text: str) -> list[tuple[str, str]]:
+    """Split LaTeX into (kind, text) tokens; ParseError on a character we do not know."""
+    tokens = []
+    pos = 0
+    while pos < len(text):
+        m = _TOKEN_RE.match(text, pos)
+        if not m:
+            raise ParseError(f"unexpected character {text[pos]!r}")
+        kind = m.lastgroup
+        if kind != "ws":
+            tokens.append((kind, m.group()))
+        pos = m.end()
+    return tokens
+
+
+# --------------------------------------------------------------------------- numbers
+def make_number(text: str) -> sympy.Expr:
+    """Exact number from a decimal literal ("1000.0" -> 1000, "0.5" -> 1/2)."""
+    if len(text) > MAX_NUMBER_DIGITS:
+        raise TooComplex("number literal too long")
+    if "." in text:
+        whole, frac = text.split(".")
+        return sympy.Rational(int(whole or "0") * 10 ** len(frac) + int(frac or "0"), 10 ** len(frac))
+    return sympy.Integer(int(text))
+
+
+def _digits_estimate(value: sympy.Expr) -> float:
+    """Rough decimal size of a rational (numerator/denominator digits)."""
+    p, q = sympy.fraction(value)
+    return max(len(str(abs(int(p)))), len(str(abs(int(q)))))
+
+
+def make_pow(base, exp):
+    """base**exp with size guards (refuses 9^(9^(9^9)) and friends)."""
+    if not isinstance(base, sympy.Basic) or not isinstance(exp, sympy.Basic):
+        raise ParseError("power of a non-expression")
+    if isinstance(base, sympy.MatrixBase):
+        if exp.is_Integer and 0 <= int(exp) <= 16:
+            return base ** int(exp)
+        raise ParseError("matrix power")
+    if exp.is_number and not exp.free_symbols:
+        if exp.is_Rational:
+            if abs(exp.p) > 10**6 and base.is_number and base not in (sympy.Integer(1), sympy.Integer(0), sympy.Integer(-1)):
+                raise TooComplex("exponent too large")
+            if base.is_Rational and exp.is_Integer and base not in (0, 1, -1):
+                if _digits_estimate(base) * abs(int(exp)) > MAX_POWER_DIGITS:
+                    raise TooComplex("power too large")
+            if base.free_symbols and exp.is_Integer and abs(int(exp)) > MAX_SYMBOLIC_EXPONENT and base.is_Add:
+                raise TooComplex("symbolic power too large")
+        else:
+            approx = sympy.N(exp, 15)
+            if approx.is_real and abs(approx) > 10**6:
+                raise TooComplex("exponent too large")
+    elif exp.free_symbols and any(a.is_number and a.is_Rational and abs(a) > 10**6 for a in exp.atoms(sympy.Rational)):
+        raise TooComplex("exponent too large")
+    return sympy.Pow(base, exp)
+
+
+def make_factorial(value):
+    if value.is_Integer:
+        if int(value) > MAX_FACTORIAL:
+            raise TooComplex("factorial too large")
+        if int(value) < 0:
+            raise ParseError("negative factorial")
+    elif value.is_number:
+        raise ParseError("factorial of a non-integer")
+    return sympy.factorial(value)
+
+
+# --------------------------------------------------------------------------- parser
+class _Parser:
+    """Recursive-descent parser over the token list."""
+
+    def __init__(self, tokens: list[tuple[str, str]]) -> None:
+        self.toks = tokens
+        self.i = 0
+        self.depth = 0
+
+    # -- helpers
+    def peek(self, offset: int = 0) -> tuple[str, str]:
+        j = self.i + offset
+        return self.toks[j] if j < len(self.toks) else ("eof", "")
+
+    def next(self) -> tuple[str, str]:
+        tok = self.peek()
+        self.i += 1
+        return tok
+
+    def at(self, *texts: str) -> bool:
+        return self.peek()[1] in texts and self.peek()[0] != "eof"
+
+    def expect(self, text: str) -> None:
+        tok = self.next()
+        if tok[1] != text:
+            raise ParseError(f"expected {text!r}, got {tok[1]!r}")
+
+    def enter(self) -> None:
+        self.depth += 1
+        if self.depth > MAX_NESTING * 3:
+            raise TooComplex("expression nested too deeply")
+
+    def push_back(self, kind: str, text: str) -> None:
+        self.toks.insert(self.i, (kind, text))
+
+    # -- grammar
+    def parse(self):
+        value = self.parse_list(stops=())
+        if self.peek()[0] != "eof":
+            raise ParseError(f"trailing {self.peek()[1]!r}")
+        return value
+
+    def parse_list(self, stops: tuple[str, ...]):
+        """Comma/semicolon separated items (a bare list when more than one)."""
+        items = []
+        while True:
+            if self.at(",", ";"):  # empty item ("19, 46, , 82")
+                self.next()
+                continue
+            if self.peek()[0] == "eof" or self.at(*stops):
+                break
+            items.append(self.parse_rel())
+            if len(items) > MAX_ITEMS:
+                raise TooComplex("too many items")
+            if self.at(",", ";"):
+                self.next()
+                continue
+            break
+        if not items:
+            raise ParseError("empty")
+        return items[0] if len(items) == 1 else Seq(tuple(items), "list")
+
+    def rel_op(self) -> str | None:
+        kind, text = self.peek()
+        if kind == "op" and text in _REL_OPS:
+            return _REL_OPS[text]
+        if kind == "cmd" and text[1:] in _REL_CMDS:
+            return _REL_CMDS[text[1:]]
+        return None
+
+    def parse_rel(self):
+        parts = [self.parse_union()]
+        ops = []
+        while (op := self.rel_op()) is not None:
+            self.next()
+            ops.append(op)
+            parts.append(self.parse_union())
+        return parts[0] if not ops else Rel(tuple(ops), tuple(parts))
+
+    def parse_union(self):
+        left = self.parse_ratio()
+        while self.at("\\cup", "\\cap", "\\setminus"):
+            op = self.next()[1]
+            right = self.parse_ratio()
+            left = ("setop", op, left, right)
+        return left
+
+    def parse_ratio(self):
+        left = self.parse_expr()
+        if self.at(":"):
+            parts = [left]
+            while self.at(":"):
+                self.next()
+                parts.append(self.parse_expr())
+            return Seq(tuple(parts), "ratio")
+        return left
+
+    def parse_expr(self):
+        self.enter()
+        terms = []
+        sign = None
+        if self.at("+", "-", "\\pm", "\\mp"):
+            sign = self.next()[1]
+        term = self.parse_term()
+        terms.append(_apply_sign(sign, term))
+        while self.at("+", "-", "\\pm", "\\mp"):
+            sign = self.next()[1]
+            while self.at("+", "-"):  # "+-" / "--"
+                extra = self.next()[1]
+                sign = {("+", "-"): "-", ("-", "-"): "+", ("-", "+"): "-"}.get((sign, extra), sign)
+            terms.append(_apply_sign(sign, self.parse_term()))
+        self.depth -= 1
+        if len(terms) == 1:
+            return terms[0]
+        for t in terms:
+            if not isinstance(t, sympy.Basic):
+                raise ParseError("sum of non-expressions")
+        if any(isinstance(t, sympy.MatrixBase) for t in terms):
+            total = terms[0]
+            for t in terms[1:]:
+                total = total + t
+            return total
+        return sympy.Add(*terms)
+
+    def starts_atom(self) -> bool:
+        kind, text = self.peek()
+        if kind in ("num", "word"):
+            return True
+        if kind == "op":
+            return text in ("(", "[", "{") or (text == "|" and not self.in_abs)
+        if kind == "cmd":
+            name = text[1:]
+            if name in _REL_CMDS or name in _MUL_CMDS or name in ("cup", "cap", "setminus", "pm", "mp", "div", "end", "right", "}", "rfloor", "rceil", "quad"):
+                return False
+            return True
+        return False
+
+    in_abs = False
+
+    def parse_term(self):
+        value = self.parse_unary()
+        while True:
+            if self.at("*") or (self.peek()[0] == "cmd" and self.peek()[1][1:] in _MUL_CMDS):
+                self.next()
+                value = _mul(value, self.parse_unary())
+            elif self.at("/", "\\div"):
+                self.next()
+                right = self.parse_unary()
+                value = _div(value, right)
+            elif self.starts_atom():
+                value = _mul(value, self.parse_power())
+            else:
+                return value
+
+    def parse_unary(self):
+        if self.at("-"):
+            self.next()
+            return _apply_sign("-", self.parse_unary())
+        if self.at("+"):
+            self.next()
+            return self.parse_unary()
+        if self.at("\\pm"):
+            self.next()
+            return _apply_sign("\\pm", self.parse_unary())
+        return self.parse_power()
+
+    def parse_power(self):
+        base = self.parse_postfix()
+        if self.at("^"):
+            self.next()
+            exp = self.parse_script()
+            base = make_pow(_expr(base), _expr(exp))
+            while self.at("!"):
+                self.next()
+                base = make_factorial(base)
+        return base
+
+    def parse_script(self):
+        """The argument of ^: a {group}, one digit, one letter, a command atom, or -x."""
+        if self.at("{"):
+            return self.parse_group()
+        if self.at("-"):
+            self.next()
+            return _apply_sign("-", self.parse_script())
+        kind, text = self.peek()
+        if kind == "num":
+            self.next()
+            if len(text) > 1 and "." not in text:
+                self.push_back("num", text[1:])
+                text = text[0]
+            return make_number(text)
+        if kind == "word":
+            self.next()
+            if len(text) > 1:
+                self.push_back("word", text[1:])
+            return self.word_value(text[0])
+        return self.parse_postfix()
+
+    def parse_postfix(self):
+        value = self.parse_atom()
+        while True:
+            if self.at("!"):
+                self.next()
+                value = make_factorial(_expr(value))
+            elif self.at("'"):
+                self.next()
+                value = _sym(f"{value}'") if isinstance(value, sympy.Symbol) else value
+            else:
+                return value
+
+    def raw_group(self) -> str:
+        """Text of a {...} group (or one token) as a string, for subscripts and \\text."""
+        if not self.at("{"):
+            kind, text = self.next()
+            if kind == "eof":
+                raise ParseError("missing argument")
+            return text
+        self.next()
+        depth = 1
+        parts = []
+        while True:
+            kind, text = self.next()
+            if kind == "eof":
+                raise ParseError("unclosed {")
+            if text == "{" and kind == "op":
+                depth += 1
+            elif text == "}" and kind == "op":
+                depth -= 1
+                if depth == 0:
+                    break
+            parts.append(text)
+        return " ".join(parts)
+
+    def subscript(self) -> str:
+        self.expect("_")
+        if self.at("{"):
+            return re.sub(r"\s+", "", self.raw_group())
+        kind, text = self.next()
+        if kind == "word":
+            if len(text) > 1:
+                self.push_back("word", text[1:])
+            return text[0]
+        if kind in ("num", "cmd"):
+            return text
+        raise ParseError("bad subscript")
+
+    def parse_group(self):
+        self.expect("{")
+        value = self.parse_list(stops=("}",))
+        self.expect("}")
+        return value
+
+    def parse_arg(self):
+        """A \\frac / \\sqrt argument: {group}, one digit, one letter or one command atom."""
+        if self.at("{"):
+            return self.parse_group()
+        kind, text = self.peek()
+        if kind == "num":
+            self.next()
+            if len(text) > 1:
+                self.push_back("num", text[1:].lstrip(".") if text[1] == "." else text[1:])
+                text = text[0]
+            return make_number(text)
+        if kind == "word":
+            self.next()
+            if len(text) > 1:
+                self.push_back("word", text[1:])
+            return self.word_value(text[0])
+        if kind == "cmd":
+            return self.parse_atom()
+        raise ParseError("missing argument")
+
+    def word_value(self, word: str):
+        if word == "e":
+            return sympy.E
+        if word == "pi":
+            return sympy.pi
+        if word in ("inf", "infty", "oo"):
+            return sympy.oo
+        return _sym(word)
+
+    def parse_word(self, word: str):
+        """Letters: a function name, a long word (one symbol) or single-letter symbols."""
+        if word in _FUNCS:
+            return self.apply_function(_FUNCS[word])
+        if word in ("pi", "inf", "infty", "oo"):
+            return self.word_value(word)
+        if len(word) >= 3:
+            value = _sym(word)
+        else:
+            if len(word) == 2:
+                self.push_back("word", word[1])
+            letter = word[0]
+            if self.at("_"):
+                sub = self.subscript()
+                return _sym(f"{letter}_{sub}")
+            if letter in _FUNCTION_LETTERS and self.at("("):
+                self.next()
+                arg = self.parse_list(stops=(")",))
+                self.expect(")")
+                args = arg.items if isinstance(arg, Seq) else (arg,)
+                return sympy.Function(letter)(*[_expr(a) for a in args])
+            return self.word_value(letter)
+        if self.at("_"):
+            value = _sym(f"{word}_{self.subscript()}")
+        return value
+
+    def apply_function(self, fn):
+        power = None
+        if self.at("^"):
+            self.next()
+            power = _expr(self.parse_script())
+        base = None
+        if self.at("_"):
+            self.next()
+            base = _expr(self.parse_script())
+        if self.at("("):
+            arg = self.parse_atom()
+        elif self.at("{"):
+            arg = self.parse_group()
+        else:
+            arg = self.parse_power()
+        arg = _expr(arg)
+        value = sympy.log(arg, base) if (base is not None and fn is sympy.log) else fn(arg)
+        return make_pow(value, power) if power is not None else value
+
+    def parse_brackets(self):
+        left = self.next()[1]
+        closers = (")", "]") if left in ("(", "[") else ("\\}",)
+        value = self.parse_list(stops=closers)
+        right = self.next()[1]
+        if right not in closers:
+            raise ParseError(f"unclosed {left}")
+        if left == "\\{":
+            items = value.items if isinstance(value, Seq) and value.kind == "list" else (value,)
+            return Seq(tuple(items), "set", "{", "}")
+        if isinstance(value, Seq) and value.kind == "list":
+            kind = "tuple" if (left, right) == ("(", ")") else "bracket" if (left, right) == ("[", "]") else "interval"
+            return Seq(value.items, kind, left, right)
+        if (left, right) in (("(", ")"), ("[", "]")):
+            return value
+        raise ParseError("mismatched brackets")
+
+    def parse_matrix(self, env: str):
+        if env == "array" and self.at("{"):
+            self.raw_group()
+        rows, row = [], []
+        while True:
+            if self.at("\\end"):
+                self.next()
+                self.raw_group()
+                break
+            if self.peek()[0] == "eof":
+                raise ParseError("unclosed matrix")
+            if self.peek()[0] == "rowsep":
+                self.next()
+                if row:
+                    rows.append(row)
+                row = []
+                continue
+            if self.at("&"):
+                self.next()
+                continue
+            cell = self.parse_expr_until_cell()
+            row.append(_expr(cell))
+        if row:
+            rows.append(row)
+        if not rows or len({len(r) for r in rows}) != 1:
+            raise ParseError("ragged matrix")
+        return sympy.ImmutableMatrix(rows)
+
+    def parse_expr_until_cell(self):
+        return self.parse_expr()
+
+    def parse_atom(self):
+        kind, text = self.peek()
+        if kind == "eof":
+            raise ParseError("unexpected end")
+        if kind == "num":
+            self.next()
+            value = make_number(text)
+            if self.at("_"):  # base-n literal such as 204_5
+                sub = self.subscript()
+                if sub.isdigit() and 2 <= int(sub) <= 36 and "." not in text:
+                    try:
+                        return sympy.Integer(int(text, int(sub)))
+                    except ValueError:
+                        pass
+                return _sym(f"{text}_{sub}")
+            return value
+        if kind == "word":
+            self.next()
+            return self.parse_word(text)
+        if kind == "op":
+            if text in ("(", "["):
+                return self.parse_brackets()
+            if text == "{":
+                return self.parse_group()
+            if text == "|":
+                self.next()
+                saved, self.in_abs = self.in_abs, True
+                inner = self.parse_expr()
+                self.in_abs = saved
+                self.expect("|")
+                return sympy.Abs(_expr(inner))
+            raise ParseError(f"unexpected {text!r}")
+        if kind == "cmd":
+            name = text[1:]
+            if name == "{":
+                return self.parse_brackets()
+            self.next()
+            if name in ("frac", "dfrac", "tfrac", "cfrac"):
+                num = _expr(self.parse_arg())
+                den = _expr(self.parse_arg())
+                return _div(num, den)
+            if name == "binom":
+                n, k = _expr(self.parse_arg()), _expr(self.parse_arg())
+                return sympy.binomial(n, k)
+            if name == "sqrt":
+                index = None
+                if self.at("["):
+                    self.next()
+                    index = _expr(self.parse_expr())
+                    self.expect("]")
+                arg = _expr(self.parse_arg())
+                return sympy.sqrt(arg) if index is None else make_pow(arg, 1 / index)
+            if name == "pi":
+                return sympy.pi
+            if name == "infty":
+                return sympy.oo
+            if name in ("emptyset", "varnothing"):
+                return Seq((), "set", "{", "}")
+            if name == "text":
+                return _text_value(self.raw_group())
+            if name in ("overline", "bar", "boxed", "fbox", "mathbf", "mathrm", "mathit", "operatorname", "hat", "vec", "widehat", "tilde"):
+                group = self.parse_group() if self.at("{") else self.parse_atom()
+                return group
+            if name in _GREEK:
+                if self.at("_"):
+                    return _sym(f"{name}_{self.subscript()}")
+                return _sym(name)
+            if name in _FUNCS:
+                return self.apply_function(_FUNCS[name])
+            if name in ("lfloor", "lceil"):
+                inner = _expr(self.parse_expr())
+                closer = "\\rfloor" if name == "lfloor" else "\\rceil"
+                self.expect(closer)
+                return sympy.floor(inner) if name == "lfloor" else sympy.ceiling(inner)
+            if name == "begin":
+                env = self.raw_group().replace(" ", "").rstrip("*")
+                if env in ("pmatrix", "bmatrix", "matrix", "vmatrix", "Bmatrix", "smallmatrix", "array"):
+                    return self.parse_matrix(env)
+                raise ParseError(f"environment {env}")
+            if name == "sum":
+                return self.parse_sum()
+            if name in _IGNORED_CMDS:
+                if self.starts_atom():
+                    return self.parse_atom()
+                return sympy.Integer(1)
+            raise ParseError(f"unknown command {text}")
+        raise ParseError(f"unexpected {text!r}")
+
+    def parse_sum(self):
+        lower = upper = None
+        var = None
+        for _ in range(2):
+            if self.at("_"):
+                self.next()
+                sub = self.parse_script()
+                if isinstance(sub, Rel) and sub.ops == ("=",) and isinstance(sub.parts[0], sympy.Symbol):
+                    var, lower = sub.parts[0], _expr(sub.parts[1])
+                else:
+                    raise ParseError("sum without index")
+            elif self.at("^"):
+                self.next()
+                upper = _expr(self.parse_script())
+        if var is None or upper is None:
+            raise ParseError("sum without limits")
+        body = _expr(self.parse_term())
+        return sympy.Sum(body, (var, lower, upper))
+
+
+def _text_value(raw: str):
+    """\\text{...}: numbers parse as numbers, words become Text / symbols."""
+    content = raw.strip()
+    if not content:
+        return sympy.Integer(1)
+    if re.fullmatch(r"[-+]?\d+(\.\d+)?", content):
+        return make_number(content.lstrip("+")) if not content.startswith("-") else -make_number(content[1:])
+    if re.fullmatch(r"\(?[A-Za-z]\)?", content):
+        letter = content.strip("()")
+        return sympy.E if letter == "e" else _sym(letter)
+    words = " ".join(content.split())
+    if re.fullmatch(r"[A-Za-z]+", words):
+        return _sym(words)
+    return Text(words)
+
+
+def _expr(value):
+    if isinstance(value, sympy.Basic):
+        return value
+    raise ParseError(f"expected an expression, got {type(value).__name__}")
+
+
+def _apply_sign(sign, value):
+    if sign is None or sign == "+":
+        return value
+    value = _expr(value)
+    if sign == "-":
+        return -value
+    if sign == "\\pm":
+        return PM * value
+    if sign == "\\mp":
+        return -PM * value
+    raise ParseError(sign)
+
+
+def _mul(a, b):
+    a, b = _expr(a), _expr(b)
+    if isinstance(a, sympy.MatrixBase) or isinstance(b, sympy.MatrixBase):
+        try:
+            return a * b
+        except Exception as exc:  # shape mismatch
+            raise ParseError(str(exc)) from None
+    return sympy.Mul(a, b)
+
+
+def _div(a, b):
+    a, b = _expr(a), _expr(b)
+    if isinstance(b, sympy.MatrixBase):
+        raise ParseError("division by a matrix")
+    if b == 0:
+        raise ParseError("division by zero")
+    if isinstance(a, sympy.MatrixBase):
+        return a / b
+    return sympy.Mul(a, sympy.Pow(b, -1))
+
+
+def parse_latex(text: str):
+    """Parse a cleaned answer string into a value (see module docstring).
+
+    Raises ParseError when the text is not understood and TooComplex when it is too big.
+    """
+    check_parsable(text)
+    return _Parser(tokenize(text)).parse()
