@@ -126,3 +126,11 @@ def test_allocation_recorder_sees_the_naive_full_size_softmax():
         logp = torch.log_softmax(logits.float(), dim=-1)
         -(logp.exp() * logp).sum(-1)
     assert any(n == 64 * 1000 and d == torch.float32 for n, d in rec.allocs)
+
+
+def test_entropy_gradient_finite_with_banned_tokens():
+    logits = torch.tensor([[5.0, float("-inf"), 5.0, 3.0]], requires_grad=True)
+    entropy_from_logits(logits).sum().backward()
+    assert torch.isfinite(logits.grad).all() and logits.grad[0, 1].item() == 0.0
+    # d/dz of H sums to zero over the vocabulary (softmax is shift invariant)
+    assert abs(logits.grad.sum().item()) < 1e-6
