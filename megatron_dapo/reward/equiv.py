@@ -153,11 +153,18 @@ def _rel_to_set(rel: Rel):
         return None
     if len(ops) == 2 and ops[0][0] == ops[1][0] and "!" not in ops[0]:
         lo, mid, hi = parts
-        if not lo.free_symbols and not hi.free_symbols and mid.free_symbols and not isinstance(mid, sympy.Abs):
+        if not lo.free_symbols and not hi.free_symbols and mid.free_symbols:
+            left_open, right_open = ops[0] in ("<", ">"), ops[1] in ("<", ">")
             if ops[0][0] == ">":
-                lo, hi = hi, lo
+                lo, hi, left_open, right_open = hi, lo, right_open, left_open
             try:
-                return sympy.Interval(lo, hi, ops[0] in ("<", ">"), ops[1] in ("<", ">"))
+                if isinstance(mid, sympy.Abs) and mid.args[0].is_Symbol and bool(lo >= 0):
+                    # lo <= |z| <= hi  ->  [-hi, -lo] U [lo, hi]
+                    return sympy.Union(
+                        sympy.Interval(-hi, -lo, right_open, left_open), sympy.Interval(lo, hi, left_open, right_open)
+                    )
+                if not isinstance(mid, sympy.Abs):
+                    return sympy.Interval(lo, hi, left_open, right_open)
             except Exception:  # noqa: BLE001
                 return None
     syms = set().union(*(p.free_symbols for p in parts))

@@ -80,6 +80,12 @@ def _join_last_group(spans: list[tuple[int, int, str]], text: str) -> list[str]:
 
 def find_boxed(text: str) -> list[str] | None:
     """Contents of the last group of \\boxed{} answers, or None when there is none."""
+    found = find_boxed_spans(text)
+    return None if found is None else found[0]
+
+
+def find_boxed_spans(text: str) -> tuple[list[str], int] | None:
+    """(contents of the last group of \\boxed{} answers, end offset of the last box)."""
     spans = []
     for m in _BOX_RE.finditer(text):
         end = _match_brace(text, m.end() - 1)
@@ -93,7 +99,7 @@ def find_boxed(text: str) -> list[str] | None:
         if outer and span[0] < outer[-1][1]:
             continue
         outer.append(span)
-    return _join_last_group(outer, text)
+    return _join_last_group(outer, text), outer[-1][1]
 
 
 def find_math_spans(text: str) -> list[str] | None:
@@ -123,14 +129,21 @@ def normalize_plain_number(num: str) -> str:
     return num.replace(",", ".")
 
 
-def _answer_phrase(text: str) -> str | None:
-    """Text after the last "final answer is" / "answer:" phrase, up to the end of that line."""
-    matches = list(_ANSWER_PHRASE.finditer(text))
+def _answer_phrase(text: str, after: int = 0) -> str | None:
+    """Text after the last "final answer is" / "answer:" phrase (starting at or after `after`)."""
+    matches = [m for m in _ANSWER_PHRASE.finditer(text) if m.start() >= after]
     if not matches:
         return None
     rest = text[matches[-1].end() :]
     rest = _HOPE.sub("", rest)
+    lead = _MATH_SPAN.match(rest.lstrip(' "'))
+    if lead:  # "The final answer is $x$. More text" -> "$x$"
+        return lead.group()
     line = rest.split("\n")[0]
+    masked = _MATH_SPAN.sub(lambda m: "#" * len(m.group()), line)
+    end = re.search(r"\.\s+[A-Z]", masked)
+    if end:
+        line = line[: end.start()]
     return line.strip() or None
 
 
@@ -178,9 +191,12 @@ def extract_final_answer(text: str) -> tuple[list[str], str]:
     Several parts mean several answers joined by "and"/","-like separators (a list).
     """
     text = preprocess(text)
-    boxed = find_boxed(text)
+    boxed = find_boxed_spans(text)
     if boxed is not None:
-        return boxed, "boxed"
+        # A "final answer is" stated after the last box wins (the box was an intermediate step).
+        later = _answer_phrase(text, after=boxed[1])
+        if later is None:
+            return boxed[0], "boxed"
     phrase = _answer_phrase(text)
     if phrase is not None:
         parts, _ = _phrase_answer(phrase)
