@@ -176,8 +176,9 @@ def _finite(h: History, key: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _eff(window: int, n: int) -> int:
-    """A window shrunk to a third of a short history (at least 1)."""
-    return max(1, min(int(window), n // 3 if n >= 3 else 1))
+    """A window shrunk to a third of a short history (but not below 3 values, nor above n)."""
+    w = min(int(window), max(n // 3, 3))
+    return max(1, min(w, n))
 
 
 def _early(x: np.ndarray, th: Thresholds) -> float:
@@ -199,6 +200,18 @@ def _slope(t: np.ndarray, y: np.ndarray) -> float:
     if den == 0:
         return math.nan
     return float(np.dot(tc, y - y.mean()) / den)
+
+
+def _slope_se(t: np.ndarray, y: np.ndarray, slope: float) -> float:
+    """Standard error of a least-squares slope (0 for an exact fit or fewer than 3 points)."""
+    if len(t) < 3 or not math.isfinite(slope):
+        return 0.0
+    tc = t - t.mean()
+    den = float(np.dot(tc, tc))
+    if den == 0:
+        return 0.0
+    resid = (y - y.mean()) - slope * tc
+    return math.sqrt(float(np.dot(resid, resid)) / (len(t) - 2) / den)
 
 
 def _trend_window(th: Thresholds, n: int) -> int:
@@ -223,11 +236,7 @@ def _summary(h: History, key: str, th: Thresholds) -> MetricSummary:
             scale = max(abs(float(np.mean(x[-tw:]))), 1e-12)
             # "flat" unless the change is both material (5% of the level) and clear of the
             # noise (slope more than 3 standard errors from zero)
-            tt, yy = t[-tw:], x[-tw:]
-            resid = yy - (yy.mean() + s * (tt - tt.mean()))
-            den = float(np.sum((tt - tt.mean()) ** 2))
-            se = math.sqrt(float(np.sum(resid**2)) / max(len(tt) - 2, 1) / den) if den else 0.0
-            clear = abs(s) > 3 * se
+            clear = abs(s) > 3 * _slope_se(t[-tw:], x[-tw:], s)
             trend = ("flat" if abs(change) < 0.05 * scale or not clear
                      else ("rising" if change > 0 else "falling"))
     return MetricSummary(key, n, float(x[-1]), float(t[-1]), _early(x, th), recent, slope,
@@ -271,7 +280,7 @@ class _Collector:
         self.notes: list[str] = []
 
     def condition(self, kind: str, metric: str, t: np.ndarray, smoothed: np.ndarray,
-                  cond: np.ndarray, threshold: float, describe: Callable[[float, str], str]) -> None:
+                  cond: np.ndarray, threshold: float, describe: Callable[[float, str, int], str]) -> None:
         # the smoothed value is judged only once its window is full (no verdicts on one step)
         cond = np.asarray(cond, dtype=bool).copy()
         cond[: _eff(self.th.window, len(t)) - 1] = False
@@ -279,12 +288,12 @@ class _Collector:
         if holds:
             v = float(smoothed[-1])
             self.alerts.append(Alert(self.boundary, kind, metric, onset, v, threshold,
-                                     describe(v, f"since step {_step(onset)}")))
+                                     describe(v, f"since step {_step(onset)}", len(cond) - 1)))
         elif first is not None:
             i = int(np.argmax(cond))
             v = float(smoothed[i])
             self.warnings.append(Alert(self.boundary, kind, metric, first, v, threshold,
-                                       describe(v, f"at step {_step(first)}, recovered since"),
+                                       describe(v, f"at step {_step(first)}, recovered since", i),
                                        "warning"))
 
 
@@ -293,7 +302,7 @@ def _sudden(col: _Collector, h: History, metric: str, direction: str, th: Thresh
     """Sudden one-step changes of ``metric`` against the median of the preceding window."""
     t, x = _finite(h, metric)
     n = len(x)
-    w = max(3, _eff(th.window, n))
+    w = max(3, int(th.window))  # a full baseline window: no sudden-change verdicts before it
     if n < max(th.min_steps, w + 1):
         return
     recent_from = n - _eff(th.window, n)
@@ -338,13 +347,13 @@ def _exploration(h: History, th: Thresholds, col: _Collector) -> None:
                 col.condition(
                     "entropy_collapse", "entropy", t, sm, sm < th.entropy_collapse_ratio * early,
                     th.entropy_collapse_ratio,
-                    lambda v, when: (f"entropy collapsed to {_fmt(v)} = {v / early:.0%} of its early "
+                    lambda v, when, _i: (f"entropy collapsed to {_fmt(v)} = {v / early:.0%} of its early "
                                      f"{_fmt(early)} (< {th.entropy_collapse_ratio:.0%}) {when}: the "
                                      "policy stopped exploring; raise eps_high (clip-higher)"))
                 col.condition(
                     "entropy_runaway", "entropy", t, sm, sm > th.entropy_explode_ratio * early,
                     th.entropy_explode_ratio,
-                    lambda v, when: (f"entropy ran away to {_fmt(v)} = {v / early:.1f}x its early "
+                    lambda v, when, _i: (f"entropy ran away to {_fmt(v)} = {v / early:.1f}x its early "
                                      f"{_fmt(early)} (> {th.entropy_explode_ratio:g}x) {when}: "
                                      "sampling turns to noise; lower eps_high or the learning rate"))
         else:
@@ -359,7 +368,7 @@ def _exploration(h: History, th: Thresholds, col: _Collector) -> None:
         sm = _rolling_mean(xc, _eff(th.window, len(xc)))
         col.condition(
             "clip_frac_high", "clip_frac", tc, sm, sm > th.clip_frac_max, th.clip_frac_max,
-            lambda v, when: (f"{v:.1%} of tokens clipped (low + high > {th.clip_frac_max:.0%}) "
+            lambda v, when, _i: (f"{v:.1%} of tokens clipped (low + high > {th.clip_frac_max:.0%}) "
                              f"{when}: each rollout moves the policy too far; lower the learning "
                              "rate or the number of mini-batches per rollout"))
 
@@ -382,7 +391,7 @@ def _group_contrast(h: History, th: Thresholds, col: _Collector) -> None:
             cond = cond | (sm < th.kept_group_ratio_drop * early)
         col.condition(
             "kept_groups_low", "kept_group_ratio", t, sm, cond, th.kept_group_ratio_min,
-            lambda v, when: (f"kept-group ratio fell to {_fmt(v)} (early {_fmt(early)}; alert below "
+            lambda v, when, _i: (f"kept-group ratio fell to {_fmt(v)} (early {_fmt(early)}; alert below "
                              f"{th.kept_group_ratio_min:g} or {th.kept_group_ratio_drop:.0%} of early) "
                              f"{when}: {why}; dynamic sampling needs ever more generation"))
         _sudden(col, h, "kept_group_ratio", "drop", th, rate=True,
@@ -398,7 +407,7 @@ def _group_contrast(h: History, th: Thresholds, col: _Collector) -> None:
             sm = _rolling_mean(xk, _eff(th.window, len(xk)))
             col.condition(
                 f"{key}_high", key, tk, sm, sm > limit, limit,
-                lambda v, when, key=key, limit=limit, text=text: (
+                lambda v, when, _i, key=key, limit=limit, text=text: (
                     f"{key} at {_fmt(v)} (> {limit:g}) {when}: these groups have zero advantage; "
                     f"{text}"))
     tg, xg = _finite(h, "num_gen_batches")
@@ -410,7 +419,7 @@ def _group_contrast(h: History, th: Thresholds, col: _Collector) -> None:
             cond = cond | ((sm >= th.num_gen_batches_rise * g_early) & (sm - g_early >= 1.0))
         col.condition(
             "gen_batches_rising", "num_gen_batches", tg, sm, cond, th.num_gen_batches_rise,
-            lambda v, when: (f"{_fmt(v)} generation rounds per step (early {_fmt(g_early)}; alert at "
+            lambda v, when, _i: (f"{_fmt(v)} generation rounds per step (early {_fmt(g_early)}; alert at "
                              f"{th.num_gen_batches_max:g} or {th.num_gen_batches_rise:g}x early) {when}: "
                              "dynamic sampling struggles to fill the batch with mixed groups"))
 
@@ -426,28 +435,44 @@ def _token_credit(h: History, th: Thresholds, col: _Collector) -> None:
             t, ln, ac = h.steps[m], h.get("response_length_mean")[m], acc[m]
             n = len(t)
             if n >= th.min_steps:
-                tw = _trend_window(th, n)
+                tw = min(n, max(_trend_window(th, n), int(th.min_steps)))
                 growth = np.full(n, np.nan)
                 gain = np.full(n, np.nan)
+                cond = np.zeros(n, dtype=bool)
                 for i in range(tw - 1, n):
                     sl = slice(i - tw + 1, i + 1)
                     span = float(t[i] - t[i - tw + 1])
                     mean_len = float(np.mean(ln[sl]))
-                    if mean_len > 0:
-                        growth[i] = _slope(t[sl], ln[sl]) * span / mean_len
+                    s_len = _slope(t[sl], ln[sl])
+                    if mean_len <= 0 or not math.isfinite(s_len):
+                        continue
+                    growth[i] = s_len * span / mean_len
                     gain[i] = _slope(t[sl], ac[sl]) * span
-                cond = np.nan_to_num(growth > th.length_growth_min) & np.nan_to_num(
-                    gain < th.acc_stall_delta)
-                cond = cond.astype(bool)
-                last_gain = gain[-1]
+                    # the growth must be material and clear of the noise (> 3 standard errors)
+                    cond[i] = (growth[i] > th.length_growth_min
+                               and s_len > 3 * _slope_se(t[sl], ln[sl], s_len)
+                               and not gain[i] >= th.acc_stall_delta)
+                # the slow version: over the whole run the (smoothed) length has grown by
+                # length_growth_run of its early value while accuracy gained < acc_stall_delta
+                w = _eff(th.window, n)
+                len_sm, acc_sm = _rolling_mean(ln, w), _rolling_mean(ac, w)
+                len0, acc0 = _early(ln, th), _early(ac, th)
+                run_growth = len_sm / len0 - 1 if len0 > 0 else np.zeros(n)
+                slow = (run_growth > th.length_growth_run) & (acc_sm - acc0 < th.acc_stall_delta)
+
+                def describe(v: float, when: str, i: int) -> str:
+                    if cond[i]:
+                        what = (f"response length grew {growth[i]:+.0%} over the last {tw} steps "
+                                f"while acc_mean changed {_fmt(float(gain[i]), 2)}")
+                    else:
+                        what = (f"response length grew {run_growth[i]:+.0%} since the start "
+                                f"({_fmt(len0)} -> {_fmt(float(len_sm[i]))} tokens) while acc_mean "
+                                f"changed {_fmt(float(acc_sm[i] - acc0), 2)}")
+                    return (f"{what} (< {th.acc_stall_delta:g}) {when}: long samples earn credit "
+                            "without answers; check the token-level loss and overlong shaping")
                 col.condition(
-                    "length_without_accuracy", "response_length_mean", t, growth, cond,
-                    th.length_growth_min,
-                    lambda v, when: (f"response length grew {v:+.0%} over the last {tw} steps while "
-                                     f"acc_mean changed {_fmt(float(last_gain), 2)} (< "
-                                     f"{th.acc_stall_delta:g}) {when}: long samples earn credit "
-                                     "without answers; check the token-level loss and overlong "
-                                     "shaping"))
+                    "length_without_accuracy", "response_length_mean", t, growth, cond | slow,
+                    th.length_growth_min, describe)
             else:
                 col.notes.append(f"only {n} steps: no length-vs-accuracy trend yet")
         _sudden(col, h, "response_length_mean", "rise", th, rate=False,
@@ -461,7 +486,7 @@ def _token_credit(h: History, th: Thresholds, col: _Collector) -> None:
             cond = cond | (sm - r_early > th.repetition_rise)
         col.condition(
             "repetition_rising", "repetition_rate", tr, sm, cond, th.repetition_rate_max,
-            lambda v, when: (f"{v:.1%} of responses end in a repetition loop (early {r_early:.1%}; "
+            lambda v, when, _i: (f"{v:.1%} of responses end in a repetition loop (early {r_early:.1%}; "
                              f"alert above {th.repetition_rate_max:.0%} or +{th.repetition_rise:.0%}) "
                              f"{when}: tokens of degenerate loops share the sample's reward"))
         _sudden(col, h, "repetition_rate", "rise", th, rate=True,
@@ -475,7 +500,7 @@ def _reward_interpretation(h: History, th: Thresholds, col: _Collector) -> None:
         col.condition(
             "truncation_high", "truncation_ratio", tt, sm, sm > th.truncation_ratio_max,
             th.truncation_ratio_max,
-            lambda v, when: (f"{v:.1%} of responses truncated at the length cap (> "
+            lambda v, when, _i: (f"{v:.1%} of responses truncated at the length cap (> "
                              f"{th.truncation_ratio_max:.0%}) {when}: truncated reasoning is scored "
                              "as wrong, reward noise; use overlong filtering / soft punishment or a "
                              "larger cap"))
@@ -487,7 +512,7 @@ def _reward_interpretation(h: History, th: Thresholds, col: _Collector) -> None:
         col.condition(
             "overlong_penalty_high", "overlong_penalty_mean", to, sm, sm > th.overlong_penalty_max,
             th.overlong_penalty_max,
-            lambda v, when: (f"overlong penalty averages {_fmt(v)} per sample (|mean| > "
+            lambda v, when, _i: (f"overlong penalty averages {_fmt(v)} per sample (|mean| > "
                              f"{th.overlong_penalty_max:g}) {when}: length shaping outweighs the "
                              "correctness signal"))
     tn, xn = _finite(h, "no_answer_rate")
@@ -499,7 +524,7 @@ def _reward_interpretation(h: History, th: Thresholds, col: _Collector) -> None:
             cond = cond | (sm - n_early > th.no_answer_rise)
         col.condition(
             "no_answer_rising", "no_answer_rate", tn, sm, cond, th.no_answer_rate_max,
-            lambda v, when: (f"{v:.1%} of responses give no parsable answer (early {n_early:.1%}; "
+            lambda v, when, _i: (f"{v:.1%} of responses give no parsable answer (early {n_early:.1%}; "
                              f"alert above {th.no_answer_rate_max:.0%} or +{th.no_answer_rise:.0%}) "
                              f"{when}: format failures are scored as wrong answers"))
         _sudden(col, h, "no_answer_rate", "rise", th, rate=True,

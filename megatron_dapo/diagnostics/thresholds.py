@@ -38,6 +38,8 @@ class Thresholds:
     # --- token credit: response length and repetition against accuracy ----------------------
     length_growth_min: float = 0.25  # relative length growth over trend_window ...
     acc_stall_delta: float = 0.02  # ... while acc_mean gains less than this over the same window
+    length_growth_run: float = 1.0  # or: recent length > (1 + this) x early length while acc_mean
+    #                                  gained less than acc_stall_delta since the start
     repetition_rate_max: float = 0.1  # recent share of responses in a repetition loop above this
     repetition_rise: float = 0.05  # ... or this much above its early value
 

@@ -35,6 +35,13 @@ def test_healthy_history_raises_nothing(seed):
     assert "verdict: no alerts" in format_report(d)
 
 
+@pytest.mark.parametrize("n", [12, 20, 40])
+def test_noisy_short_healthy_runs_raise_no_alert(n):
+    for seed in range(10):
+        d = run(S.noisy_healthy(n, seed))
+        assert d.alerts == [], (seed, [a.message for a in d.alerts])
+
+
 @pytest.mark.parametrize("mode", sorted(S.FAILURE_MODES))
 def test_each_failure_mode_alerts_its_boundary_only(mode):
     boundary, make, kind = S.FAILURE_MODES[mode]
@@ -75,6 +82,17 @@ def test_all_wrong_groups_say_too_hard():
     kinds = {a.kind for a in d.alerts}
     assert {"kept_groups_low", "all_wrong_ratio_high"} <= kinds
     assert "too hard" in next(a for a in d.alerts if a.kind == "kept_groups_low").message
+
+
+def test_slow_length_drift_over_a_long_run():
+    # 300 steps: the length drifts 900 -> 2600 tokens, never fast over 20 steps, accuracy flat
+    d = run(S.token_credit_length(n=300))
+    assert d.alerting_boundaries() == {"token_credit"}
+    a = next(a for a in d.alerts if a.kind == "length_without_accuracy")
+    assert "since the start" in a.message
+    h = S.token_credit_length(n=300)
+    h["acc_mean"] = S._ramp(300, 0.3, 0.6)
+    assert run(h).alerts == []
 
 
 def test_length_growing_with_accuracy_is_healthy():
