@@ -402,3 +402,30 @@ def test_health_and_shutdown(engine):
     assert not engine.health()
     with pytest.raises(RuntimeError, match="shutdown"):
         engine.generate(PROMPTS, SamplingParams(max_new_tokens=2))
+
+
+def _char_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = ["<pad>", "<s>", "</s>", "<unk>"] + list("abcdefghijklmnopqrstuvwxyz .,!?")
+    tok = Tokenizer(models.WordLevel(vocab={c: i for i, c in enumerate(chars)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", eos_token="</s>")
+
+
+def test_stop_strings_with_a_real_tokenizer():
+    tok = _char_tokenizer()
+    ref = random_model(qwen2_config(vocab_size=len(tok), eos_token_id=2))
+    eng = HFEngine(ref.config, ref.state_dict(), tokenizer=tok)
+    prompt = tok.encode("hello world", add_special_tokens=False)
+    path = eng.generate([prompt], SamplingParams(temperature=0, max_new_tokens=16, ignore_eos=True))[0][0]
+    text = tok.decode(path.output_ids)
+    assert path.text == text
+    stop = text[5:7]
+    k = next(k for k in range(len(path.output_ids)) if stop in tok.decode(path.output_ids[: k + 1]))
+    out = eng.generate([prompt], SamplingParams(temperature=0, max_new_tokens=16, ignore_eos=True, stop=[stop]))[0][0]
+    assert out.finish_reason == "stop"
+    assert out.output_ids == path.output_ids[: k + 1]
+    assert out.text == text[: text.find(stop)]
