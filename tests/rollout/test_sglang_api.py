@@ -42,8 +42,11 @@ def wheel_path() -> Path:
     if whl is not None:
         return whl
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    # Explicit target so any host (other Python, other OS) fetches the same Linux/CPython 3.11
+    # wheel; the sources we read are the same in every wheel of a release.
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           f"sglang=={SGLANG_VERSION}", "-d", str(CACHE_DIR)]
+           "--only-binary=:all:", "--platform", "manylinux_2_34_x86_64", "--python-version", "3.11",
+           "--implementation", "cp", f"sglang=={SGLANG_VERSION}", "-d", str(CACHE_DIR)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         err = proc.stdout[-2000:] + proc.stderr[-2000:]
