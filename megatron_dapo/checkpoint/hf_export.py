@@ -1,0 +1,247 @@
+"""HF checkpoint <-> torch_dist checkpoint, the work behind ``tools/convert_*``.
+
+Both directions go tensor by tensor through :mod:`.mapping` (no layout logic here) and run
+under whatever process group is initialised: a world of one (the tools' default, no torchrun)
+or all ranks of a launched job. Memory: the model of the ranks' layout is built without
+initialisation (``perform_initialization=False``) and filled one HF tensor at a time, so the
+peak is about one copy of the model plus the largest tensor (see docs/conversion.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+from typing import Optional
+
+import torch
+
+from ..models.hf_config import ModelArch, load_hf_config, padded_vocab_size, parse_hf_config
+from . import dist_ckpt, mapping
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+)
+DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_distributed() -> None:
+    """A gloo/nccl default group: the launcher's (torchrun env) or a world of one on a free port."""
+    import torch.distributed as dist
+
+    from ..distributed import init_distributed
+
+    if dist.is_initialized():
+        return
+    if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
+        init_distributed()
+    else:
+        init_distributed(rank=0, world_size=1, master_port=_free_port())
+
+
+def _build(arch_or_cfg, dtype: torch.dtype, tp: int, pp: int, make_vocab_size_divisible_by: int):
+    from ..distributed import init_parallel
+    from ..models import ModelBuildOptions, build_gpt_model
+
+    init_parallel(tp, pp)
+    opts = ModelBuildOptions(
+        params_dtype=dtype,
+        make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+        perform_initialization=False,
+    )
+    model, arch, _ = build_gpt_model(arch_or_cfg, opts)
+    model.eval()
+    return model, arch, padded_vocab_size(arch.vocab_size, make_vocab_size_divisible_by, tp)
+
+
+@torch.no_grad()
+def hf_to_torch_dist(
+    hf_dir,
+    save_dir,
+    dtype: str = "fp32",
+    tensor_model_parallel_size: int = 1,
+    pipeline_model_parallel_size: int = 1,
+    make_vocab_size_divisible_by: int = 128,
+) -> dict:
+    """Convert the HF checkpoint in ``hf_dir`` into a torch_dist checkpoint in ``save_dir``.
+
+    Collective over the default group (initialised here as a world of one when absent).
+    The layout used for writing does not constrain loading: the trainer loads at any TP/PP.
+    Returns the checkpoint metadata.
+    """
+    from .model_io import HFWeights, check_hf_tensors, load_hf_weights
+
+    hf_dir = os.fspath(hf_dir)
+    cfg = load_hf_config(hf_dir)
+    arch = parse_hf_config(cfg)
+    weights = HFWeights(hf_dir)
+    check_hf_tensors(arch, weights.keys())  # before building anything: missing/unexpected listed
+    ensure_distributed()
+    model, arch, padded = _build(
+        cfg, dist_ckpt.torch_dtype(dtype), tensor_model_parallel_size, pipeline_model_parallel_size,
+        make_vocab_size_divisible_by,
+    )
+    target = dist_ckpt.torch_dtype(dtype)
+    # Round every tensor to the checkpoint dtype, also those the local spec keeps in fp32 (norms).
+    load_hf_weights(model, arch, lambda name: weights(name).to(target), padded)
+    weights._open.clear()
+    meta = dist_ckpt.checkpoint_metadata(cfg, dtype, extra={"source": os.path.abspath(hf_dir)})
+    dist_ckpt.save_checkpoint(model, save_dir, meta)
+    return meta
+
+
+def hf_config_for(meta: dict, hf_config_dir=None) -> dict:
+    """The config.json to write for a checkpoint: ``hf_config_dir``'s (checked against the
+    checkpoint) or the one stored in the metadata."""
+    if hf_config_dir is not None:
+        cfg = load_hf_config(hf_config_dir)
+        dist_ckpt.check_metadata(meta, parse_hf_config(cfg), where=f"checkpoint (vs --hf-config {hf_config_dir})")
+    elif meta.get("hf_config"):
+        cfg = dict(meta["hf_config"])
+    else:
+        cfg = _config_from_arch(dist_ckpt.metadata_arch(meta))
+    cfg = dict(cfg)
+    cfg["dtype"] = "bfloat16" if meta.get("dtype") == "bf16" else ("float16" if meta.get("dtype") == "fp16" else "float32")
+    cfg.pop("torch_dtype", None)
+    return cfg
+
+
+def _config_from_arch(arch: ModelArch) -> dict:
+    cls = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}[arch.model_type]
+    cfg = dict(
+        model_type=arch.model_type,
+        architectures=[cls],
+        vocab_size=arch.vocab_size,
+        hidden_size=arch.hidden_size,
+        intermediate_size=arch.ffn_hidden_size,
+        num_hidden_layers=arch.num_layers,
+        num_attention_heads=arch.num_attention_heads,
+        num_key_value_heads=arch.num_query_groups,
+        head_dim=arch.head_dim,
+        max_position_embeddings=arch.max_position_embeddings,
+        rope_theta=arch.rope_theta,
+        rms_norm_eps=arch.norm_eps,
+        tie_word_embeddings=arch.tie_word_embeddings,
+        hidden_act="silu",
+        bos_token_id=arch.bos_token_id,
+        eos_token_id=arch.eos_token_id,
+    )
+    if arch.model_type == "llama":
+        cfg.update(attention_bias=False, mlp_bias=False)
+    return cfg
+
+
+class ShardWriter:
+    """Write (name, tensor) pairs into ``model-XXXXX-of-YYYYY.safetensors`` shards + index."""
+
+    def __init__(self, directory: str, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES):
+        self.directory = directory
+        self.max_shard_bytes = max_shard_bytes
+        self._buf: dict[str, torch.Tensor] = {}
+        self._buf_bytes = 0
+        self._files: list[list[str]] = []
+        self.total_bytes = 0
+        os.makedirs(directory, exist_ok=True)
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        nbytes = tensor.numel() * tensor.element_size()
+        if self._buf and self._buf_bytes + nbytes > self.max_shard_bytes:
+            self._flush()
+        self._buf[name] = tensor.detach().contiguous().clone()  # own storage: no shared views
+        self._buf_bytes += nbytes
+        self.total_bytes += nbytes
+
+    def _flush(self) -> None:
+        from safetensors.torch import save_file
+
+        i = len(self._files)
+        save_file(self._buf, os.path.join(self.directory, f"_part{i:05d}.safetensors"), metadata={"format": "pt"})
+        self._files.append(list(self._buf))
+        self._buf, self._buf_bytes = {}, 0
+
+    def close(self) -> list[str]:
+        if self._buf or not self._files:
+            self._flush()
+        n = len(self._files)
+        weight_map = {}
+        names = []
+        for i, keys in enumerate(self._files):
+            final = "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+            os.replace(os.path.join(self.directory, f"_part{i:05d}.safetensors"), os.path.join(self.directory, final))
+            names.append(final)
+            weight_map.update({k: final for k in keys})
+        if n > 1:
+            with open(os.path.join(self.directory, "model.safetensors.index.json"), "w") as f:
+                json.dump({"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}, f, indent=2)
+        return names
+
+
+def copy_tokenizer(src, dst) -> list[str]:
+    """Copy the tokenizer files found in ``src`` into ``dst``; error if there are none."""
+    src = os.fspath(src)
+    found = [f for f in TOKENIZER_FILES if os.path.exists(os.path.join(src, f))]
+    if not any(f.startswith("tokenizer") or f in ("vocab.json",) for f in found):
+        raise FileNotFoundError(f"--tokenizer {src}: no tokenizer files ({', '.join(TOKENIZER_FILES[:5])} ...)")
+    for f in found:
+        shutil.copyfile(os.path.join(src, f), os.path.join(dst, f))
+    return found
+
+
+@torch.no_grad()
+def torch_dist_to_hf(
+    load_dir,
+    save_dir,
+    hf_config_dir=None,
+    tokenizer_dir=None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    make_vocab_size_divisible_by: int = 128,
+) -> list[str]:
+    """Write the torch_dist checkpoint in ``load_dir`` as an HF checkpoint in ``save_dir``.
+
+    safetensors shards (+ index when more than one), config.json and, from ``tokenizer_dir``,
+    the tokenizer files. Collective over the default group (a world of one when absent); rank 0
+    writes. Tensors keep the checkpoint's dtype. Returns the files written.
+    """
+    import torch.distributed as dist
+
+    ensure_distributed()
+    load_dir, save_dir = os.fspath(load_dir), os.fspath(save_dir)
+    meta = dist_ckpt.read_metadata(load_dir)
+    cfg = hf_config_for(meta, hf_config_dir)  # validated before the (long) load
+    arch = dist_ckpt.metadata_arch(meta)
+    model, arch, _ = _build(arch, dist_ckpt.torch_dtype(meta["dtype"]), 1, 1, make_vocab_size_divisible_by)
+    dist_ckpt.load_checkpoint(model, load_dir, arch)
+    written: list[str] = []
+    if dist.get_rank() == 0:
+        from .model_io import gather_full_weights
+
+        os.makedirs(save_dir, exist_ok=True)
+        writer = ShardWriter(save_dir, max_shard_bytes)
+        out_dtype = dist_ckpt.torch_dtype(meta["dtype"])  # the local spec keeps norms in fp32
+        for name, full in gather_full_weights(model, arch):
+            for hf_name, t in mapping.megatron_to_hf(arch, name, full):
+                writer.add(hf_name, t.to(out_dtype))
+        written = writer.close()
+        with open(os.path.join(save_dir, "config.json"), "w") as f:
+            json.dump(cfg, f, indent=2, sort_keys=True)
+        written.append("config.json")
+        if tokenizer_dir is not None:
+            written += copy_tokenizer(tokenizer_dir, save_dir)
+    dist.barrier()
+    return written

@@ -1,0 +1,54 @@
+#!/usr/bin/env python
+"""Convert a megatron-dapo torch_dist checkpoint into a Hugging Face checkpoint directory.
+
+    python tools/convert_megatron_to_hf.py --load DIR --save DIR [--hf-config DIR] [--tokenizer DIR]
+
+Writes safetensors shards (+ model.safetensors.index.json), config.json (from --hf-config,
+checked against the checkpoint, else the config stored in the checkpoint's metadata) and the
+tokenizer files of --tokenizer; the result loads with
+``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` offline. Runs as one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--load", required=True, help="torch_dist checkpoint directory (written by this project)")
+    p.add_argument("--save", required=True, help="output HF checkpoint directory")
+    p.add_argument("--hf-config", default=None, help="directory (or config.json) whose config to write")
+    p.add_argument("--tokenizer", default=None, help="directory whose tokenizer files to copy")
+    p.add_argument("--max-shard-size-gb", type=float, default=5.0)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from megatron_dapo.checkpoint.hf_export import torch_dist_to_hf
+
+    t0 = time.time()
+    files = torch_dist_to_hf(
+        args.load,
+        args.save,
+        hf_config_dir=args.hf_config,
+        tokenizer_dir=args.tokenizer,
+        max_shard_bytes=int(args.max_shard_size_gb * 1024**3),
+    )
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        print(f"wrote {args.save}: {', '.join(files)} in {time.time() - t0:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
