@@ -50,8 +50,8 @@ from megatron_dapo.rollout.base import (
 
 logger = logging.getLogger(__name__)
 
-_VERSION_FILE = Path(__file__).with_name("SGLANG_VERSION")
-SGLANG_VERSION = _VERSION_FILE.read_text().strip()
+# The pinned release (a constant, not a data file, so a non-editable install has it too).
+SGLANG_VERSION = "0.5.23"
 
 INSTALL_HINT = (
     f"SGLangEngine needs sglang=={SGLANG_VERSION} (GPU only): pip install megatron-dapo[gpu] "

@@ -148,8 +148,6 @@ def test_wheel_is_the_pinned_version(src):
     assert metas, "no METADATA in the wheel"
     text = src.zf.read(metas[0]).decode()
     assert f"\nVersion: {SGLANG_VERSION}\n" in text
-    pin_file = Path(sglang_engine.__file__).with_name("SGLANG_VERSION")
-    assert pin_file.read_text().strip() == SGLANG_VERSION
 
 
 @pytest.mark.parametrize("module,qualname,kwargs", USED_API["callables"], ids=lambda v: str(v))
