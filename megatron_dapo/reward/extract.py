@@ -213,9 +213,11 @@ def extract_final_answer(text: str) -> tuple[list[str], str]:
         return [normalize_plain_number(bare)], "text"
     if len(stripped) <= 40 and not re.search(r"[A-Za-z]{2,}\s*[\s:'.]\s*[A-Za-z0-9]", stripped):
         return [stripped], "raw"
-    num = find_plain_number(stripped)
-    if num is not None:
-        return [num], "text"
+    # Prose without LaTeX ("... which is 1,000.99m²"): its last number.
+    if "\\" not in stripped and re.search(r"[A-Za-z]{2,}", stripped):
+        num = find_plain_number(stripped)
+        if num is not None:
+            return [num], "text"
     return [stripped], "raw"
 
 

@@ -1,0 +1,126 @@
+"""`math` mode: equivalence on the public Math-Verify / lighteval cases, and near-misses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from megatron_dapo.reward import compute_score, is_equivalent
+
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+CASES = [json.loads(line) for line in (DATA / "verifier" / "equivalence-cases.jsonl").open()]
+
+
+def test_case_file_shape():
+    assert len(CASES) == 251
+    assert sum(c["expected"] == 1 for c in CASES) == 218
+    assert sum(c["expected"] == 0 for c in CASES) == 33
+
+
+def test_equivalence_cases_beat_math_verify():
+    """math-verify 0.9.0 recognises 203/218 equal pairs and accepts 3/33 non-equal ones."""
+    equal_ok = [c for c in CASES if c["expected"] == 1 and is_equivalent(c["gold"], c["pred"])]
+    wrong_ok = [c for c in CASES if c["expected"] == 0 and is_equivalent(c["gold"], c["pred"])]
+    missed = [(c["gold"][-60:], c["pred"][-60:]) for c in CASES if c["expected"] == 1 and c not in equal_ok]
+    assert len(equal_ok) > 203, missed
+    assert len(wrong_ok) <= 2, [(c["gold"][-60:], c["pred"][-60:]) for c in wrong_ok]
+
+
+EQUAL = [
+    ("1000", "1000.0"),
+    ("1000", "1,000"),
+    ("1000.0", "1,000"),
+    ("10/9", "\\frac{10}{9}"),
+    ("10/9", "\\dfrac{10}{9}"),
+    ("\\frac{10}{9}", "\\tfrac{10}{9}"),
+    ("28\\%", "28"),
+    ("28\\%", "28 percent"),
+    ("(1, 2)", "\\left( 1, 2 \\right)"),
+    ("\\{1, 2, 3\\}", "\\{3, 1, 2\\}"),
+    ("[0, 1)", "[0,1)"),
+    ("(-\\infty, 3] \\cup (5, \\infty)", "(-\\infty,3]\\cup(5,\\infty)"),
+    ("\\sqrt{8}", "2\\sqrt{2}"),
+    ("\\sqrt3", "\\sqrt{3}"),
+    ("2^{10}", "1024"),
+    ("\\frac{\\pi}{2}", "\\pi/2"),
+    ("x^2 - 1", "(x-1)(x+1)"),
+    ("\\frac{x+1}{2}", "\\frac{1}{2}x + \\frac{1}{2}"),
+    ("\\frac{\\sqrt{3}}{2}", "\\sin(\\pi/3)"),
+    ("$540$", "540"),
+    ("x = 5", "5"),
+    ("3 \\pm \\sqrt{2}", "\\{3 + \\sqrt{2}, 3 - \\sqrt{2}\\}"),
+    ("\\begin{pmatrix}1 & 2 \\\\ 3 & 4\\end{pmatrix}", "\\begin{bmatrix}1 & 2 \\\\ 3 & 4\\end{bmatrix}"),
+    ("90^\\circ", "90"),
+    ("\\text{Evelyn}", "Evelyn"),
+]
+
+NOT_EQUAL = [
+    ("\\frac{1}{2004!}", "\\frac{1}{2006!}"),
+    ("1+\\frac{1}{e}", "1-\\frac{1}{e}"),
+    ("1/2", "0.50000001"),
+    ("(1, 2, 3)", "(1, 2)"),
+    ("\\{1, 2, 3\\}", "\\{1, 2\\}"),
+    ("(1, 2)", "(2, 1)"),
+    ("[0, 1)", "(0, 1)"),
+    ("\\sqrt{2}", "1.41421356237"),  # a rational approximation of an irrational is not equal
+    ("x^2 + 1", "x^2 - 1"),
+    ("x < 1", "x > 1"),
+    ("\\pm 2", "2"),
+    ("540", "541"),
+    ("2", "AZYUK2A"),
+    ("5", "9^{9^{9^{9}}}"),
+]
+
+
+@pytest.mark.parametrize("gold,pred", EQUAL)
+def test_equal(gold, pred):
+    assert is_equivalent(gold, pred)
+    assert is_equivalent(pred, gold)
+
+
+@pytest.mark.parametrize("gold,pred", NOT_EQUAL)
+def test_near_misses_rejected(gold, pred):
+    assert not is_equivalent(gold, pred)
+    assert not is_equivalent(pred, gold)
+
+
+@pytest.mark.parametrize(
+    "gold,pred",
+    [
+        ("5", "9^{9^{9^{9}}}"),
+        ("5", "1" * 100_000),
+        ("5", "{" * 100_000 + "5" + "}" * 100_000),
+        ("5", "\\frac{1}{" * 3000),
+        ("5", "\\sqrt{" * 5000 + "5"),
+        ("5", "10^{10^{10}} - 10^{10^{10}} + 5"),
+        ("5", "(99999999)!"),
+        ("5", "(x+1)^{100000}"),
+    ],
+)
+def test_pathological_inputs_return_quickly(gold, pred):
+    # Guards reject these before sympy evaluates anything (no timeout involved here).
+    assert is_equivalent(gold, pred) is False
+
+
+def test_identical_huge_answers_still_equal():
+    assert is_equivalent("9^{9^{9^{9}}}", "9^{9^{9^{9}}}")
+
+
+def test_compute_score_math_mode_extracts_answer_and_boxed():
+    assert compute_score("Thus ...\nAnswer: $\\frac{1}{2}$", "0.5", mode="math").score == 1.0
+    assert compute_score("so the result is \\boxed{1,000}.", "1000", mode="math").acc
+    # The official checker rejects "Answer: 540." (period); math mode does not.
+    assert compute_score("Answer: 540.", "540", mode="math").acc
+    assert not compute_score("Answer: 540.", "540", mode="dapo").acc
+    r = compute_score("I could not solve it.", "540", mode="math")
+    assert (r.score, r.acc, r.reason) == (-1.0, False, "no_answer")
+    r = compute_score("Answer: 541<|im_end|>", "540", mode="math")
+    assert (r.score, r.reason, r.pred) == (-1.0, "wrong", "541")
+
+
+def test_multiple_choice():
+    assert is_equivalent("C", "thinking about it I think the correct answer is C")
+    assert is_equivalent("(D) Alina", "D")
+    assert not is_equivalent("(A) Cecile", "C")
