@@ -1,0 +1,246 @@
+#!/usr/bin/env python
+"""Evaluate a model (HF directory or megatron-dapo torch_dist checkpoint) on a math data file.
+
+    python tools/eval.py --model DIR --data FILE [--n-samples N] [--k K] [--temperature T]
+        [--top-p P] [--max-new-tokens N] [--engine auto|hf|sglang] [--reward-mode dapo|math]
+        [--prompt-style chat|raw|fewshot|fewshot-direct] [--out DIR] [--seed S] [--limit N]
+
+Defaults follow DAPO's protocol (temperature 1.0, top_p 0.7, k 32, 20480 new tokens capped by
+the context length). FILE: verl-schema parquet/jsonl (identical prompts are copies of one
+problem), GSM8K jsonl (question / answer "#### N") or problem / answer jsonl. Writes
+OUT/samples.jsonl and OUT/summary.json and prints the summary. A torch_dist checkpoint is
+converted to a temporary HF directory first (tools/convert_megatron_to_hf.py; --tokenizer
+names the tokenizer directory, --hf-config optionally the config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+MEGATRON_METADATA = "megatron_dapo_checkpoint.json"  # megatron_dapo.checkpoint.dist_ckpt.METADATA_FILE
+
+
+def parse_args(argv=None):
+    from megatron_dapo.eval.runner import DEFAULT_MAX_PROMPT_LENGTH, PROMPT_STYLES
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="HF model directory or megatron-dapo torch_dist checkpoint directory")
+    p.add_argument("--data", required=True, help="parquet / jsonl evaluation file")
+    p.add_argument("--n-samples", type=int, default=None,
+                   help="samples per problem (default: the number of copies of each prompt, at least k)")
+    p.add_argument("--k", type=int, default=32, help="k of avg@k / pass@k / maj@k (default 32)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=0.7)
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--max-new-tokens", type=int, default=20480,
+                   help="generation cap (default 20480), further capped by context length - prompt")
+    p.add_argument("--max-prompt-length", type=int, default=DEFAULT_MAX_PROMPT_LENGTH,
+                   help="longer prompts are left-truncated")
+    p.add_argument("--context-length", type=int, default=None,
+                   help="model context (default: max_position_embeddings of config.json)")
+    p.add_argument("--engine", choices=("auto", "hf", "sglang"), default="auto",
+                   help="hf: transformers on CPU; sglang: GPU; auto: sglang when CUDA is available")
+    p.add_argument("--reward-mode", choices=("dapo", "math"), default="dapo")
+    p.add_argument("--prompt-style", choices=PROMPT_STYLES, default="chat")
+    p.add_argument("--stop", action="append", default=None, help="extra stop string (repeatable)")
+    p.add_argument("--out", default=None, help="output directory (default: eval_out/<model>__<data>)")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N problems")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="samples per generate call (default: 32 with hf, all with sglang)")
+    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default=None,
+                   help="engine dtype (default: fp32 for hf, bf16 for sglang)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model directory)")
+    p.add_argument("--hf-config", default=None, help="HF config for converting a torch_dist checkpoint")
+    p.add_argument("--reward-workers", type=int, default=None, help="reward worker processes (default min(4, cpus))")
+    p.add_argument("--reward-timeout", type=float, default=10.0, help="per-response scoring timeout, seconds")
+    p.add_argument("--mem-fraction", type=float, default=0.85, help="sglang mem_fraction_static")
+    p.add_argument("--tp", type=int, default=1, help="sglang tensor parallel size")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    if args.k < 1:
+        p.error("--k must be >= 1")
+    if args.n_samples is not None and args.n_samples < args.k:
+        p.error(f"--n-samples {args.n_samples} < --k {args.k}")
+    return args
+
+
+def model_kind(path: str) -> str:
+    """``"megatron"`` (torch_dist checkpoint of this project) or ``"hf"``, from the files in ``path``."""
+    if not os.path.isdir(path):
+        raise SystemExit(f"--model {path}: not a directory")
+    if os.path.exists(os.path.join(path, MEGATRON_METADATA)):
+        return "megatron"
+    if os.path.exists(os.path.join(path, "config.json")):
+        return "hf"
+    raise SystemExit(
+        f"--model {path}: neither an HF checkpoint (config.json) nor a megatron-dapo torch_dist "
+        f"checkpoint ({MEGATRON_METADATA})"
+    )
+
+
+def _load_tool(name: str):
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_tools_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@contextlib.contextmanager
+def hf_model_dir(args):
+    """Yield an HF directory for ``args.model`` (a temporary conversion for torch_dist)."""
+    if model_kind(args.model) == "hf":
+        yield args.model
+        return
+    if args.tokenizer is None:
+        raise SystemExit(f"--model {args.model} is a torch_dist checkpoint: pass --tokenizer DIR")
+    import torch.distributed as dist
+
+    was_initialized = dist.is_available() and dist.is_initialized()
+    tmp = tempfile.mkdtemp(prefix="eval_hf_")
+    try:
+        convert_megatron_to_hf = _load_tool("convert_megatron_to_hf")
+
+        t0 = time.time()
+        conv = ["--load", args.model, "--save", tmp, "--tokenizer", args.tokenizer]
+        if args.hf_config:
+            conv += ["--hf-config", args.hf_config]
+        convert_megatron_to_hf.main(conv)
+        if not was_initialized and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        print(f"converted {args.model} -> {tmp} in {time.time() - t0:.1f}s", file=sys.stderr)
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _context_length(model_dir: str):
+    try:
+        with open(os.path.join(model_dir, "config.json")) as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return None
+    cfg = cfg.get("text_config", cfg)
+    v = cfg.get("max_position_embeddings")
+    return int(v) if isinstance(v, int) and v > 0 else None
+
+
+def _generation_eos_ids(model_dir: str) -> list:
+    ids = []
+    for fname in ("generation_config.json", "config.json"):
+        try:
+            with open(os.path.join(model_dir, fname)) as f:
+                eos = json.load(f).get("eos_token_id")
+        except (OSError, ValueError):
+            continue
+        if eos is not None:
+            ids += [eos] if isinstance(eos, int) else list(eos)
+    return sorted(set(int(t) for t in ids))
+
+
+def build_engine(args, model_dir: str, tokenizer):
+    engine = args.engine
+    if engine == "auto":
+        import torch
+
+        engine = "sglang" if torch.cuda.is_available() else "hf"
+    if engine == "hf":
+        import torch
+
+        from megatron_dapo.rollout.hf_engine import HFEngine
+
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype or "fp32"]
+        return "hf", HFEngine(model_dir, tokenizer=tokenizer, dtype=dtype, seed=args.seed)
+    from megatron_dapo.rollout.sglang_engine import SGLangEngine
+
+    dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[args.dtype or "bf16"]
+    return "sglang", SGLangEngine(
+        model_dir,
+        tp_size=args.tp,
+        mem_fraction_static=args.mem_fraction,
+        enable_memory_saver=False,
+        dtype=dtype,
+        random_seed=args.seed,
+    )
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from transformers import AutoTokenizer
+
+    from megatron_dapo.eval.runner import dataset_name, evaluate
+
+    t0 = time.time()
+    with hf_model_dir(args) as model_dir:
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or model_dir)
+        kind, engine = build_engine(args, model_dir, tokenizer)
+        out = args.out or os.path.join(
+            "eval_out", f"{os.path.basename(os.path.abspath(args.model))}__{dataset_name(args.data)}"
+        )
+        scorer = _make_scorer(args, tokenizer)
+        try:
+            summary = evaluate(
+                engine,
+                tokenizer,
+                args.data,
+                n_samples=args.n_samples,
+                k=args.k,
+                temperature=args.temperature,
+                top_p=args.top_p,
+                top_k=args.top_k,
+                max_new_tokens=args.max_new_tokens,
+                max_prompt_length=args.max_prompt_length,
+                prompt_style=args.prompt_style,
+                reward_mode=args.reward_mode,
+                scorer=scorer,
+                stop=args.stop,
+                stop_token_ids=_generation_eos_ids(model_dir),
+                seed=args.seed,
+                out_dir=out,
+                progress=not args.no_progress,
+                limit=args.limit,
+                batch_size=args.batch_size if args.batch_size is not None else (32 if kind == "hf" else None),
+                context_length=args.context_length or _context_length(model_dir),
+            )
+        finally:
+            scorer.close()
+            engine.shutdown()
+    summary["total_wall_s"] = time.time() - t0
+    with open(os.path.join(out, "summary.json")) as f:
+        full = json.load(f)
+    full["total_wall_s"] = summary["total_wall_s"]
+    full["config"].update(model=os.path.abspath(args.model), engine=kind)
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(full, f, indent=2, ensure_ascii=False)
+    print(json.dumps(summary, indent=2))
+    print(f"wrote {os.path.join(out, 'samples.jsonl')} and {os.path.join(out, 'summary.json')}", file=sys.stderr)
+    return 0
+
+
+def _make_scorer(args, tokenizer):
+    from megatron_dapo.reward import BatchScorer
+
+    return BatchScorer(
+        num_workers=args.reward_workers or min(4, os.cpu_count() or 1),
+        timeout_s=args.reward_timeout,
+        mode=args.reward_mode,
+        eos_text=getattr(tokenizer, "eos_token", None),
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
