@@ -86,19 +86,17 @@ def find_boxed(text: str) -> list[str] | None:
 
 def find_boxed_spans(text: str) -> tuple[list[str], int] | None:
     """(contents of the last group of \\boxed{} answers, end offset of the last box)."""
+    # Outermost boxes only; scanning resumes after each box, so this stays linear.
     spans = []
-    for m in _BOX_RE.finditer(text):
+    pos = 0
+    while (m := _BOX_RE.search(text, pos)) is not None:
         end = _match_brace(text, m.end() - 1)
-        inner_end = end - 1 if end <= len(text) and text[end - 1 : end] == "}" else end
+        inner_end = end - 1 if text[end - 1 : end] == "}" else end
         spans.append((m.start(), end, text[m.end() : inner_end]))
+        pos = max(end, m.end())
     if not spans:
         return None
-    # Nested boxes: keep outermost only.
-    outer = []
-    for span in spans:
-        if outer and span[0] < outer[-1][1]:
-            continue
-        outer.append(span)
+    outer = spans
     return _join_last_group(outer, text), outer[-1][1]
 
 

@@ -1,0 +1,141 @@
+"""Verifier benchmark: our `dapo` and `math` modes against the math-verify package.
+
+On ../shared/data/verifier/equivalence-cases.jsonl (251 unique gold/pred/expected pairs from
+the Math-Verify and lighteval test suites: 218 equal, 33 not equal) this prints, for each
+verifier, how many equal pairs it recognises and how many non-equal pairs it accepts, and
+the throughput of each on the same inputs in the same run (single process, one core).
+
+* `dapo`: ``is_equivalent(gold, pred, mode="dapo")`` - Minerva-normalised exact strings
+  (the official DAPO comparison applied to the bare texts).
+* `math`: ``is_equivalent(gold, pred, mode="math")``.
+* `math-verify`: math-verify 0.9.0 (benchmarks/requirements-verifier.txt pins it and its
+  antlr4 runtime) with LaTeX + expression extraction on ``$gold$`` / ``$pred$``, the ``$``
+  added only where the text has none (this reproduces the 203/218 reference point). Two
+  variants are reported for accuracy only: ``$...$`` always added, and the raw texts.
+
+Usage::
+
+    .venv/bin/pip install -r benchmarks/requirements-verifier.txt
+    .venv/bin/python benchmarks/bench_verifier.py [--repeats 3] [--show-disagreements]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+CASES_PATH = ROOT.parent / "shared" / "data" / "verifier" / "equivalence-cases.jsonl"
+
+
+def load_cases(path: Path = CASES_PATH) -> list[dict]:
+    return [json.loads(line) for line in path.open()]
+
+
+WRAPS = {
+    "math-verify": lambda s: s if "$" in s else f"${s}$",
+    "math-verify ($ always added)": lambda s: f"${s}$",
+    "math-verify (raw text)": lambda s: s,
+}
+
+
+def make_math_verify(wrap=WRAPS["math-verify"]):
+    """A (gold, pred) -> bool callable over math-verify, or None when it is not installed."""
+    try:
+        import math_verify
+        from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+    except ImportError:
+        return None, None
+    config = [LatexExtractionConfig(), ExprExtractionConfig()]
+
+    def check(gold: str, pred: str) -> bool:
+        try:
+            return bool(verify(parse(wrap(gold), extraction_config=config), parse(wrap(pred), extraction_config=config)))
+        except Exception:  # noqa: BLE001 - a crash is a "no"
+            return False
+
+    versions = {"math-verify": getattr(math_verify, "__version__", "?")}
+    try:
+        from importlib.metadata import version
+
+        versions = {p: version(p) for p in ("math-verify", "latex2sympy2_extended", "antlr4-python3-runtime")}
+    except Exception:  # noqa: BLE001
+        pass
+    return check, versions
+
+
+def run(check, cases: list[dict]) -> tuple[list[bool], float]:
+    start = time.perf_counter()
+    verdicts = [check(c["gold"], c["pred"]) for c in cases]
+    return verdicts, time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes per verifier (median reported)")
+    parser.add_argument("--show-disagreements", action="store_true", help="list pairs where verifiers differ from the label")
+    args = parser.parse_args(argv)
+
+    from megatron_dapo.reward import is_equivalent
+
+    cases = load_cases()
+    n_eq = sum(c["expected"] == 1 for c in cases)
+    n_ne = len(cases) - n_eq
+    verifiers = {
+        "dapo": lambda g, p: is_equivalent(g, p, mode="dapo"),
+        "math": lambda g, p: is_equivalent(g, p, mode="math"),
+    }
+    mv, versions = make_math_verify()
+    if mv is not None:
+        verifiers["math-verify"] = mv
+        variants = {name: make_math_verify(wrap)[0] for name, wrap in WRAPS.items() if name != "math-verify"}
+    else:
+        variants = {}
+        print("math-verify not installed: pip install -r benchmarks/requirements-verifier.txt", file=sys.stderr)
+
+    for check in verifiers.values():  # warm-up: imports and first-call caches
+        check("1", "1")
+    verdicts: dict[str, list[bool]] = {}
+    times: dict[str, list[float]] = {name: [] for name in verifiers}
+    for _ in range(args.repeats):  # interleaved passes: machine noise hits all verifiers alike
+        for name, check in verifiers.items():
+            result, seconds = run(check, cases)
+            verdicts.setdefault(name, result)
+            times[name].append(seconds)
+
+    print(f"cases: {len(cases)} ({n_eq} equal, {n_ne} not equal) from {CASES_PATH.name}")
+    if versions:
+        print("math-verify stack: " + ", ".join(f"{k}=={v}" for k, v in versions.items()))
+    print()
+    print("| verifier | equal pairs recognised | non-equal pairs accepted | pairs/s (median of %d) | throughput vs math-verify |" % args.repeats)
+    print("|---|---|---|---|---|")
+    rate = {name: len(cases) / statistics.median(ts) for name, ts in times.items()}
+    for name in verifiers:
+        eq_ok = sum(v and c["expected"] == 1 for v, c in zip(verdicts[name], cases))
+        ne_ok = sum(v and c["expected"] == 0 for v, c in zip(verdicts[name], cases))
+        rel = f"{rate[name] / rate['math-verify']:.1f}x" if "math-verify" in rate else "n/a"
+        print(f"| {name} | {eq_ok}/{n_eq} | {ne_ok}/{n_ne} | {rate[name]:.0f} | {rel} |")
+
+    for name, check in variants.items():  # accuracy only
+        result, _ = run(check, cases)
+        verdicts[name] = result
+        eq_ok = sum(v and c["expected"] == 1 for v, c in zip(result, cases))
+        ne_ok = sum(v and c["expected"] == 0 for v, c in zip(result, cases))
+        print(f"| {name} | {eq_ok}/{n_eq} | {ne_ok}/{n_ne} | - | - |")
+
+    if args.show_disagreements:
+        print()
+        for i, c in enumerate(cases):
+            wrong = [name for name in ("math", "math-verify") if name in verdicts and verdicts[name][i] != bool(c["expected"])]
+            if wrong:
+                print(f"- #{i} expected={c['expected']} wrong: {', '.join(wrong)} | gold={c['gold'][-70:]!r} | pred={c['pred'][-70:]!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
