@@ -1,0 +1,375 @@
+"""Weight sync: megatron-core TP/PP shards -> full HF tensors -> rollout engine(s), in buckets.
+
+Who feeds an engine
+-------------------
+``feeder_ranks`` (global ranks, default ``(0,)``) are the ranks that hold an engine handle
+and call ``engine.update_weights`` / ``finish_weight_update``: for one engine, rank 0; for
+several engines, the first rank of each engine's group of GPUs. Every feeder ends up with the
+full HF tensors of every bucket. The other ranks only take part in collectives:
+
+* a model-parallel replica (the TP x PP ranks of one DP rank) that contains no feeder does
+  nothing at all (no collective, no memory);
+* in a replica with a feeder, the ranks of the stage that owns a bucket all-gather its TP
+  shards in their TP group; the PP group that contains a feeder then receives the bucket by a
+  broadcast from the owning stage. Ranks that are neither feeder nor broadcast source drop
+  the bucket as soon as the collective returns.
+
+Plan
+----
+The first sync of a ``WeightSync`` exchanges, once, each stage's list of local parameters
+(name, shard shape, dtype) over the PP group; from it every participating rank computes the
+same bucket plan: the tensors of one owning stage in model order, packed into buckets of at
+most ``bucket_bytes`` (a tensor larger than a bucket goes alone), with the HF names, shapes
+and byte offsets of what each slot holds after conversion (computed with
+``mapping.megatron_to_hf`` on meta tensors).
+
+One bucket, step by step (owner stage, per tensor of the bucket)
+-----------------------------------------------------------------
+1. ``all_gather_into_tensor`` of the local shard (as raw bytes) straight into the tensor's
+   slot of one flat bucket buffer (replicated tensors are copied, no collective). The
+   all-gathers of a bucket are issued asynchronously and waited together. For a tensor
+   split along dim 0 the slot then *is* the full megatron tensor (rank order); for the
+   others ``mapping.unshard_tp`` builds the full tensor from the slot's shard views.
+2. ``mapping.megatron_to_hf`` converts it (QKV split, gate/up split, vocab padding dropped);
+   the HF tensors are written back into the tensor's own slot and handed out as views of it.
+3. The whole bucket buffer (HF layout) is broadcast from the owning stage over the PP group
+   (only when that group holds a feeder that is not the owner).
+4. Feeders call ``engine.update_weights(bucket)`` (list of ``(hf_name, view)``); after the
+   last bucket, ``engine.finish_weight_update()``.
+
+Extra peak memory per rank: one bucket buffer plus one temporary of the largest tensor (the
+full tensor of ``unshard_tp``, or the q/k/v copies of the QKV split). Buffers live on the
+parameters' device: gloo on CPU, NCCL on GPU, the same code. Collectives move raw bytes
+(``uint8`` views), so any parameter dtype is exact. Tied embeddings: the last stage's copy
+of the output layer is skipped (the engine ties ``lm_head`` itself).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from ..checkpoint import mapping
+from ..checkpoint.model_io import layer_offset, unwrap
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BUCKET_BYTES = 512 * 1024**2
+_ALIGN = 256  # byte alignment of every slot and HF tensor inside a bucket
+
+
+class WeightSyncError(RuntimeError):
+    """A weight sync (or its probe) failed: the engine's weights cannot be trusted."""
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+_DTYPES = {
+    str(d): d
+    for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int8, torch.uint8)
+}
+
+
+@dataclasses.dataclass
+class _Tensor:
+    """One megatron tensor in the plan (a slot of a bucket)."""
+
+    gname: str  # megatron full name (global layer index)
+    stage: int  # owning PP rank (group rank in the PP group)
+    local_index: int  # index among the owner's local tensors (same on its TP ranks)
+    shard_shape: Tuple[int, ...]
+    dtype: torch.dtype
+    tp_dim: Optional[int]  # None: replicated over TP
+    full_shape: Tuple[int, ...] = ()
+    offset: int = 0  # byte offset of the slot in its bucket
+    nbytes: int = 0  # slot bytes (full megatron tensor, aligned)
+    hf: List[Tuple[str, Tuple[int, ...], int]] = dataclasses.field(default_factory=list)  # (name, shape, byte offset in slot)
+
+
+@dataclasses.dataclass
+class _Bucket:
+    stage: int
+    tensors: List[_Tensor]
+    nbytes: int
+
+
+@dataclasses.dataclass
+class SyncStats:
+    bytes: int = 0  # HF bytes delivered to each engine
+    buckets: int = 0
+    tensors: int = 0  # HF tensors delivered
+    max_bucket_bytes: int = 0
+    seconds: float = 0.0
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bytes / self.seconds if self.seconds > 0 else float("nan")
+
+
+def _elem_bytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+class WeightSync:
+    """Bucketed megatron -> HF weight sync of one model (see the module docstring).
+
+    Every rank of the job constructs it with the same arguments and calls :meth:`sync` at
+    the same point; only ``feeder_ranks`` pass engines.
+    """
+
+    def __init__(
+        self,
+        model,
+        arch,
+        *,
+        feeder_ranks: Sequence[int] = (0,),
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        tp_group=None,
+        pp_group=None,
+        mp_group=None,
+    ):
+        from megatron.core import parallel_state as ps
+
+        if bucket_bytes <= 0:
+            raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+        self.chunks = list(model) if isinstance(model, (list, tuple)) else [model]
+        self.arch = arch
+        self.feeder_ranks = sorted(set(int(r) for r in feeder_ranks))
+        if not self.feeder_ranks:
+            raise ValueError("feeder_ranks is empty")
+        self.bucket_bytes = int(bucket_bytes)
+        self.tp_group = tp_group if tp_group is not None else ps.get_tensor_model_parallel_group()
+        self.pp_group = pp_group if pp_group is not None else ps.get_pipeline_model_parallel_group()
+        self.mp_group = mp_group if mp_group is not None else ps.get_model_parallel_group()
+        self.rank = dist.get_rank()
+        self.tp_size = dist.get_world_size(self.tp_group)
+        self.pp_size = dist.get_world_size(self.pp_group)
+        self.stage = dist.get_rank(self.pp_group)
+        pp_ranks = dist.get_process_group_ranks(self.pp_group)
+        mp_ranks = set(dist.get_process_group_ranks(self.mp_group))
+        self.pp_ranks = pp_ranks
+        self.is_feeder = self.rank in self.feeder_ranks
+        # A replica without a feeder sits the sync out entirely.
+        self.participates = any(r in mp_ranks for r in self.feeder_ranks)
+        # Does this rank's PP group receive buckets (it holds a feeder)?
+        self.pp_feeders = [r for r in pp_ranks if r in self.feeder_ranks]
+        self.device = next(iter(self._local_params()))[1].device if self._has_params() else torch.device("cpu")
+        self._plan: Optional[List[_Bucket]] = None
+        self._local: Optional[List[torch.Tensor]] = None
+
+    # ------------------------------------------------------------------ plan ----
+    def _has_params(self) -> bool:
+        return any(True for _ in self._local_params())
+
+    def _local_params(self) -> Iterator[Tuple[str, torch.Tensor]]:
+        """(global megatron name, local parameter) of this rank, model order, tied copy skipped."""
+        for chunk in self.chunks:
+            inner = unwrap(chunk)
+            off = layer_offset(inner)
+            for local, p in inner.named_parameters():
+                gname = mapping.local_to_global(local, off)
+                if gname == "output_layer.weight" and self.arch.tie_word_embeddings:
+                    continue  # the tied copy on the last stage
+                yield gname, p
+
+    def _build_plan(self) -> List[_Bucket]:
+        local = list(self._local_params())
+        self._local = [p for _, p in local]
+        meta = [(g, tuple(p.shape), str(p.dtype)) for g, p in local]
+        per_stage: list = [None] * self.pp_size
+        if self.pp_size > 1:
+            dist.all_gather_object(per_stage, meta, group=self.pp_group)
+        else:
+            per_stage[0] = meta
+        buckets: List[_Bucket] = []
+        seen = set()
+        for stage, entries in enumerate(per_stage):
+            cur: List[_Tensor] = []
+            cur_bytes = 0
+            for i, (gname, shard_shape, dtype_s) in enumerate(entries):
+                if gname in seen:
+                    raise WeightSyncError(f"{gname} is held by two pipeline stages")
+                seen.add(gname)
+                t = _Tensor(gname, stage, i, shard_shape, _DTYPES[dtype_s], mapping.tp_partition_dim(gname))
+                full = list(shard_shape)
+                if t.tp_dim is not None:
+                    full[t.tp_dim] *= self.tp_size
+                t.full_shape = tuple(full)
+                es = _elem_bytes(t.dtype)
+                hf = mapping.megatron_to_hf(self.arch, gname, torch.empty(t.full_shape, dtype=t.dtype, device="meta"))
+                pos = 0
+                for name, ht in hf:
+                    t.hf.append((name, tuple(ht.shape), pos))
+                    pos = _align(pos + ht.numel() * es)
+                t.nbytes = max(_align(_numel(t.full_shape) * es), pos)
+                if cur and cur_bytes + t.nbytes > self.bucket_bytes:
+                    buckets.append(_Bucket(stage, cur, cur_bytes))
+                    cur, cur_bytes = [], 0
+                t.offset = cur_bytes
+                cur.append(t)
+                cur_bytes += t.nbytes
+            if cur:
+                buckets.append(_Bucket(stage, cur, cur_bytes))
+        return buckets
+
+    @property
+    def plan(self) -> List[_Bucket]:
+        if self._plan is None:
+            self._plan = self._build_plan()
+        return self._plan
+
+    def hf_names(self) -> List[str]:
+        """HF names a full sync delivers (collective on first use: builds the plan)."""
+        return [h[0] for b in self.plan for t in b.tensors for h in t.hf]
+
+    # ----------------------------------------------------------------- buckets ----
+    def _gather_bucket(self, b: _Bucket, buf: torch.Tensor) -> None:
+        """Owner stage: fill ``buf`` with the bucket's full megatron tensors (TP all-gather)."""
+        works = []
+        for t in b.tensors:
+            p = self._local[t.local_index].detach()
+            src = p.contiguous().view(-1).view(torch.uint8)
+            n = src.numel()
+            if t.tp_dim is None or self.tp_size == 1:
+                buf[t.offset : t.offset + n].copy_(src)
+            else:
+                out = buf[t.offset : t.offset + n * self.tp_size]
+                works.append(dist.all_gather_into_tensor(out, src, group=self.tp_group, async_op=True))
+        for w in works:
+            w.wait()
+
+    def _convert_bucket(self, b: _Bucket, buf: torch.Tensor) -> None:
+        """In place: each slot's full megatron tensor -> its HF tensors (mapping.megatron_to_hf)."""
+        for t in b.tensors:
+            es = _elem_bytes(t.dtype)
+            n_full = _numel(t.full_shape)
+            slot = buf[t.offset : t.offset + t.nbytes]
+            flat = slot[: n_full * es].view(t.dtype)
+            if t.tp_dim is None or self.tp_size == 1 or (t.tp_dim == 0 and not mapping.is_gated_fc1(t.gname)):
+                # all_gather_into_tensor concatenates shards in rank order: along dim 0 that
+                # is exactly mapping.unshard_tp's result, without a copy.
+                full = flat.view(t.full_shape)
+            else:
+                shards = list(flat.view(self.tp_size, *t.shard_shape).unbind(0))
+                full = mapping.unshard_tp(t.gname, shards)  # a temporary (largest tensor)
+            converted = mapping.megatron_to_hf(self.arch, t.gname, full)
+            if [(n, tuple(x.shape)) for n, x in converted] != [(n, s) for n, s, _ in t.hf]:
+                raise WeightSyncError(f"{t.gname}: conversion does not match the plan")
+            lo, hi = slot.data_ptr(), slot.data_ptr() + t.nbytes
+            moves = []
+            for (name, x), (_, shape, off) in zip(converted, t.hf):
+                dest = slot[off : off + x.numel() * es].view(t.dtype).view(shape)
+                if x.data_ptr() == dest.data_ptr() and x.is_contiguous():
+                    continue  # already in place (a view of the slot)
+                if lo <= x.data_ptr() < hi:
+                    x = x.clone()  # a view of this slot elsewhere: read it before any write
+                moves.append((dest, x))
+            for dest, x in moves:
+                dest.copy_(x)
+            del converted, full, moves
+
+    def _hf_views(self, b: _Bucket, buf: torch.Tensor) -> List[Tuple[str, torch.Tensor]]:
+        out = []
+        for t in b.tensors:
+            es = _elem_bytes(t.dtype)
+            for name, shape, off in t.hf:
+                start = t.offset + off
+                out.append((name, buf[start : start + _numel(shape) * es].view(t.dtype).view(shape)))
+        return out
+
+    def iter_buckets(self, convert: bool = True) -> Iterator[List[Tuple[str, torch.Tensor]]]:
+        """Drive the collectives of a full sync; yields each bucket (HF names, views) on feeders.
+
+        Collective: every participating rank must exhaust the iterator. ``convert=False``
+        runs the same collectives without conversion (a benchmark baseline); the yielded
+        tensors are then meaningless.
+        """
+        if not self.participates:
+            return
+        plan = self.plan
+        for b in plan:
+            owner = b.stage == self.stage
+            # Broadcast when this PP group holds a feeder other than the owner stage's rank.
+            src = self.pp_ranks[b.stage]
+            need_bcast = self.pp_size > 1 and any(r != src for r in self.pp_feeders)
+            if not owner and not need_bcast:
+                continue
+            buf = torch.empty(b.nbytes, dtype=torch.uint8, device=self.device)
+            if owner:
+                self._gather_bucket(b, buf)
+                if convert and (self.is_feeder or need_bcast):
+                    self._convert_bucket(b, buf)
+            if need_bcast:
+                dist.broadcast(buf, src=src, group=self.pp_group)
+            if self.is_feeder:
+                yield self._hf_views(b, buf)
+            del buf
+
+    def sync(self, engines=None) -> SyncStats:
+        """One full weight sync. ``engines``: an engine or a list of engines on feeder ranks,
+        None elsewhere. Returns the stats (bytes delivered per engine on feeders)."""
+        if engines is None:
+            engines = []
+        elif not isinstance(engines, (list, tuple)):
+            engines = [engines]
+        if engines and not self.is_feeder:
+            raise WeightSyncError(
+                f"rank {self.rank} got an engine but is not a feeder rank ({self.feeder_ranks})"
+            )
+        if self.is_feeder and not engines:
+            raise WeightSyncError(f"rank {self.rank} is a feeder rank but was given no engine")
+        stats = SyncStats()
+        t0 = time.perf_counter()
+        for bucket in self.iter_buckets():
+            for e in engines:
+                e.update_weights(bucket)
+            nbytes = sum(x.numel() * x.element_size() for _, x in bucket)
+            stats.bytes += nbytes
+            stats.buckets += 1
+            stats.tensors += len(bucket)
+            stats.max_bucket_bytes = max(stats.max_bucket_bytes, nbytes)
+            del bucket
+        for e in engines:
+            e.finish_weight_update()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        stats.seconds = time.perf_counter() - t0
+        if self.is_feeder:
+            log.info(
+                "weight sync: %d tensors, %d buckets, %.1f MiB in %.3f s (%.2f GB/s)",
+                stats.tensors, stats.buckets, stats.bytes / 2**20, stats.seconds, stats.bytes_per_s / 1e9,
+            )
+        return stats
+
+
+def sync_weights(
+    model,
+    arch,
+    engines=None,
+    *,
+    feeder_ranks: Sequence[int] = (0,),
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    tp_group=None,
+    pp_group=None,
+    mp_group=None,
+) -> SyncStats:
+    """One-shot :class:`WeightSync` (builds the plan each call; keep a WeightSync to reuse it)."""
+    ws = WeightSync(
+        model, arch, feeder_ranks=feeder_ranks, bucket_bytes=bucket_bytes,
+        tp_group=tp_group, pp_group=pp_group, mp_group=mp_group,
+    )
+    return ws.sync(engines)
