@@ -138,7 +138,7 @@ def save_with_extra(hf_dir: str, out_dir: str, names: list):
     dist_ckpt.save_checkpoint(model, out_dir, dist_ckpt.checkpoint_metadata(hf_dir, "fp32"), _extra_state(names))
     model2, arch, _ = build_gpt_model(hf_dir, ModelBuildOptions())
     _, extra = dist_ckpt.load_checkpoint(model2, out_dir, arch, _extra_state(names))
-    same = all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), model2.state_dict().values()))
+    same = all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))
     return same, {k: v.tolist() for k, v in extra["extra"].items()}
 
 
@@ -152,3 +152,22 @@ def edit_metadata(ckpt_dir: str, **arch_fields) -> None:
     meta["arch"].update(arch_fields)
     with open(path, "w") as f:
         json.dump(meta, f)
+
+
+def convert_error(hf_dir: str, out_dir: str):
+    """The error text of a conversion that must fail (on every rank), or None."""
+    try:
+        convert_hf(hf_dir, out_dir)
+    except (ValueError, KeyError) as e:
+        return str(e)
+    return None
+
+
+def export_error(ckpt_dir: str, out_dir: str, *extra: str):
+    from megatron_dapo.checkpoint.dist_ckpt import CheckpointError
+
+    try:
+        export_hf(ckpt_dir, out_dir, *extra)
+    except CheckpointError as e:
+        return str(e)
+    return None

