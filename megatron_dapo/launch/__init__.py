@@ -1,0 +1,8 @@
+"""Launching a run: the dry-run plan (``plan``), Ray placement (``placement``), node waits.
+
+Nothing heavy is imported here: ``plan`` needs no GPU and no Ray, and ``placement`` imports
+Ray only inside its functions. Import the submodules directly::
+
+    from megatron_dapo.launch.plan import dry_run_report
+    from megatron_dapo.launch.placement import start_ray, create_placement_group
+"""

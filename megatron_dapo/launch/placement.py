@@ -1,0 +1,285 @@
+"""Ray placement: start or join a cluster, one placement group over every GPU, node waits.
+
+* :func:`start_ray` joins ``address`` / ``$RAY_ADDRESS`` or starts a local cluster, and
+  reuses a Ray that is already initialised in this process.
+* :func:`create_placement_group` asks for ``num_bundles`` bundles (one per GPU on a cluster,
+  one per worker process in the CPU demo) and waits at most ``timeout_s``: a group that
+  cannot be placed is removed and a :class:`PlacementError` names what was requested and
+  what the cluster has, instead of Ray's silent, endless pending state. Requests that no
+  node set could ever satisfy fail at once, without waiting.
+* :func:`bundle_node_ids` / :func:`ranks_to_bundles`: where each bundle landed, and an
+  order of bundles that puts consecutive ranks on the same node (Ray does not promise that
+  bundle ``i`` and ``i + 1`` share a node).
+* :func:`wait_for_nodes` (and ``python -m megatron_dapo.launch.placement wait-nodes``): block
+  until every expected node has registered its GPUs, else fail naming the missing nodes;
+  the Slurm script calls it between ``ray start`` and the driver.
+
+Tested with Ray 2.60 (see docs/slurm.md for the pin); Ray is imported inside functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from typing import Dict, Iterable, List, Optional, Sequence
+
+#: Custom resource the Slurm script gives every node: ``slurm_node:<hostname>``.
+NODE_RESOURCE_PREFIX = "slurm_node:"
+STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+class PlacementError(RuntimeError):
+    """A placement group or node set that the cluster cannot provide."""
+
+
+def start_ray(address: Optional[str] = None, num_cpus: Optional[float] = None, **init_kwargs) -> dict:
+    """Connect to ``address`` (or ``$RAY_ADDRESS``), else start a local cluster; idempotent.
+
+    Returns ``{"address", "reused", "resources"}``. ``num_cpus`` only applies to a new local
+    cluster (Ray refuses it when joining one). Dashboard off, worker logs not forwarded to
+    the driver.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return {"address": _gcs_address(), "reused": True, "resources": ray.cluster_resources()}
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    kw = dict(include_dashboard=False, log_to_driver=False)
+    kw.update(init_kwargs)
+    if address and address != "local":
+        ray.init(address=address, **kw)
+    else:
+        if num_cpus is not None:
+            kw["num_cpus"] = num_cpus
+        ray.init(address="local", **kw)  # never join a stray cluster by accident
+    return {"address": _gcs_address(), "reused": False, "resources": ray.cluster_resources()}
+
+
+def _gcs_address() -> Optional[str]:
+    import ray
+
+    try:
+        return ray.get_runtime_context().gcs_address
+    except Exception:  # pragma: no cover - older Ray
+        return None
+
+
+def alive_nodes() -> List[dict]:
+    import ray
+
+    return [n for n in ray.nodes() if n.get("Alive", n.get("alive"))]
+
+
+def _node_summary(nodes: Sequence[dict]) -> str:
+    parts = []
+    for n in nodes:
+        res = n.get("Resources", {})
+        parts.append(
+            f"{n.get('NodeManagerHostname') or n.get('NodeManagerAddress')} (CPU {res.get('CPU', 0):g}, "
+            f"GPU {res.get('GPU', 0):g})"
+        )
+    return f"{len(nodes)} alive node(s): " + ", ".join(parts) if parts else "no alive nodes"
+
+
+def default_cpus_per_bundle(num_bundles: int, gpus_per_bundle: float, nodes: Sequence[dict]) -> float:
+    """CPUs per bundle when the caller gives none.
+
+    GPU bundles get 1 CPU (less if the GPU nodes have fewer CPUs than GPUs). CPU bundles
+    (``gpus_per_bundle == 0``: the CPU demo and tests) share the CPUs Ray sees:
+    floor(total / num_bundles) when that is >= 1, else a fraction rounded down to 0.01
+    (Ray accepts fractional CPU requests), lowered until the bundles fit the nodes.
+    """
+    if num_bundles < 1:
+        raise PlacementError(f"num_bundles must be >= 1, got {num_bundles}")
+    cpus = [n.get("Resources", {}).get("CPU", 0.0) for n in nodes]
+    if gpus_per_bundle > 0:
+        ratios = [
+            n["Resources"].get("CPU", 0.0) / n["Resources"]["GPU"] * gpus_per_bundle
+            for n in nodes
+            if n.get("Resources", {}).get("GPU", 0) > 0
+        ]
+        return min([1.0] + [math.floor(r * 100) / 100 for r in ratios if r > 0])
+    total = sum(cpus)
+    share = total / num_bundles
+    c = float(math.floor(share)) if share >= 1 else math.floor(share * 100) / 100
+    while c > 0 and sum(math.floor(x / c + 1e-9) for x in cpus) < num_bundles:
+        c = c - 1 if c > 1 else math.floor(c * 50) / 100  # integers first, then halve the fraction
+    if c <= 0:
+        raise PlacementError(
+            f"cannot split the cluster's {total:g} CPUs into {num_bundles} bundles ({_node_summary(nodes)})"
+        )
+    return c
+
+
+def _infeasible_reason(bundles: List[Dict[str, float]], strategy: str, nodes: Sequence[dict]) -> Optional[str]:
+    """Why no assignment of ``bundles`` to ``nodes`` can exist (by total resources), else None."""
+    caps = [dict(n.get("Resources", {})) for n in nodes]
+    keys = {k for b in bundles for k in b}
+    for k in keys:
+        need = sum(b.get(k, 0) for b in bundles)
+        have = sum(c.get(k, 0) for c in caps)
+        if need > have + 1e-9:
+            return f"the bundles need {need:g} {k} in total, the cluster has {have:g}"
+    for i, b in enumerate(bundles):
+        if not any(all(c.get(k, 0) + 1e-9 >= v for k, v in b.items()) for c in caps):
+            return f"bundle {i} {b} fits on no single node"
+    if strategy == "STRICT_SPREAD":
+        fitting = [c for c in caps if all(c.get(k, 0) + 1e-9 >= v for k, v in bundles[0].items())]
+        if len(fitting) < len(bundles):
+            return f"STRICT_SPREAD needs {len(bundles)} distinct nodes, only {len(fitting)} can host a bundle"
+    if strategy == "STRICT_PACK":
+        for k in keys:
+            need = sum(b.get(k, 0) for b in bundles)
+            if not any(c.get(k, 0) + 1e-9 >= need for c in caps):
+                return f"STRICT_PACK needs {need:g} {k} on one node; the largest node has {max(c.get(k, 0) for c in caps):g}"
+    return None
+
+
+def create_placement_group(
+    num_bundles: int,
+    gpus_per_bundle: float,
+    cpus_per_bundle: Optional[float] = None,
+    strategy: str = "PACK",
+    timeout_s: float = 60.0,
+    resources_per_bundle: Optional[Dict[str, float]] = None,
+    name: str = "",
+):
+    """A ready placement group of ``num_bundles`` x {GPU: gpus_per_bundle, CPU: cpus_per_bundle}.
+
+    Raises :class:`PlacementError` (after removing the pending group) when it is not placed
+    within ``timeout_s`` or can never be placed; the message names the request and the
+    cluster's alive nodes.
+    """
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    if strategy not in STRATEGIES:
+        raise PlacementError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    if num_bundles < 1:
+        raise PlacementError(f"num_bundles must be >= 1, got {num_bundles}")
+    if not ray.is_initialized():
+        start_ray()
+    nodes = alive_nodes()
+    if cpus_per_bundle is None:
+        cpus_per_bundle = default_cpus_per_bundle(num_bundles, gpus_per_bundle, nodes)
+    bundle: Dict[str, float] = {}
+    if cpus_per_bundle:
+        bundle["CPU"] = float(cpus_per_bundle)
+    if gpus_per_bundle:
+        bundle["GPU"] = float(gpus_per_bundle)
+    bundle.update(resources_per_bundle or {})
+    if not bundle:
+        raise PlacementError("a bundle must request some resource (gpus_per_bundle or cpus_per_bundle > 0)")
+    bundles = [dict(bundle) for _ in range(num_bundles)]
+    request = f"{num_bundles} bundle(s) of {bundle} with strategy {strategy}"
+    reason = _infeasible_reason(bundles, strategy, nodes)
+    if reason:
+        raise PlacementError(f"cannot place {request}: {reason}; cluster: {_node_summary(nodes)}")
+    pg = placement_group(bundles, strategy=strategy, name=name)
+    if not pg.wait(timeout_s):
+        try:
+            remove_placement_group(pg)
+        finally:
+            avail = ray.available_resources()
+            raise PlacementError(
+                f"placement group of {request} not placed within {timeout_s:g} s (removed); cluster: "
+                f"{_node_summary(alive_nodes())}; available now: CPU {avail.get('CPU', 0):g}, GPU "
+                f"{avail.get('GPU', 0):g} (other placement groups or actors may hold the rest)"
+            )
+    return pg
+
+
+def bundle_node_ids(pg) -> List[str]:
+    """Node id of each bundle, in bundle order."""
+    from ray.util.placement_group import placement_group_table
+
+    table = placement_group_table(pg)
+    b2n = table["bundles_to_node_id"]
+    return [b2n[i] for i in range(len(table["bundles"]))]
+
+
+def ranks_to_bundles(pg) -> List[int]:
+    """Bundle index for each rank so that ranks on one node are consecutive.
+
+    Nodes are ordered by the first bundle they received (so a single-node group is the
+    identity), bundles within a node by index.
+    """
+    ids = bundle_node_ids(pg)
+    order: List[str] = []
+    for nid in ids:
+        if nid not in order:
+            order.append(nid)
+    return [i for nid in order for i, x in enumerate(ids) if x == nid]
+
+
+def _node_names(n: dict) -> set:
+    names = set()
+    for k in n.get("Resources", {}):
+        if k.startswith(NODE_RESOURCE_PREFIX):
+            names.add(k[len(NODE_RESOURCE_PREFIX):])
+    host = n.get("NodeManagerHostname") or ""
+    if host:
+        names.update({host, host.split(".")[0]})
+    if n.get("NodeManagerAddress"):
+        names.add(n["NodeManagerAddress"])
+    return names
+
+
+def missing_nodes(expected: Iterable[str], gpus_per_node: float, nodes: Sequence[dict]) -> List[str]:
+    """Expected node names (hostnames, IPs or ``slurm_node:`` tags) not registered with their GPUs."""
+    out = []
+    for name in expected:
+        short = name.split(".")[0]
+        match = [n for n in nodes if name in _node_names(n) or short in _node_names(n)]
+        if not match:
+            out.append(f"{name} (not registered)")
+        elif gpus_per_node and max(n.get("Resources", {}).get("GPU", 0) for n in match) < gpus_per_node:
+            have = max(n.get("Resources", {}).get("GPU", 0) for n in match)
+            out.append(f"{name} (registered with {have:g} of {gpus_per_node:g} GPUs)")
+    return out
+
+
+def wait_for_nodes(expected: Sequence[str], gpus_per_node: float = 0, timeout_s: float = 300.0, poll_s: float = 2.0) -> List[dict]:
+    """Block until every node in ``expected`` is alive with ``gpus_per_node`` GPUs.
+
+    Raises :class:`PlacementError` naming the missing nodes after ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        nodes = alive_nodes()
+        missing = missing_nodes(expected, gpus_per_node, nodes)
+        if not missing:
+            return nodes
+        if time.monotonic() >= deadline:
+            raise PlacementError(
+                f"after {timeout_s:g} s, {len(missing)} of {len(expected)} node(s) missing: {', '.join(missing)}; "
+                f"cluster: {_node_summary(nodes)}"
+            )
+        time.sleep(poll_s)
+
+
+def _main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m megatron_dapo.launch.placement")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    w = sub.add_parser("wait-nodes", help="wait until every node has registered its GPUs with Ray")
+    w.add_argument("--address", default=None, help="Ray address (default $RAY_ADDRESS)")
+    w.add_argument("--nodes", required=True, help="comma-separated node names (Slurm hostnames)")
+    w.add_argument("--gpus-per-node", type=float, default=0)
+    w.add_argument("--timeout", type=float, default=300)
+    args = ap.parse_args(argv)
+    start_ray(address=args.address)
+    expected = [x for x in args.nodes.split(",") if x]
+    try:
+        nodes = wait_for_nodes(expected, args.gpus_per_node, args.timeout)
+    except PlacementError as e:
+        print(f"ERROR: {e}", file=sys.stderr)
+        return 1
+    print(f"all {len(expected)} node(s) registered: {_node_summary(nodes)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -1,0 +1,544 @@
+"""The ``--dry-run`` report: placement plan, per-GPU memory estimate, LR schedule, warnings.
+
+Pure functions of the config tree and the model shape: no GPU, no Ray, no process group.
+The driver calls::
+
+    from megatron_dapo.launch.plan import dry_run_report
+    print(dry_run_report(cfg, arch, hf_config_source))
+
+``dry_run_report`` first runs :func:`megatron_dapo.config.validate` (a ``ConfigError``
+propagates: the driver prints it and exits non-zero), then builds the report.
+
+Memory model (decimal GB, 1 GB = 1e9 bytes; GPU capacities are the nominal 80 GB of an
+H100 and 141 GB of an H200, which understates their real HBM a little, so the check is on
+the safe side):
+
+* Trainer, per GPU, for the busiest pipeline stage (its layers, plus the embedding on the
+  first stage and the output layer on the last, each vocabulary-parallel over TP):
+  weights 2 bytes/param (bf16; 4 in fp32), gradients 4 bytes/param (megatron's fp32 main
+  grads), Adam m + v 8 bytes/param plus 4 bytes/param of fp32 main parameters when the
+  weights are bf16; the optimizer part is divided by DP with ``--use-distributed-optimizer``.
+* Activations for one micro-batch of ``--max-tokens-per-gpu`` tokens (divided by CP), per
+  layer and token: layer-norm inputs, QKV, attention output, MLP gate/up/activation
+  (flash attention: no s x s scores), bf16; the tensor-parallel parts are divided by TP,
+  the hidden-size parts only with ``--sequence-parallel``. The first pipeline stage holds
+  up to PP micro-batches in flight (1F1B), so it holds about ``num_layers`` layers' worth.
+  With full recompute only each layer's input is kept, plus one layer's full activations
+  while it is recomputed. Logits: 10 bytes per token and vocabulary entry of the TP shard
+  (bf16 logits, fp32 log-softmax and its gradient).
+* Rollout engine, per GPU: bf16 weights / rollout TP, and a KV cache of
+  ``layers x 2 x kv_heads_per_gpu x head_dim x 2 bytes`` per token in what is left of
+  ``--sglang-mem-fraction-static`` x capacity.
+* Colocation: the hybrid engine offloads the trainer's weights, gradients and optimizer
+  state during generation and releases the engine's weights and KV cache during training
+  (megatron_dapo/hybrid), so the per-GPU peak is the larger of the two phases, plus a
+  reserve for the CUDA context, NCCL buffers and the allocator's fragmentation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import List, Optional
+
+from ..config.schema import DAPOConfig
+from ..config.validate import data_parallel_size, lr_warmup_optimizer_steps, validate, world_size
+from ..models.hf_config import ModelArch, padded_vocab_size
+
+GB = 1e9
+#: Nominal GPU memory (GB) the estimate is compared with.
+GPU_CAPACITY_GB = {"H100 80GB": 80.0, "H200 141GB": 141.0}
+#: CUDA context, NCCL buffers, allocator fragmentation: kept free in every phase.
+RESERVE_GB = 4.0
+#: Activation/cuda-graph workspace SGLang needs outside its static pool.
+ENGINE_WORKSPACE_GB = 4.0
+
+
+# ----------------------------------------------------------------------------- placement
+
+
+@dataclasses.dataclass(frozen=True)
+class RankCoord:
+    rank: int
+    tp: int
+    cp: int
+    dp: int
+    pp: int
+
+
+def rank_coord(rank: int, tp: int, cp: int, dp: int, pp: int) -> RankCoord:
+    """Megatron's default rank order (``tp-cp-ep-dp-pp``, EP = 1): TP varies fastest."""
+    r = rank
+    t = r % tp
+    r //= tp
+    c = r % cp
+    r //= cp
+    d = r % dp
+    r //= dp
+    return RankCoord(rank, t, c, d, r)
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePlan:
+    node: int
+    ranks: range
+    pp_stages: tuple
+    dp_replicas: tuple
+    engines: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class EnginePlan:
+    index: int
+    gpus: range  # global GPU (= trainer rank) indices
+    nodes: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacementPlan:
+    nnodes: int
+    gpus_per_node: int
+    world: int
+    tp: int
+    pp: int
+    cp: int
+    dp: int
+    gpus_per_engine: int
+    nodes: List[NodePlan]
+    engines: List[EnginePlan]
+
+    @property
+    def num_engines(self) -> int:
+        return len(self.engines)
+
+
+def _span(xs) -> str:
+    xs = sorted(set(xs))
+    if not xs:
+        return "-"
+    if xs == list(range(xs[0], xs[-1] + 1)):
+        return str(xs[0]) if len(xs) == 1 else f"{xs[0]}-{xs[-1]}"
+    return ",".join(map(str, xs))
+
+
+def placement_plan(cfg: DAPOConfig) -> PlacementPlan:
+    """Which trainer ranks and rollout engines sit on which node (global GPU i = rank i)."""
+    p = cfg.parallel
+    tp, pp, cp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size
+    world, dp, g = world_size(cfg), data_parallel_size(cfg), p.gpus_per_node
+    e = cfg.rollout.num_gpus_per_engine
+    engines = [
+        EnginePlan(i, range(i * e, (i + 1) * e), tuple(sorted({r // g for r in range(i * e, (i + 1) * e)})))
+        for i in range(world // e)
+    ]
+    nodes = []
+    for n in range(p.nnodes):
+        ranks = range(n * g, (n + 1) * g)
+        coords = [rank_coord(r, tp, cp, dp, pp) for r in ranks]
+        nodes.append(
+            NodePlan(
+                n,
+                ranks,
+                tuple(sorted({c.pp for c in coords})),
+                tuple(sorted({c.dp for c in coords})),
+                tuple(en.index for en in engines if n in en.nodes),
+            )
+        )
+    return PlacementPlan(p.nnodes, g, world, tp, pp, cp, dp, e, nodes, engines)
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-GPU bytes of each part (see the module docstring for the model)."""
+
+    params_per_gpu: int  # parameters on the busiest pipeline stage's GPU
+    weights: float
+    grads: float
+    optimizer: float
+    activations_no_recompute: float
+    activations_full_recompute: float
+    logits: float
+    recompute: bool  # what the config asks for
+    tokens_per_gpu: Optional[int]
+    engine_weights: float
+    engine_pool: float  # mem_fraction_static x capacity, per capacity
+    kv_bytes_per_token: int  # per GPU of one engine
+    capacity: float
+
+    @property
+    def static(self) -> float:
+        return self.weights + self.grads + self.optimizer
+
+    @property
+    def activations(self) -> float:
+        return self.activations_full_recompute if self.recompute else self.activations_no_recompute
+
+    @property
+    def train_peak(self) -> float:
+        return self.static + self.activations + self.logits + RESERVE_GB * GB
+
+    @property
+    def kv_cache(self) -> float:
+        return max(0.0, self.engine_pool - self.engine_weights)
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens the KV pool of one engine holds (each GPU holds its heads for every token)."""
+        return int(self.kv_cache // self.kv_bytes_per_token) if self.kv_bytes_per_token else 0
+
+    @property
+    def rollout_peak(self) -> float:
+        return self.engine_pool + ENGINE_WORKSPACE_GB * GB + RESERVE_GB * GB
+
+
+def _per_layer_params(arch: ModelArch) -> int:
+    h, f = arch.hidden_size, arch.ffn_hidden_size
+    q = arch.num_attention_heads * arch.head_dim
+    kv = arch.num_query_groups * arch.head_dim
+    attn = h * q + 2 * h * kv + q * h + (q + 2 * kv if arch.qkv_bias else 0)
+    return attn + 3 * h * f + 2 * h
+
+
+def stage_params(arch: ModelArch, tp: int, pp: int, make_vocab_size_divisible_by: int = 128) -> List[int]:
+    """Parameters held by one GPU of each pipeline stage (TP-sharded; norms counted once)."""
+    v = padded_vocab_size(arch.vocab_size, make_vocab_size_divisible_by, tp)
+    emb = v * arch.hidden_size // tp
+    layer = _per_layer_params(arch) // tp
+    per_stage = [arch.num_layers // pp * layer for _ in range(pp)]
+    per_stage[0] += emb
+    if not arch.tie_word_embeddings or pp > 1:
+        # untied output layer, or megatron's copy of the tied embedding on the last stage
+        per_stage[-1] += emb
+    per_stage[-1] += arch.hidden_size  # final norm
+    return per_stage
+
+
+def _act_bytes_per_token_layer(arch: ModelArch, tp: int, sp: bool, dtype_bytes: int) -> tuple:
+    """(hidden-size part, tensor-parallel part) of one layer's stored activations per token."""
+    h, f = arch.hidden_size, arch.ffn_hidden_size
+    q = arch.num_attention_heads * arch.head_dim
+    kv = arch.num_query_groups * arch.head_dim
+    hidden = 4 * h * dtype_bytes  # two norm inputs, QKV input, MLP input
+    tpp = (3 * q + 2 * kv + 3 * f) * dtype_bytes  # Q/K/V, attn out + o_proj in, gate/up, act
+    return hidden / (tp if sp else 1), tpp / tp
+
+
+def estimate_memory(cfg: DAPOConfig, arch: ModelArch, capacity_gb: float = 80.0) -> MemoryEstimate:
+    p, o, r = cfg.parallel, cfg.optim, cfg.rollout
+    tp, pp, cp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size
+    dp = data_parallel_size(cfg)
+    wbytes = 2 if cfg.model.bf16 else 4
+    params = max(stage_params(arch, tp, pp, cfg.model.make_vocab_size_divisible_by))
+    weights = params * wbytes
+    grads = params * 4
+    opt_per_param = 8 + (4 if cfg.model.bf16 else 0)
+    optimizer = params * opt_per_param / (dp if p.use_distributed_optimizer else 1)
+
+    tokens = o.max_tokens_per_gpu
+    if tokens is None:
+        tokens = o.micro_batch_size * (cfg.data.max_prompt_length + cfg.algo.max_response_length)
+    tokens_cp = math.ceil(tokens / cp)
+    hid, tpp = _act_bytes_per_token_layer(arch, tp, p.sequence_parallel, wbytes)
+    layers_in_flight = arch.num_layers // pp * pp  # first stage: its layers x PP micro-batches (1F1B)
+    full = tokens_cp * layers_in_flight * (hid + tpp)
+    layer_input = arch.hidden_size * wbytes / (tp if p.sequence_parallel else 1)
+    recomputed = tokens_cp * (layers_in_flight * layer_input + 2 * (hid + tpp))
+    v = padded_vocab_size(arch.vocab_size, cfg.model.make_vocab_size_divisible_by, tp)
+    logits = tokens_cp * (v // tp) * 10
+    recompute = cfg.model.recompute_granularity == "full"
+    if cfg.model.recompute_granularity == "selective":
+        recompute = False  # flash attention: selective recompute saves little; count as none
+
+    rtp = r.num_gpus_per_engine
+    engine_weights = arch.num_parameters * 2 / rtp
+    kv_heads_per_gpu = max(1, arch.num_query_groups // rtp)
+    kv_per_token = arch.num_layers * 2 * kv_heads_per_gpu * arch.head_dim * 2
+    return MemoryEstimate(
+        params_per_gpu=params,
+        weights=weights,
+        grads=grads,
+        optimizer=optimizer,
+        activations_no_recompute=full,
+        activations_full_recompute=recomputed,
+        logits=logits,
+        recompute=recompute,
+        tokens_per_gpu=tokens,
+        engine_weights=engine_weights,
+        engine_pool=r.mem_fraction_static * capacity_gb * GB,
+        kv_bytes_per_token=kv_per_token,
+        capacity=capacity_gb * GB,
+    )
+
+
+# ----------------------------------------------------------------------------- LR schedule
+
+
+@dataclasses.dataclass(frozen=True)
+class LRSchedule:
+    lr: float
+    optimizer_steps_per_rollout_step: int
+    warmup_optimizer_steps: int
+    warmup_rollout_steps: float
+    total_rollout_steps: int
+    total_optimizer_steps: int
+
+
+def lr_schedule(cfg: DAPOConfig) -> LRSchedule:
+    o, r = cfg.optim, cfg.rollout
+    per = (r.rollout_batch_size * r.n_samples_per_prompt) // o.global_batch_size
+    warm = lr_warmup_optimizer_steps(cfg)
+    return LRSchedule(
+        lr=o.lr,
+        optimizer_steps_per_rollout_step=per,
+        warmup_optimizer_steps=warm,
+        warmup_rollout_steps=warm / per if per else float("nan"),
+        total_rollout_steps=cfg.run.num_rollout_steps,
+        total_optimizer_steps=cfg.run.num_rollout_steps * per,
+    )
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def _gb(x: float) -> str:
+    return f"{x / GB:.1f} GB"
+
+
+def _target_is_gpu(cfg: DAPOConfig) -> bool:
+    p = cfg.parallel
+    return bool(cfg.model.bf16 or cfg.rollout.engine == "sglang" or p.context_parallel_size > 1 or p.sequence_parallel)
+
+
+def plan_warnings(cfg: DAPOConfig, arch: ModelArch, on_gpu: bool) -> List[str]:
+    """Suspicious but valid settings (the report prints them; nothing is refused here)."""
+    w: List[str] = []
+    p, o, r, a, d = cfg.parallel, cfg.optim, cfg.rollout, cfg.algo, cfg.data
+    tp, pp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size
+    dp = data_parallel_size(cfg)
+    e = r.num_gpus_per_engine
+    seq = d.max_prompt_length + a.max_response_length
+    if tp > p.gpus_per_node:
+        w.append(f"--tensor-model-parallel-size {tp} > --actor-num-gpus-per-node {p.gpus_per_node}: TP all-reduces cross nodes")
+    if e > p.gpus_per_node or p.gpus_per_node % e:
+        w.append(
+            f"--rollout-num-gpus-per-engine {e} does not divide --actor-num-gpus-per-node {p.gpus_per_node}: "
+            "an engine spans two nodes (multi-node SGLang is not set up by this launcher)"
+        )
+    if arch.num_attention_heads % e:
+        w.append(f"rollout TP {e} does not divide the {arch.num_attention_heads} attention heads: SGLang refuses it")
+    elif arch.num_query_groups % e and e % arch.num_query_groups:
+        w.append(f"rollout TP {e} and {arch.num_query_groups} KV heads: uneven KV-head split")
+    elif e > arch.num_query_groups:
+        w.append(f"rollout TP {e} > {arch.num_query_groups} KV heads: the KV cache is replicated {e // arch.num_query_groups}x")
+    if dp > 1 and not p.use_distributed_optimizer:
+        w.append(f"DP {dp} without --use-distributed-optimizer: Adam state replicated on every DP rank")
+    if on_gpu and not cfg.model.bf16:
+        w.append("GPU run without --bf16: fp32 weights double the memory and halve the throughput")
+    if on_gpu and tp > 1 and not p.sequence_parallel:
+        w.append("TP > 1 without --sequence-parallel: norm/residual activations are replicated on every TP rank")
+    if o.max_tokens_per_gpu is None:
+        w.append("--max-tokens-per-gpu not set: micro-batches are --micro-batch-size responses, unbalanced in tokens")
+    elif o.max_tokens_per_gpu < seq:
+        w.append(
+            f"--max-tokens-per-gpu {o.max_tokens_per_gpu} < --max-prompt-length {d.max_prompt_length} + "
+            f"--max-response-length {a.max_response_length} = {seq}: a longest sample does not fit one micro-batch"
+        )
+    osb = r.over_sampling_batch_size or r.rollout_batch_size
+    if a.dynamic_sampling:
+        if osb < r.rollout_batch_size:
+            w.append(
+                f"--over-sampling-batch-size {osb} < --rollout-batch-size {r.rollout_batch_size}: "
+                "at least two generation rounds per step even if every group were mixed"
+            )
+        if r.max_num_gen_batches and osb * r.max_num_gen_batches < r.rollout_batch_size:
+            w.append(
+                f"--max-num-gen-batches {r.max_num_gen_batches} x --over-sampling-batch-size {osb} < "
+                f"--rollout-batch-size {r.rollout_batch_size}: a step can never fill its batch"
+            )
+    elif r.over_sampling_batch_size and r.over_sampling_batch_size != r.rollout_batch_size:
+        w.append("--over-sampling-batch-size has no effect without --dynamic-sampling")
+    if r.mem_fraction_static > 0.9:
+        w.append(f"--sglang-mem-fraction-static {r.mem_fraction_static} leaves little room for activations and CUDA graphs")
+    if on_gpu and r.engine == "hf":
+        w.append("--rollout-engine hf on GPU: HF generate is far slower than SGLang for long responses")
+    if o.lr > 1e-5 and arch.num_parameters > 5e9:
+        w.append(f"--lr {o.lr} is high for a {arch.num_parameters / 1e9:.0f}B model (DAPO: 1e-6)")
+    sched = lr_schedule(cfg)
+    if sched.warmup_optimizer_steps > sched.total_optimizer_steps:
+        w.append(
+            f"LR warm-up ({sched.warmup_optimizer_steps} optimizer steps) is longer than the run "
+            f"({sched.total_optimizer_steps} optimizer steps): the peak --lr is never reached"
+        )
+    if (
+        o.lr_warmup_rollout_steps is None
+        and o.lr_warmup_iters
+        and sched.optimizer_steps_per_rollout_step
+        and o.lr_warmup_iters % sched.optimizer_steps_per_rollout_step
+    ):
+        w.append(
+            f"--lr-warmup-iters {o.lr_warmup_iters} is not a whole number of rollout steps "
+            f"({sched.optimizer_steps_per_rollout_step} optimizer steps each)"
+        )
+    if cfg.data.prompt_data is None:
+        w.append("--prompt-data not given: a real run needs it")
+    return w
+
+
+def dry_run_report(
+    cfg: DAPOConfig,
+    arch: ModelArch,
+    hf_config_source: str = "",
+    on_gpu: Optional[bool] = None,
+) -> str:
+    """Validate ``cfg`` against ``arch`` and describe the run without starting anything.
+
+    ``on_gpu``: the target hardware; by default a GPU cluster when the config asks for GPU
+    features (``--bf16``, ``--rollout-engine sglang``, ``--sequence-parallel``, CP > 1),
+    else CPU. Raises ``ConfigError`` on an invalid configuration.
+    """
+    if on_gpu is None:
+        on_gpu = _target_is_gpu(cfg)
+    warnings = list(validate(cfg, arch, on_gpu=on_gpu))
+    plan = placement_plan(cfg)
+    p, o, r, a, d = cfg.parallel, cfg.optim, cfg.rollout, cfg.algo, cfg.data
+    out: List[str] = []
+    add = out.append
+    add("=== megatron-dapo dry run: configuration valid, nothing started ===")
+    add(
+        f"model: {arch.model_type} {arch.num_parameters / 1e9:.2f}B params, {arch.num_layers} layers, hidden "
+        f"{arch.hidden_size}, FFN {arch.ffn_hidden_size}, {arch.num_attention_heads} heads / "
+        f"{arch.num_query_groups} KV heads x {arch.head_dim}, vocab {arch.vocab_size}, "
+        f"{'tied' if arch.tie_word_embeddings else 'untied'} embeddings"
+    )
+    if hf_config_source:
+        add(f"model shape from: {hf_config_source}")
+    add(f"target: {'GPU' if on_gpu else 'CPU'} ({'bf16' if cfg.model.bf16 else 'fp32'}), rollout engine {r.engine}")
+
+    add("")
+    add("--- placement (one Ray placement group, one bundle per GPU; trainer and engines colocated) ---")
+    add(
+        f"{plan.nnodes} nodes x {plan.gpus_per_node} GPUs = {plan.world} GPUs; TP {plan.tp} x PP {plan.pp} x "
+        f"CP {plan.cp} x DP {plan.dp}"
+    )
+    shown = plan.nodes if len(plan.nodes) <= 32 else plan.nodes[:4] + plan.nodes[-4:]
+    for i, n in enumerate(shown):
+        if len(plan.nodes) > 32 and i == 4:
+            add(f"  ... {len(plan.nodes) - 8} more nodes ...")
+        add(
+            f"  node {n.node:>3}: ranks {_span(n.ranks)}, PP stage {_span(n.pp_stages)}, DP replica "
+            f"{_span(n.dp_replicas)}, engines {_span(n.engines)}"
+        )
+    add(
+        f"rollout: {plan.num_engines} engines = {plan.world} GPUs / --rollout-num-gpus-per-engine "
+        f"{plan.gpus_per_engine} (engine TP {plan.gpus_per_engine}), colocated with the trainer ranks on the same GPUs"
+    )
+    shown_e = plan.engines if len(plan.engines) <= 32 else plan.engines[:4] + plan.engines[-4:]
+    for i, en in enumerate(shown_e):
+        if len(plan.engines) > 32 and i == 4:
+            add(f"  ... {len(plan.engines) - 8} more engines ...")
+        add(f"  engine {en.index:>3}: GPUs {_span(en.gpus)} (node {_span(en.nodes)})")
+
+    add("")
+    add("--- per-GPU memory estimate (GB = 1e9 bytes; rough) ---")
+    mems = {name: estimate_memory(cfg, arch, cap) for name, cap in GPU_CAPACITY_GB.items()}
+    m = next(iter(mems.values()))
+    wb = "bf16" if cfg.model.bf16 else "fp32"
+    add(
+        f"trainer: {m.params_per_gpu / 1e9:.3f}B params per GPU (busiest PP stage; total "
+        f"{arch.num_parameters / 1e9:.2f}B / (TP {plan.tp} x PP {plan.pp}))"
+    )
+    add(f"  weights {wb:<17}{_gb(m.weights):>10}")
+    add(f"  grads fp32               {_gb(m.grads):>10}")
+    add(
+        f"  Adam m+v{' + fp32 main' if cfg.model.bf16 else ''}     {_gb(m.optimizer):>10}"
+        f"  ({'sharded over DP ' + str(plan.dp) if p.use_distributed_optimizer else 'not sharded (no --use-distributed-optimizer)'})"
+    )
+    add(f"  = static                 {_gb(m.static):>10}")
+    add(
+        f"  activations for {m.tokens_per_gpu} tokens/GPU (--max-tokens-per-gpu"
+        f"{', / CP ' + str(plan.cp) if plan.cp > 1 else ''}; first stage, PP {plan.pp} micro-batches in flight):"
+    )
+    mark = lambda on: "  <- configured" if on else ""  # noqa: E731
+    add(f"    no recompute           {_gb(m.activations_no_recompute):>10}{mark(not m.recompute)}")
+    add(f"    full recompute         {_gb(m.activations_full_recompute):>10}{mark(m.recompute)}")
+    add(f"  logits (vocab / TP)      {_gb(m.logits):>10}")
+    add(f"  + reserve                {_gb(RESERVE_GB * GB):>10}")
+    add(f"  = training peak          {_gb(m.train_peak):>10}")
+    add(
+        f"rollout engine (TP {r.num_gpus_per_engine}): weights bf16 {_gb(m.engine_weights)} per GPU; KV cache "
+        f"{arch.num_layers} layers x 2 x {max(1, arch.num_query_groups // r.num_gpus_per_engine)} KV heads/GPU x "
+        f"{arch.head_dim} x 2 bytes = {m.kv_bytes_per_token / 1024:.0f} KiB per token per GPU"
+    )
+    osb = r.over_sampling_batch_size or r.rollout_batch_size
+    seqs_round = osb * r.n_samples_per_prompt
+    per_engine = math.ceil(seqs_round / plan.num_engines)
+    seq = d.max_prompt_length + a.max_response_length
+    add(
+        f"  one generation round: {osb} prompts x {r.n_samples_per_prompt} = {seqs_round} sequences, "
+        f"{per_engine} per engine, up to {seq} tokens each ({_gb(per_engine * seq * m.kv_bytes_per_token)} "
+        "of KV per GPU if all ran at once)"
+    )
+    for name, mm in mems.items():
+        full = mm.kv_tokens // seq if seq else 0
+        add(
+            f"  {name}: --sglang-mem-fraction-static {r.mem_fraction_static} x {mm.capacity / GB:.0f} = "
+            f"{_gb(mm.engine_pool)} - weights = {_gb(mm.kv_cache)} KV = {mm.kv_tokens:,} tokens per engine = "
+            f"{full} full-length sequences at once ({min(1.0, full / per_engine if per_engine else 1):.0%} of the "
+            "round; the rest queue)"
+        )
+    add("colocated (trainer offloaded during generation, engine released during training):")
+    for name, mm in mems.items():
+        peak = max(mm.train_peak, mm.rollout_peak)
+        ok = peak <= mm.capacity
+        add(
+            f"  {name}: training {_gb(mm.train_peak)}, generation {_gb(mm.rollout_peak)} -> peak {_gb(peak)} "
+            f"of {mm.capacity / GB:.0f} GB: {'fits' if ok else 'DOES NOT FIT'}"
+        )
+    if on_gpu:
+        h100 = mems["H100 80GB"]
+        if h100.train_peak > h100.capacity:
+            if not h100.recompute and h100.train_peak - h100.activations_no_recompute + h100.activations_full_recompute <= h100.capacity:
+                warnings.append("training does not fit an 80 GB GPU without recompute; --recompute-granularity full would fit")
+            else:
+                warnings.append("training does not fit an 80 GB GPU: raise TP/PP, shard the optimizer or lower --max-tokens-per-gpu")
+        if h100.engine_weights > h100.engine_pool:
+            warnings.append(
+                f"engine weights {_gb(h100.engine_weights)} exceed --sglang-mem-fraction-static x 80 GB: raise "
+                "--rollout-num-gpus-per-engine"
+            )
+        elif h100.kv_tokens < seq:
+            warnings.append(f"an engine's KV cache ({h100.kv_tokens} tokens) cannot hold one {seq}-token sequence on 80 GB")
+
+    add("")
+    s = lr_schedule(cfg)
+    add("--- LR schedule ---")
+    add(
+        f"AdamW lr {s.lr:g}, constant after linear warm-up; weight decay {o.weight_decay}, clip-grad {o.clip_grad}"
+    )
+    add(
+        f"optimizer steps per rollout step = --rollout-batch-size {r.rollout_batch_size} x --n-samples-per-prompt "
+        f"{r.n_samples_per_prompt} / --global-batch-size {o.global_batch_size} = {s.optimizer_steps_per_rollout_step}"
+    )
+    add(
+        f"warm-up: {s.warmup_rollout_steps:g} rollout steps = {s.warmup_optimizer_steps} optimizer steps"
+        f" (given as {'--lr-warmup-rollout-steps' if o.lr_warmup_rollout_steps is not None else '--lr-warmup-iters'})"
+    )
+    add(f"run: {s.total_rollout_steps} rollout steps = {s.total_optimizer_steps} optimizer steps")
+    add(
+        f"DAPO: eps {a.eps_clip_low}/{a.eps_clip_high}, dual-clip c {a.clip_ratio_c}, loss {a.loss_agg_mode}, "
+        f"dynamic sampling {a.dynamic_sampling} ({osb} prompts per round, at most "
+        f"{r.max_num_gen_batches or 'unbounded'} rounds), max response {a.max_response_length} "
+        f"(overlong buffer {a.overlong_buffer_length}), max prompt {d.max_prompt_length} ({d.prompt_overflow})"
+    )
+
+    warnings += plan_warnings(cfg, arch, on_gpu)
+    add("")
+    if warnings:
+        add(f"--- warnings ({len(warnings)}) ---")
+        out.extend(f"WARNING: {x}" for x in warnings)
+    else:
+        add("--- warnings: none ---")
+    return "\n".join(out)
