@@ -340,11 +340,13 @@ def values_equal(a, b) -> bool:
 
 
 def _collection_equal(a, b) -> bool:
-    # One-element collections stand for their element.
-    if isinstance(a, Seq) and a.kind in ("list", "set") and len(a.items) == 1 and not isinstance(b, Seq):
-        return values_equal(a.items[0], b)
-    if isinstance(b, Seq) and b.kind in ("list", "set") and len(b.items) == 1 and not isinstance(a, Seq):
-        return values_equal(a, b.items[0])
+    # One-element collections (after removing duplicates) stand for their element.
+    if isinstance(a, Seq) and a.kind in ("list", "set") and not isinstance(b, Seq):
+        items = _dedupe(_flatten(a.items))
+        return len(items) == 1 and values_equal(items[0], b)
+    if isinstance(b, Seq) and b.kind in ("list", "set") and not isinstance(a, Seq):
+        items = _dedupe(_flatten(b.items))
+        return len(items) == 1 and values_equal(a, items[0])
     if isinstance(a, Seq) and isinstance(b, Seq):
         if a.kind == "ratio" or b.kind == "ratio":
             return a.kind == b.kind and _ordered_equal(a.items, b.items)

@@ -127,9 +127,13 @@ def normalize_plain_number(num: str) -> str:
     return num.replace(",", ".")
 
 
-def _answer_phrase(text: str, after: int = 0) -> str | None:
+def _answer_phrase(text: str, after: int = 0, final_only: bool = False) -> str | None:
     """Text after the last "final answer is" / "answer:" phrase (starting at or after `after`)."""
     matches = [m for m in _ANSWER_PHRASE.finditer(text) if m.start() >= after]
+    if final_only:
+        matches = [m for m in matches if m.group().lower().startswith("final")]
+    # "... so our answer is correct." states no answer: skip phrases without math or digits.
+    matches = [m for m in matches if re.match(r"\s*(?:[\\$\d(\[{-]|\(?[A-E]\b|[^\n.]{0,80}?[\d$\\])", text[m.end() :])]
     if not matches:
         return None
     rest = text[matches[-1].end() :]
@@ -192,7 +196,7 @@ def extract_final_answer(text: str) -> tuple[list[str], str]:
     boxed = find_boxed_spans(text)
     if boxed is not None:
         # A "final answer is" stated after the last box wins (the box was an intermediate step).
-        later = _answer_phrase(text, after=boxed[1])
+        later = _answer_phrase(text, after=boxed[1], final_only=True)
         if later is None:
             return boxed[0], "boxed"
     phrase = _answer_phrase(text)

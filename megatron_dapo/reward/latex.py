@@ -314,7 +314,16 @@ class _Parser:
     in_abs = False
 
     def parse_term(self):
+        mixed = self.peek()[0] == "num" and "." not in self.peek()[1] and self.peek(1)[1] == "\\frac"
         value = self.parse_unary()
+        if mixed and self.at("\\frac") and value.is_Integer:
+            # Mixed number 15\frac{39}{40} = 15 + 39/40 (only with integer numerator/denominator).
+            save = self.i
+            frac = self.parse_power()
+            if frac.is_Rational and not frac.is_Integer and 0 < frac < 1:
+                value = value + frac
+            else:
+                self.i = save
         while True:
             if self.at("*") or (self.peek()[0] == "cmd" and self.peek()[1][1:] in _MUL_CMDS):
                 self.next()

@@ -117,6 +117,21 @@ def math_equivalent(gold: str, pred: str) -> bool:
     letter = mcq_gold_letter(gold)
     if letter is not None:
         return mcq_pred_letter(pred) == letter
+    for g in _comma_readings(gold):
+        for p in _comma_readings(pred):
+            if _equivalent_once(g, p):
+                return True
+    return False
+
+
+def _comma_readings(text: str) -> list[str]:
+    """Plain "1,22" is a decimal comma or the list 1, 22: try both readings."""
+    if re.fullmatch(r"\s*[-+]?\d+,\d+\s*", text) and not re.fullmatch(r"\s*[-+]?[1-9]\d{0,2},\d{3}\s*", text):
+        return [text, f"${text.strip()}$"]
+    return [text]
+
+
+def _equivalent_once(gold: str, pred: str) -> bool:
     try:
         g_value, _ = answer_value(gold)
         p_value, _ = answer_value(pred)

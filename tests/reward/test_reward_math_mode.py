@@ -124,3 +124,30 @@ def test_multiple_choice():
     assert is_equivalent("C", "thinking about it I think the correct answer is C")
     assert is_equivalent("(D) Alina", "D")
     assert not is_equivalent("(A) Cecile", "C")
+
+
+def _math500():
+    return [json.loads(line) for line in (DATA / "eval" / "math500.jsonl").open()]
+
+
+def test_held_out_math500_gold_vs_boxed_solution():
+    """A second data set beside the tuning cases: each MATH-500 gold answer is equivalent to
+    the worked solution that boxes it, and unrelated golds are not. (Three of its misses -
+    mixed numbers, "-2,1" lists, "our answer is correct" phrases - led to rule fixes, so it
+    is only partly held out.)"""
+    rows = _math500()
+    missed = [(r["answer"], r["solution"][-80:]) for r in rows if not is_equivalent(r["answer"], r["solution"])]
+    assert len(missed) <= 5, missed
+    accepted = [
+        (a["answer"], b["answer"])
+        for a, b in zip(rows[:250], rows[250:])
+        if a["answer"].strip() != b["answer"].strip() and is_equivalent(a["answer"], b["answer"])
+    ]
+    assert len(accepted) <= 1, accepted
+
+
+def test_mixed_numbers_and_comma_readings():
+    assert is_equivalent("\\frac{639}{40}", "15\\frac{39}{40}")
+    assert is_equivalent("-2,1", "$\\boxed{-2,1}$")  # a list ...
+    assert is_equivalent("1,22", "1.22")  # ... or a decimal comma in plain text
+    assert not is_equivalent("1,22", "1.23")
