@@ -418,9 +418,10 @@ def dry_run_report(
     add(f"target: {'GPU' if on_gpu else 'CPU'} ({'bf16' if cfg.model.bf16 else 'fp32'}), rollout engine {r.engine}")
 
     add("")
-    add("--- placement (one Ray placement group, one bundle per GPU; trainer and engines colocated) ---")
+    unit = "GPUs" if on_gpu else "CPU workers"
+    add(f"--- placement (one Ray placement group, one bundle per {unit[:-1]}; trainer and engines colocated) ---")
     add(
-        f"{plan.nnodes} nodes x {plan.gpus_per_node} GPUs = {plan.world} GPUs; TP {plan.tp} x PP {plan.pp} x "
+        f"{plan.nnodes} nodes x {plan.gpus_per_node} {unit} = {plan.world} {unit}; TP {plan.tp} x PP {plan.pp} x "
         f"CP {plan.cp} x DP {plan.dp}"
     )
     shown = plan.nodes if len(plan.nodes) <= 32 else plan.nodes[:4] + plan.nodes[-4:]

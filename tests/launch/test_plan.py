@@ -1,0 +1,153 @@
+"""The --dry-run report: placement plan, per-GPU memory estimate, LR schedule, warnings (pure, CPU)."""
+
+from pathlib import Path
+
+import pytest
+
+from megatron_dapo.config import ConfigError, parse_args
+from megatron_dapo.launch.plan import (
+    GB,
+    dry_run_report,
+    estimate_memory,
+    lr_schedule,
+    placement_plan,
+    rank_coord,
+    stage_params,
+)
+from megatron_dapo.models.hf_config import parse_hf_config
+
+ROOT = Path(__file__).resolve().parents[2]
+QWEN32B = ROOT / "examples" / "qwen2.5-32b"
+
+# 16 nodes x 8 GPUs, the paper's batch shape
+CLUSTER = [
+    "--actor-num-nodes", "16", "--actor-num-gpus-per-node", "8", "--bf16", "--rollout-engine", "sglang",
+    "--use-distributed-optimizer", "--max-tokens-per-gpu", "22528", "--rollout-batch-size", "512",
+    "--n-samples-per-prompt", "16", "--global-batch-size", "512", "--over-sampling-batch-size", "1536",
+    "--lr-warmup-rollout-steps", "10",
+]
+
+
+@pytest.fixture(scope="module")
+def arch():
+    return parse_hf_config(QWEN32B)
+
+
+def _cfg(*extra):
+    cfg, _ = parse_args(CLUSTER + list(extra))
+    return cfg
+
+
+def test_qwen32b_parameter_count(arch):
+    assert arch.num_parameters == 32_763_876_352
+    assert sum(stage_params(arch, 1, 1)) == arch.num_parameters
+
+
+def test_weights_per_gpu_tp8_pp2_is_a_sixteenth(arch):
+    cfg = _cfg("--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "2")
+    m = estimate_memory(cfg, arch)
+    assert m.weights == pytest.approx(65.5e9 / 16, rel=0.01)  # bf16 weights / (TP x PP)
+    assert m.grads == pytest.approx(2 * m.weights)  # fp32 grads
+    # Adam m + v + fp32 main params = 12 bytes/param, sharded over DP 8
+    assert m.optimizer == pytest.approx(12 * m.params_per_gpu / 8)
+    assert 14 * GB < m.static < 17 * GB
+    # activations: recompute is a large saving, both within sane bounds
+    assert 5 * GB < m.activations_full_recompute < 30 * GB
+    assert 50 * GB < m.activations_no_recompute < 200 * GB
+    assert m.activations_full_recompute < m.activations_no_recompute / 3
+    assert 1 * GB < m.logits < 10 * GB
+
+
+def test_distributed_optimizer_and_sequence_parallel_shrink_memory(arch):
+    base = estimate_memory(_cfg("--tensor-model-parallel-size", "8", "--use-distributed-optimizer", "false"), arch)
+    dist = estimate_memory(_cfg("--tensor-model-parallel-size", "8"), arch)
+    assert base.optimizer == pytest.approx(dist.optimizer * 16)  # DP 16
+    sp = estimate_memory(_cfg("--tensor-model-parallel-size", "8", "--sequence-parallel"), arch)
+    assert sp.activations_no_recompute < dist.activations_no_recompute
+    fp32 = estimate_memory(_cfg("--tensor-model-parallel-size", "8", "--bf16", "false"), arch)
+    assert fp32.weights == 2 * dist.weights and fp32.optimizer < dist.optimizer  # no fp32 main copy
+
+
+def test_engine_kv_cache(arch):
+    m = estimate_memory(_cfg("--tensor-model-parallel-size", "8", "--rollout-num-gpus-per-engine", "8"), arch, 80)
+    # 64 layers x 2 (K, V) x 1 KV head per GPU x 128 x 2 bytes
+    assert m.kv_bytes_per_token == 64 * 2 * 1 * 128 * 2
+    assert m.engine_weights == pytest.approx(65.5e9 / 8, rel=0.01)
+    assert m.kv_cache == pytest.approx(0.7 * 80e9 - m.engine_weights)
+    assert m.kv_tokens == int(m.kv_cache // m.kv_bytes_per_token)
+    m4 = estimate_memory(_cfg("--tensor-model-parallel-size", "8", "--rollout-num-gpus-per-engine", "4"), arch, 141)
+    assert m4.kv_bytes_per_token == 2 * m.kv_bytes_per_token and m4.engine_pool == pytest.approx(0.7 * 141e9)
+
+
+def test_rank_layout_megatron_order():
+    # TP fastest, then CP, DP, PP
+    assert rank_coord(0, 8, 1, 8, 2) == rank_coord(0, 8, 1, 8, 2)
+    c = rank_coord(77, 8, 1, 8, 2)
+    assert (c.tp, c.cp, c.dp, c.pp) == (5, 0, 1, 1)
+    c = rank_coord(13, 2, 2, 2, 2)
+    assert (c.tp, c.cp, c.dp, c.pp) == (1, 0, 1, 1)
+
+
+def test_placement_plan_nodes_and_engines():
+    plan = placement_plan(_cfg("--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "2",
+                               "--rollout-num-gpus-per-engine", "4"))
+    assert (plan.world, plan.dp, plan.num_engines) == (128, 8, 32)
+    assert plan.nodes[0].ranks == range(0, 8) and plan.nodes[0].pp_stages == (0,)
+    assert plan.nodes[15].pp_stages == (1,) and plan.nodes[15].dp_replicas == (7,)
+    assert plan.engines[3].gpus == range(12, 16) and plan.engines[3].nodes == (1,)
+    assert plan.nodes[1].engines == (2, 3)
+
+
+def test_lr_schedule_both_units():
+    s = lr_schedule(_cfg())
+    assert s.optimizer_steps_per_rollout_step == 16
+    assert (s.warmup_rollout_steps, s.warmup_optimizer_steps) == (10, 160)
+    s = lr_schedule(_cfg("--lr-warmup-rollout-steps", "none", "--lr-warmup-iters", "40", "--num-rollout", "2"))
+    assert (s.warmup_rollout_steps, s.warmup_optimizer_steps, s.total_optimizer_steps) == (2.5, 40, 32)
+
+
+def test_report_contents(arch):
+    cfg = _cfg("--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "2",
+               "--rollout-num-gpus-per-engine", "8", "--recompute-granularity", "full",
+               "--recompute-method", "uniform", "--recompute-num-layers", "1", "--sequence-parallel")
+    text = dry_run_report(cfg, arch, "examples/qwen2.5-32b/config.json")
+    assert isinstance(text, str)
+    for needle in (
+        "16 nodes x 8 GPUs = 128 GPUs", "TP 8 x PP 2 x CP 1 x DP 8", "node   0: ranks 0-7, PP stage 0",
+        "node  15: ranks 120-127, PP stage 1", "16 engines", "engine  15: GPUs 120-127 (node 15)",
+        "weights bf16", "4.1 GB", "grads fp32", "full recompute", "<- configured", "KV cache",
+        "32 KiB per token", "H100 80GB", "H200 141GB", "10 rollout steps = 160 optimizer steps",
+        "= 16", "examples/qwen2.5-32b/config.json", "fits",
+    ):
+        assert needle in text, f"{needle!r} missing from:\n{text}"
+    assert "DOES NOT FIT" not in text
+
+
+def test_report_warns_on_suspicious_settings(arch):
+    cfg = _cfg("--tensor-model-parallel-size", "8", "--use-distributed-optimizer", "false",
+               "--rollout-num-gpus-per-engine", "16", "--max-tokens-per-gpu", "8192",
+               "--lr-warmup-rollout-steps", "200", "--num-rollout", "50")
+    text = dry_run_report(cfg, arch)
+    assert "DOES NOT FIT" in text
+    for needle in ("without --use-distributed-optimizer", "spans two nodes", "a longest sample does not fit",
+                   "longer than the run", "does not fit an 80 GB GPU", "without --sequence-parallel"):
+        assert needle in text, f"{needle!r} missing from:\n{text}"
+
+
+def test_report_validates_first(arch):
+    with pytest.raises(ConfigError, match="--tensor-model-parallel-size 16"):
+        dry_run_report(_cfg("--tensor-model-parallel-size", "16"), arch)  # 40 heads / 16
+    with pytest.raises(ConfigError, match="global-batch-size"):
+        dry_run_report(_cfg("--global-batch-size", "500"), arch)
+
+
+def test_cpu_target_report():
+    from tests.tiny import tiny_qwen2_config
+
+    arch = parse_hf_config(tiny_qwen2_config())
+    cfg, _ = parse_args(["--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2",
+                         "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--global-batch-size", "8",
+                         "--rollout-engine", "hf", "--max-tokens-per-gpu", "512", "--max-prompt-length", "64",
+                         "--max-response-length", "64", "--overlong-buffer-length", "16"])
+    text = dry_run_report(cfg, arch, "tiny")
+    assert "target: CPU (fp32)" in text and "1 nodes x 2 CPU workers = 2 CPU workers" in text and "optimizer steps per rollout step" in text
