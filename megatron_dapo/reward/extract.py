@@ -160,7 +160,8 @@ def preprocess(text: str) -> str:
     if len(text) > MAX_TEXT_CHARS:
         text = text[-MAX_TEXT_CHARS:]
     text = _DOUBLE_ESCAPED.sub(r"\\", text)
-    text = text.replace("\\n", "\n") if re.search(r"\\n(?![a-zA-Z])|\\n\\n", text) else text
+    # Literal "\n" escapes (double-encoded JSON); "\neq", "\nu", "\not" ... stay commands.
+    text = re.sub(r"\\n(?![a-z])", "\n", text)
     return text
 
 

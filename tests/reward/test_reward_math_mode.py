@@ -151,3 +151,23 @@ def test_mixed_numbers_and_comma_readings():
     assert is_equivalent("-2,1", "$\\boxed{-2,1}$")  # a list ...
     assert is_equivalent("1,22", "1.22")  # ... or a decimal comma in plain text
     assert not is_equivalent("1,22", "1.23")
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_PIECES = list("0123456789{}()[]^_\\$!+-*/=,.:;|<> xyzabcefpqrt%&\n") + [
+    "\\frac", "\\sqrt", "\\pm", "\\boxed{", "\\text{", "\\left(", "\\right)", "\\infty", "\\pi",
+    "\\cup", "\\le", "\\begin{pmatrix}", "\\end{pmatrix}", "\\\\", "\\sum_", "Answer:", "\\in",
+    "\\approx", "\\{", "\\}", "\\cdot", "\\log_", "\\sin", "f(", "\\mathrm{", "\\dfrac", "9^{9^{9^{9}}}",
+]
+_latexish = st.lists(st.sampled_from(_PIECES), max_size=25).map("".join)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(_latexish.filter(str.strip), _latexish | st.text(max_size=60))
+def test_fuzz_in_process_never_raises(gold, pred):
+    assert isinstance(is_equivalent(gold, pred), bool)
+    for mode in ("math", "dapo"):
+        result = compute_score(pred, gold, mode=mode)
+        assert result.score in (1.0, -1.0) and result.acc is (result.score > 0)
