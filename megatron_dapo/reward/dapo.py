@@ -120,13 +120,11 @@ def dapo_score(response: str, ground_truth: str, eos_text: str | None = None) ->
         raise TypeError(f"response must be a str, got {type(response).__name__}")
     raw = extract_answer_line(strip_eos(response, eos_text))
     pred = minerva_normalize(raw)
-    if raw == INVALID:
-        # The official check still compares "[INVALID]" with the gold answer; it can never
-        # match a real answer, so the item is simply scored -1 with reason "no_answer".
-        ok = pred == minerva_normalize(ground_truth)
-        return RewardResult(1.0 if ok else -1.0, ok, pred, "ok" if ok else "no_answer")
     ok = pred == minerva_normalize(ground_truth)
-    return RewardResult(1.0 if ok else -1.0, ok, pred, "ok" if ok else "wrong")
+    # The official check compares "[INVALID]" with the gold like any prediction; it never
+    # matches a real answer, and such an item is reported as "no_answer", not "wrong".
+    reason = "ok" if ok else ("no_answer" if raw == INVALID else "wrong")
+    return RewardResult(1.0 if ok else -1.0, ok, pred, reason)
 
 
 def dapo_equivalent(gold: str, pred: str) -> bool:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from .dapo import minerva_normalize
 from .equiv import Labeled, values_equal
 from .extract import clean_answer, extract_final_answer, split_label, split_top
 from .guards import TooComplex
@@ -78,7 +77,7 @@ def _string_key(text: str) -> str:
 
 def answer_value(text: str):
     """Parse a gold or predicted text into one comparable value (None: no answer found)."""
-    parts, source = extract_final_answer(text)
+    parts, _source = extract_final_answer(text)
     items = []
     for part in parts:
         cleaned = clean_answer(part)
@@ -174,4 +173,4 @@ def math_score(response: str, ground_truth: str) -> RewardResult:
     return RewardResult(1.0 if ok else -1.0, ok, answer[:200], "ok" if ok else "wrong")
 
 
-__all__ = ["math_equivalent", "math_score", "extract_response_answer", "answer_value", "minerva_normalize"]
+__all__ = ["answer_value", "extract_response_answer", "math_equivalent", "math_score"]
