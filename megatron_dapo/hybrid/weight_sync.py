@@ -25,20 +25,25 @@ and byte offsets of what each slot holds after conversion (computed with
 
 One bucket, step by step (owner stage, per tensor of the bucket)
 -----------------------------------------------------------------
-1. ``all_gather_into_tensor`` of the local shard (as raw bytes) straight into the tensor's
-   slot of one flat bucket buffer (replicated tensors are copied, no collective). The
-   all-gathers of a bucket are issued asynchronously and waited together. For a tensor
-   split along dim 0 the slot then *is* the full megatron tensor (rank order); for the
-   others ``mapping.unshard_tp`` builds the full tensor from the slot's shard views.
+1. TP all-gather (``all_gather_into_tensor`` on raw bytes) so that the tensor's slot of
+   the flat bucket buffer holds the FULL megatron tensor, i.e. ``mapping.unshard_tp`` of
+   the shards: dim-0 splits and the gate/up halves of ``linear_fc1`` land there directly
+   (no copy); row-parallel (dim-1) weights go through the scratch tensor and one
+   concatenation; replicated tensors are copied. Dim-0 gathers are asynchronous and waited
+   per bucket.
 2. ``mapping.megatron_to_hf`` converts it (QKV split, gate/up split, vocab padding dropped);
-   the HF tensors are written back into the tensor's own slot and handed out as views of it.
+   the HF tensors are written back into the tensor's own slot (most are already views of
+   it: only the QKV split copies) and handed out as views of it.
 3. The whole bucket buffer (HF layout) is broadcast from the owning stage over the PP group
    (only when that group holds a feeder that is not the owner).
 4. Feeders call ``engine.update_weights(bucket)`` (list of ``(hf_name, view)``); after the
    last bucket, ``engine.finish_weight_update()``.
 
 Extra peak memory per rank: one bucket buffer plus one temporary of the largest tensor (the
-full tensor of ``unshard_tp``, or the q/k/v copies of the QKV split). Buffers live on the
+scratch of a row-parallel gather, or the q/k/v copies of the QKV split). The bucket buffer
+and the scratch are allocated once per sync and reused by every bucket, so a bucket's
+tensors are valid only until the next bucket is requested: an engine's ``update_weights``
+must have copied (or loaded) them when it returns (HFEngine copies; SGLangEngine flattens). Buffers live on the
 parameters' device: gloo on CPU, NCCL on GPU, the same code. Collectives move raw bytes
 (``uint8`` views), so any parameter dtype is exact. Tied embeddings: the last stage's copy
 of the output layer is skipped (the engine ties ``lm_head`` itself).
@@ -170,6 +175,7 @@ class WeightSync:
         self.device = next(iter(self._local_params()))[1].device if self._has_params() else torch.device("cpu")
         self._plan: Optional[List[_Bucket]] = None
         self._local: Optional[List[torch.Tensor]] = None
+        self._scratch: Optional[torch.Tensor] = None
 
     # ------------------------------------------------------------------ plan ----
     def _has_params(self) -> bool:
@@ -237,18 +243,55 @@ class WeightSync:
         return [h[0] for b in self.plan for t in b.tensors for h in t.hf]
 
     # ----------------------------------------------------------------- buckets ----
-    def _gather_bucket(self, b: _Bucket, buf: torch.Tensor) -> None:
-        """Owner stage: fill ``buf`` with the bucket's full megatron tensors (TP all-gather)."""
+    def _scratch_for(self, nbytes: int) -> torch.Tensor:
+        """A reusable temporary of at least ``nbytes`` (the "largest tensor" of the bound)."""
+        if self._scratch is None or self._scratch.numel() < nbytes:
+            self._scratch = None
+            self._scratch = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return self._scratch[:nbytes]
+
+    def _gather_bucket(self, b: _Bucket, buf: torch.Tensor, unshard: bool = True) -> None:
+        """Owner stage: fill ``buf`` with the bucket's FULL megatron tensors (TP all-gather).
+
+        The result in each slot is ``mapping.unshard_tp`` of the TP shards, produced by the
+        collectives themselves where the layout allows (no copy):
+
+        * split along dim 0: ``all_gather_into_tensor`` concatenates in rank order;
+        * gated ``linear_fc1`` (each rank holds ``[gate_r; up_r]``): the gate halves and the
+          up halves are all-gathered separately into the two halves of the slot;
+        * split along dim 1 (row-parallel weights): gathered into the scratch tensor, then
+          concatenated along dim 1 into the slot (one copy);
+        * replicated: the local copy.
+
+        ``unshard=False`` (benchmark baseline) runs the same collectives, no copies after them.
+        """
         works = []
+        row_parallel = []
         for t in b.tensors:
             p = self._local[t.local_index].detach()
             src = p.contiguous().view(-1).view(torch.uint8)
             n = src.numel()
+            slot = buf[t.offset : t.offset + n * (1 if t.tp_dim is None else self.tp_size)]
             if t.tp_dim is None or self.tp_size == 1:
-                buf[t.offset : t.offset + n].copy_(src)
+                slot.copy_(src)
+            elif t.tp_dim == 0 and mapping.is_gated_fc1(t.gname):
+                half = n // 2
+                for i in range(2):  # gate, then up
+                    out = slot[i * half * self.tp_size : (i + 1) * half * self.tp_size]
+                    works.append(dist.all_gather_into_tensor(out, src[i * half : (i + 1) * half], group=self.tp_group, async_op=True))
+            elif t.tp_dim == 0:
+                works.append(dist.all_gather_into_tensor(slot, src, group=self.tp_group, async_op=True))
             else:
-                out = buf[t.offset : t.offset + n * self.tp_size]
-                works.append(dist.all_gather_into_tensor(out, src, group=self.tp_group, async_op=True))
+                row_parallel.append((t, src, slot))
+        for t, src, slot in row_parallel:  # one scratch at a time: synchronous
+            tmp = self._scratch_for(slot.numel())
+            dist.all_gather_into_tensor(tmp, src, group=self.tp_group)
+            if unshard:
+                shards = list(tmp.view(t.dtype).view(self.tp_size, *t.shard_shape).unbind(0))
+                if t.tp_dim == 1 and len(t.shard_shape) == 2:
+                    torch.cat(shards, dim=1, out=slot.view(t.dtype).view(t.full_shape))  # == unshard_tp
+                else:
+                    slot.view(t.dtype).view(t.full_shape).copy_(mapping.unshard_tp(t.gname, shards))
         for w in works:
             w.wait()
 
@@ -256,16 +299,8 @@ class WeightSync:
         """In place: each slot's full megatron tensor -> its HF tensors (mapping.megatron_to_hf)."""
         for t in b.tensors:
             es = _elem_bytes(t.dtype)
-            n_full = _numel(t.full_shape)
             slot = buf[t.offset : t.offset + t.nbytes]
-            flat = slot[: n_full * es].view(t.dtype)
-            if t.tp_dim is None or self.tp_size == 1 or (t.tp_dim == 0 and not mapping.is_gated_fc1(t.gname)):
-                # all_gather_into_tensor concatenates shards in rank order: along dim 0 that
-                # is exactly mapping.unshard_tp's result, without a copy.
-                full = flat.view(t.full_shape)
-            else:
-                shards = list(flat.view(self.tp_size, *t.shard_shape).unbind(0))
-                full = mapping.unshard_tp(t.gname, shards)  # a temporary (largest tensor)
+            full = slot[: _numel(t.full_shape) * es].view(t.dtype).view(t.full_shape)
             converted = mapping.megatron_to_hf(self.arch, t.gname, full)
             if [(n, tuple(x.shape)) for n, x in converted] != [(n, s) for n, s, _ in t.hf]:
                 raise WeightSyncError(f"{t.gname}: conversion does not match the plan")
@@ -301,20 +336,36 @@ class WeightSync:
         if not self.participates:
             return
         plan = self.plan
-        for b in plan:
-            owner = b.stage == self.stage
-            # Broadcast when this PP group holds a feeder other than the owner stage's rank.
-            src = self.pp_ranks[b.stage]
-            need_bcast = self.pp_size > 1 and any(r != src for r in self.pp_feeders)
-            if not owner and not need_bcast:
-                continue
-            buf = torch.empty(b.nbytes, dtype=torch.uint8, device=self.device)
+        # One bucket buffer and one scratch tensor, reused for every bucket of this sync and
+        # freed at its end: a bucket's tensors are only valid until the next bucket is asked
+        # for (engines copy them in update_weights).
+        todo = [(b, *self._role(b)) for b in plan]
+        todo = [x for x in todo if x[1] or x[2]]
+        if not todo:
+            return
+        big = torch.empty(max(b.nbytes for b, _, _ in todo), dtype=torch.uint8, device=self.device)
+        try:
+            yield from self._iter(todo, big, convert)
+        finally:
+            del big
+            self._scratch = None
+
+    def _role(self, b: _Bucket) -> Tuple[bool, bool]:
+        """(this rank's stage owns the bucket, this rank's PP group broadcasts it)."""
+        owner = b.stage == self.stage
+        # Broadcast when this PP group holds a feeder other than the owner stage's rank.
+        src = self.pp_ranks[b.stage]
+        return owner, self.pp_size > 1 and any(r != src for r in self.pp_feeders)
+
+    def _iter(self, todo, big, convert):
+        for b, owner, need_bcast in todo:
+            buf = big[: b.nbytes]
             if owner:
-                self._gather_bucket(b, buf)
+                self._gather_bucket(b, buf, unshard=convert)
                 if convert and (self.is_feeder or need_bcast):
                     self._convert_bucket(b, buf)
             if need_bcast:
-                dist.broadcast(buf, src=src, group=self.pp_group)
+                dist.broadcast(buf, src=self.pp_ranks[b.stage], group=self.pp_group)
             if self.is_feeder:
                 yield self._hf_views(b, buf)
             del buf
