@@ -1,0 +1,198 @@
+"""Prompt datasets in the verl schema (DAPO-Math-17K, aime-2024.parquet) and a resumable sampler.
+
+A row: ``prompt`` (a list of chat messages ``{"role", "content"}`` or a string),
+``reward_model.ground_truth`` (str), ``data_source`` (str, optional). Parquet (pyarrow) or
+jsonl. Loading:
+
+* renders the prompt with the tokenizer's chat template (``apply_chat_template``) or as raw
+  text (message contents joined by newlines);
+* removes duplicate prompts (the public DAPO-Math-17K repeats each prompt ~100 times);
+* prompts over ``max_prompt_length`` tokens are skipped and counted (``skip``) or
+  left-truncated (``truncate-left``, as the official recipe does);
+* a row without a prompt or ground truth is an error naming the row and field, or is
+  skipped and counted with ``skip_bad_rows``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from typing import Optional
+
+import numpy as np
+
+
+class DataError(ValueError):
+    """A data file or row that cannot be used; names the file, row and field."""
+
+
+@dataclasses.dataclass
+class PromptRecord:
+    index: int  # position in the de-duplicated dataset
+    prompt_ids: list
+    prompt_text: str
+    ground_truth: str
+    data_source: str = ""
+
+
+@dataclasses.dataclass
+class DatasetStats:
+    rows: int = 0
+    duplicates_removed: int = 0
+    skipped_long: int = 0
+    truncated: int = 0
+    bad_rows: int = 0
+
+
+def read_rows(path: str) -> list[dict]:
+    """Rows of a parquet or jsonl file as dicts."""
+    if not os.path.exists(path):
+        raise DataError(f"{path}: file not found")
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    if path.endswith(".jsonl") or path.endswith(".json"):
+        rows = []
+        with open(path) as f:
+            if path.endswith(".json"):
+                data = json.load(f)
+                return list(data)
+            for i, line in enumerate(f):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}: line {i + 1} is not valid JSON ({e})") from e
+        return rows
+    raise DataError(f"{path}: unsupported data format (expected .parquet or .jsonl)")
+
+
+def _messages(prompt, path, i):
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) and "content" in m for m in prompt):
+        return [{"role": m.get("role", "user"), "content": m["content"]} for m in prompt]
+    raise DataError(f"{path}: row {i} field 'prompt' must be a string or a list of chat messages, got {type(prompt).__name__}")
+
+
+def render_prompt(messages: list, tokenizer, apply_chat_template: bool) -> str:
+    if apply_chat_template and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return "\n".join(m["content"] for m in messages)
+
+
+class PromptDataset:
+    def __init__(self, records: list[PromptRecord], stats: DatasetStats, fingerprint: str, path: str):
+        self.records = records
+        self.stats = stats
+        self.fingerprint = fingerprint
+        self.path = path
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int) -> PromptRecord:
+        return self.records[i]
+
+
+def load_prompt_dataset(
+    path: str,
+    tokenizer,
+    max_prompt_length: int,
+    prompt_overflow: str = "skip",
+    apply_chat_template: bool = True,
+    skip_bad_rows: bool = False,
+) -> PromptDataset:
+    if prompt_overflow not in ("skip", "truncate-left"):
+        raise DataError(f"--prompt-overflow must be skip or truncate-left, got {prompt_overflow!r}")
+    rows = read_rows(path)
+    stats = DatasetStats(rows=len(rows))
+    seen = set()
+    records = []
+    h = hashlib.sha256()
+    for i, row in enumerate(rows):
+        prompt = row.get("prompt")
+        rm = row.get("reward_model") or {}
+        gt = rm.get("ground_truth") if isinstance(rm, dict) else None
+        problem = None
+        if prompt is None or (isinstance(prompt, (str, list)) and len(prompt) == 0):
+            problem = "prompt"
+        elif gt is None or (isinstance(gt, str) and not gt.strip()):
+            problem = "reward_model.ground_truth"
+        if problem:
+            if skip_bad_rows:
+                stats.bad_rows += 1
+                continue
+            raise DataError(f"{path}: row {i} has no '{problem}' (use --skip-bad-rows to skip such rows)")
+        msgs = _messages(prompt, path, i)
+        text = render_prompt(msgs, tokenizer, apply_chat_template)
+        key = (text, str(gt))
+        if key in seen:
+            stats.duplicates_removed += 1
+            continue
+        seen.add(key)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) > max_prompt_length:
+            if prompt_overflow == "skip":
+                stats.skipped_long += 1
+                continue
+            ids = ids[-max_prompt_length:]
+            stats.truncated += 1
+        h.update(text.encode())
+        h.update(b"\0")
+        h.update(str(gt).encode())
+        h.update(b"\1")
+        records.append(PromptRecord(len(records), list(ids), text, str(gt), str(row.get("data_source", ""))))
+    if not records:
+        raise DataError(f"{path}: no usable prompts ({dataclasses.asdict(stats)})")
+    return PromptDataset(records, stats, h.hexdigest()[:16], path)
+
+
+class ResumableSampler:
+    """Deterministic epoch-wise shuffled order; state is (epoch, position) so resume is exact."""
+
+    def __init__(self, size: int, seed: int, shuffle: bool = True):
+        if size < 1:
+            raise DataError("sampler: dataset is empty")
+        self.size, self.seed, self.shuffle = size, seed, shuffle
+        self.epoch, self.position = 0, 0
+        self._order = self._make_order(0)
+
+    def _make_order(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.size)
+        return np.random.default_rng([self.seed, epoch]).permutation(self.size)
+
+    def next_indices(self, n: int) -> list[int]:
+        out = []
+        while len(out) < n:
+            if self.position >= self.size:
+                self.epoch += 1
+                self.position = 0
+                self._order = self._make_order(self.epoch)
+            take = min(n - len(out), self.size - self.position)
+            out.extend(int(i) for i in self._order[self.position : self.position + take])
+            self.position += take
+        return out
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position, "size": self.size, "seed": self.seed}
+
+    def load_state_dict(self, s: dict) -> None:
+        if s["size"] != self.size:
+            raise DataError(f"sampler state is for a dataset of {s['size']} prompts, this one has {self.size}")
+        self.epoch, self.position = int(s["epoch"]), int(s["position"])
+        self._order = self._make_order(self.epoch)
+
+
+def check_fingerprint(saved: Optional[str], current: str, allow_change: bool, path: str) -> None:
+    if saved is not None and saved != current and not allow_change:
+        raise DataError(
+            f"{path}: the dataset changed since the checkpoint (fingerprint {saved} -> {current}); "
+            "resuming would silently skip or repeat prompts. Pass --allow-data-change to resume anyway."
+        )

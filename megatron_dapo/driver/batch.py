@@ -1,0 +1,127 @@
+"""From verified groups to training samples: rewards, advantages, masks, mini-batches, DP shards.
+
+Pure data plumbing around the algorithm functions of :mod:`megatron_dapo.algo`; no
+process groups and no engines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+from ..algo import compute_group_advantages, overlong_filter_mask, overlong_penalty
+from ..algo.config import AlgorithmConfig
+
+
+@dataclasses.dataclass
+class Sample:
+    """One response of a group, with everything the trainer and the logs need."""
+
+    prompt_index: int
+    prompt_ids: list
+    response_ids: list
+    engine_logprobs: list
+    finish_reason: str
+    ground_truth: str
+    response_text: str = ""
+    score: float = 0.0  # verifier score (+1 / -1)
+    acc: bool = False
+    pred: str = ""
+    reason: str = ""
+    overlong_penalty: float = 0.0
+    reward: float = 0.0  # score + overlong penalty: what the advantage sees
+    advantage: float = 0.0
+    train: bool = True  # False: loss mask 0 (overlong filtering)
+    old_logprobs: Optional[list] = None  # pi_old of the response tokens (megatron)
+    ref_logprobs: Optional[list] = None
+    step_generated: int = 0
+    seed: Optional[int] = None
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+    def to_worker(self) -> dict:
+        """The part of a sample a trainer rank needs."""
+        return {
+            "tokens": list(self.prompt_ids) + list(self.response_ids),
+            "prompt_len": len(self.prompt_ids),
+            "advantage": float(self.advantage),
+            "train": bool(self.train),
+            "old_logprobs": self.old_logprobs,
+            "ref_logprobs": self.ref_logprobs,
+        }
+
+
+@dataclasses.dataclass
+class Group:
+    prompt_index: int
+    samples: list  # of Sample, all for one prompt
+
+    @property
+    def accs(self) -> list:
+        return [s.acc for s in self.samples]
+
+
+def shape_rewards(samples: list, algo: AlgorithmConfig) -> None:
+    """reward = verifier score + soft overlong punishment (Eq. 13) when enabled; in place."""
+    if not samples:
+        return
+    lengths = torch.tensor([len(s.response_ids) for s in samples])
+    if algo.overlong_penalty:
+        pen = overlong_penalty(lengths, algo.max_response_length, algo.overlong_buffer_length, algo.overlong_penalty_factor)
+    else:
+        pen = torch.zeros(len(samples))
+    for s, p in zip(samples, pen.tolist()):
+        s.overlong_penalty = float(p)
+        s.reward = float(s.score) + float(p)
+
+
+def assign_advantages(groups: list, algo: AlgorithmConfig) -> list:
+    """Group-relative advantages over the shaped rewards; overlong filtering sets ``train``.
+
+    Returns the flat list of samples, group after group (contiguous groups of size G).
+    """
+    samples = [s for g in groups for s in g.samples]
+    if not samples:
+        return samples
+    G = len(groups[0].samples)
+    if any(len(g.samples) != G for g in groups):
+        raise ValueError("assign_advantages: groups of unequal size")
+    rewards = torch.tensor([s.reward for s in samples], dtype=torch.float64)
+    adv = compute_group_advantages(rewards, G, eps=algo.adv_eps, normalize_std=algo.normalize_adv_std)
+    if algo.overlong_filter:
+        keep = overlong_filter_mask([s.finish_reason for s in samples])
+        keep = keep.reshape(-1).bool().tolist()
+    else:
+        keep = [True] * len(samples)
+    for s, a, k in zip(samples, adv.tolist(), keep):
+        s.advantage = float(a)
+        s.train = bool(k)
+    return samples
+
+
+def minibatches(samples: list, global_batch_size: int) -> list:
+    """Consecutive mini-batches of ``global_batch_size`` responses (one optimizer step each)."""
+    if len(samples) % global_batch_size:
+        raise ValueError(
+            f"{len(samples)} training responses not divisible by --global-batch-size {global_batch_size}"
+        )
+    return [samples[i : i + global_batch_size] for i in range(0, len(samples), global_batch_size)]
+
+
+def dp_shards(minibatch: list, dp_size: int) -> list:
+    """Split a mini-batch over DP ranks with equal counts, balancing tokens (greedy, deterministic)."""
+    per = len(minibatch) // dp_size
+    if per * dp_size != len(minibatch):
+        raise ValueError(f"mini-batch of {len(minibatch)} not divisible by DP size {dp_size}")
+    order = sorted(range(len(minibatch)), key=lambda i: (-len(minibatch[i]["tokens"]), i))
+    shards = [[] for _ in range(dp_size)]
+    loads = [0] * dp_size
+    for i in order:
+        r = min((r for r in range(dp_size) if len(shards[r]) < per), key=lambda r: (loads[r], r))
+        shards[r].append(i)
+        loads[r] += len(minibatch[i]["tokens"])
+    return [[minibatch[i] for i in sorted(s)] for s in shards]

@@ -1,0 +1,246 @@
+"""Rollout manager: over-sampled generation rounds, verification, dynamic-sampling filter.
+
+One call of :meth:`RolloutManager.collect` fills a buffer with ``rollout_batch_size`` groups
+(of ``n_samples_per_prompt`` responses each) whose raw correctness is mixed
+(``0 < sum(acc) < G``, paper Eq. 11), generating rounds of ``over_sampling_batch_size``
+prompts until it is full:
+
+* each round is split into chunks that go to the engines; once the buffer is full, the
+  remaining in-flight chunks are aborted (not in ``--deterministic`` mode, where every
+  chunk of a round finishes so that no timing decides which samples are kept);
+* an engine that dies or does not answer within ``--engine-timeout-s`` is restarted and
+  re-synced (``EnginePool``), and its chunk is re-queued;
+* verification runs in the reward process pool; the filter uses ``acc`` only, never the
+  length-shaped reward;
+* with ``--reuse-surplus-groups``, kept groups beyond the batch are carried to the next step
+  (with the old-policy logprobs of the step that generated them).
+
+Exceeding ``--max-num-gen-batches`` is an error that says what to change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Callable, Optional
+
+import torch
+
+from ..algo import dynamic_sampling_mask
+from ..rollout.base import SamplingParams
+from .batch import Group, Sample, shape_rewards
+
+log = logging.getLogger(__name__)
+
+
+class RolloutStallError(RuntimeError):
+    pass
+
+
+class EnginePool:
+    """Engine actors with restart-on-failure. ``make_engine(i)`` builds engine i (an actor
+    handle); ``resync(handles)`` pushes the current trainer weights into new engines."""
+
+    def __init__(self, make_engine: Callable, num_engines: int, resync: Callable, timeout_s: float):
+        self.make_engine, self.resync, self.timeout_s = make_engine, resync, timeout_s
+        self.handles = [make_engine(i) for i in range(num_engines)]
+        self.restarts = 0
+
+    def restart(self, i: int, why: str) -> None:
+        import ray
+
+        log.warning("engine %d %s: restarting it and re-syncing weights", i, why)
+        try:
+            ray.kill(self.handles[i], no_restart=True)
+        except Exception:
+            pass
+        self.handles[i] = self.make_engine(i)
+        self.resync([self.handles[i]])
+        self.restarts += 1
+
+    def run_chunks(self, chunks: list, on_result: Callable[[int, list], bool], ordered: bool) -> None:
+        """Generate every (prompts, params) chunk; ``on_result(idx, outputs)`` returns True to
+        stop (buffer full): then in-flight chunks are aborted unless ``ordered``."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        n = len(self.handles)
+        pending = {}  # future -> (chunk index, engine index)
+        queue = list(range(len(chunks)))
+        busy = [None] * n
+
+        def submit():
+            for e in range(n):
+                if busy[e] is None and queue:
+                    i = queue.pop(0)
+                    prompts, params = chunks[i]
+                    fut = self.handles[e].generate.remote(prompts, params)
+                    pending[fut] = (i, e, time.monotonic())
+                    busy[e] = fut
+
+        submit()
+        done_results = {}
+        next_to_emit = 0
+        stop = False
+        while pending and not stop:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=5.0)
+            now = time.monotonic()
+            if not ready:
+                for fut, (i, e, t0) in list(pending.items()):
+                    if now - t0 > self.timeout_s:
+                        del pending[fut]
+                        busy[e] = None
+                        self.restart(e, f"did not answer within {self.timeout_s:.0f}s")
+                        queue.insert(0, i)
+                submit()
+                continue
+            fut = ready[0]
+            i, e, _ = pending.pop(fut)
+            busy[e] = None
+            try:
+                out = ray.get(fut)
+            except (RayActorError, GetTimeoutError) as err:
+                self.restart(e, f"died ({type(err).__name__})")
+                queue.insert(0, i)
+                submit()
+                continue
+            if ordered:
+                done_results[i] = out
+                while next_to_emit in done_results and not stop:
+                    stop = on_result(next_to_emit, done_results.pop(next_to_emit))
+                    next_to_emit += 1
+            else:
+                stop = on_result(i, out)
+            if not stop:
+                submit()
+        if stop and pending:
+            for h in self.handles:
+                try:
+                    h.abort.remote()
+                except Exception:
+                    pass
+            for fut in list(pending):
+                try:
+                    ray.get(fut, timeout=self.timeout_s)
+                except Exception:
+                    pass
+
+
+@dataclasses.dataclass
+class RolloutResult:
+    groups: list  # kept groups for this step (exactly rollout_batch_size of them)
+    generated: list  # every generated group of this step (for metrics and dumps)
+    num_gen_batches: int
+    num_kept: int
+    num_all_correct: int
+    num_all_wrong: int
+    reused: int = 0
+    time_generate: float = 0.0
+    time_verify: float = 0.0
+
+
+class RolloutManager:
+    def __init__(self, cfg, dataset, sampler, engines: EnginePool, scorer, tokenizer, stop_token_ids=()):
+        self.cfg, self.dataset, self.sampler, self.engines = cfg, dataset, sampler, engines
+        self.scorer, self.tokenizer = scorer, tokenizer
+        self.stop_token_ids = list(stop_token_ids)
+        self.surplus: list = []
+
+    def sampling_params(self, seed: Optional[int]) -> SamplingParams:
+        r, a = self.cfg.rollout, self.cfg.algo
+        return SamplingParams(
+            temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=a.max_response_length,
+            n=r.n_samples_per_prompt, stop_token_ids=self.stop_token_ids, stop=list(r.stop), seed=seed,
+        )
+
+    def _seed(self, step: int, rnd: int, chunk: int) -> Optional[int]:
+        if not self.cfg.run.deterministic:
+            return None
+        return (self.cfg.optim.seed * 1_000_003 + step * 10_007 + rnd * 101 + chunk) % (2**62)
+
+    def collect(self, step: int) -> RolloutResult:
+        r, a = self.cfg.rollout, self.cfg.algo
+        N, G = r.rollout_batch_size, r.n_samples_per_prompt
+        per_round = r.over_sampling_batch_size or N
+        buffer = list(self.surplus)
+        reused = len(buffer)
+        self.surplus = []
+        generated, stats = [], {"kept": 0, "all_correct": 0, "all_wrong": 0}
+        t_gen = t_ver = 0.0
+        rounds = 0
+        while len(buffer) < N:
+            if r.max_num_gen_batches and rounds >= r.max_num_gen_batches:
+                raise RolloutStallError(
+                    f"step {step}: only {len(buffer)} of --rollout-batch-size {N} mixed-correctness groups after "
+                    f"--max-num-gen-batches {r.max_num_gen_batches} generation rounds of {per_round} prompts "
+                    f"(groups were {stats['all_correct']} all-correct, {stats['all_wrong']} all-wrong). The data is "
+                    "too easy or too hard for the model: raise --max-num-gen-batches (0 = unbounded) or "
+                    "--over-sampling-batch-size, use a dataset of mixed difficulty, or disable --dynamic-sampling."
+                )
+            rounds += 1
+            idx = self.sampler.next_indices(per_round)
+            n_chunks = max(1, min(len(idx), 2 * len(self.engines.handles)))
+            parts = [idx[k::n_chunks] for k in range(n_chunks)]
+            chunks = [
+                ([self.dataset[i].prompt_ids for i in part], self.sampling_params(self._seed(step, rounds, k)))
+                for k, part in enumerate(parts)
+            ]
+
+            def on_result(k, outs):
+                nonlocal t_ver
+                part = parts[k]
+                groups = self._to_groups(part, outs, step)
+                tv = time.perf_counter()
+                self._verify(groups)
+                t_ver += time.perf_counter() - tv
+                generated.extend(groups)
+                for g in groups:
+                    res = dynamic_sampling_mask(torch.tensor(g.accs, dtype=torch.float32), G)
+                    stats["all_correct"] += res.num_all_correct
+                    stats["all_wrong"] += res.num_all_wrong
+                    if res.num_kept or not a.dynamic_sampling:
+                        stats["kept"] += res.num_kept
+                        buffer.append(g)
+                return len(buffer) >= N and not self.cfg.run.deterministic
+
+            t0 = time.perf_counter()
+            self.engines.run_chunks(chunks, on_result, ordered=self.cfg.run.deterministic)
+            t_gen += time.perf_counter() - t0
+        t_gen -= t_ver
+        kept, surplus = buffer[:N], buffer[N:]
+        if r.reuse_surplus_groups:
+            self.surplus = surplus
+        return RolloutResult(
+            kept, generated, rounds, stats["kept"], stats["all_correct"], stats["all_wrong"], reused, t_gen, t_ver
+        )
+
+    def _to_groups(self, prompt_indices: list, outs: list, step: int) -> list:
+        groups = []
+        for pi, samples in zip(prompt_indices, outs):
+            rec = self.dataset[pi]
+            ss = []
+            for o in samples:
+                ss.append(
+                    Sample(
+                        prompt_index=pi, prompt_ids=list(rec.prompt_ids), response_ids=list(o.output_ids),
+                        engine_logprobs=list(o.logprobs), finish_reason=o.finish_reason,
+                        ground_truth=rec.ground_truth, step_generated=step,
+                        response_text=self.tokenizer.decode(o.output_ids, skip_special_tokens=True),
+                    )
+                )
+            groups.append(Group(pi, ss))
+        return groups
+
+    def _verify(self, groups: list) -> None:
+        samples = [s for g in groups for s in g.samples]
+        results = self.scorer.score([(s.response_text, s.ground_truth) for s in samples])
+        for s, res in zip(samples, results):
+            s.score, s.acc, s.pred, s.reason = float(res.score), bool(res.acc), res.pred, res.reason
+        shape_rewards(samples, self.cfg.algo)
+
+    def state_dict(self) -> dict:
+        return {"surplus": [[dataclasses.asdict(s) for s in g.samples] for g in self.surplus]}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.surplus = [Group(g[0]["prompt_index"], [Sample(**x) for x in g]) for g in s.get("surplus", [])]

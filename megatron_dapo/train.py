@@ -1,0 +1,538 @@
+"""The DAPO driver: ``python -m megatron_dapo.train [flags]`` (``--help`` lists them).
+
+One rollout step, top to bottom (see docs/design.md for the picture):
+
+1. generate + verify + dynamic-sampling filter          (RolloutManager.collect)
+2. rewards -> group advantages, overlong filtering       (driver/batch.py)
+3. engine releases weights and KV cache                  (hybrid order, docs/hybrid.md)
+4. old-policy logprobs recomputed by megatron            (PolicyWorker.compute_logprobs)
+5. one optimizer step per --global-batch-size responses  (PolicyWorker.train)
+6. engine resumes weights, bucketed TP/PP -> HF sync, resumes KV cache, probe
+7. metrics, rollout dump, checkpoint
+"""
+
+from __future__ import annotations
+
+import codecs
+import dataclasses
+import json
+import math
+import os
+import random
+import socket
+import sys
+import time
+
+import numpy as np
+import torch
+
+from .config import ConfigError, parse_args, validate, world_size
+from .driver.batch import assign_advantages, dp_shards, minibatches
+from .models import parse_hf_config
+
+
+class TrainingError(RuntimeError):
+    pass
+
+
+# ---------------------------------------------------------------------------- setup helpers
+
+def hf_config_source(cfg) -> str:
+    """Where the model shape comes from: --hf-checkpoint, else a --pretrained-checkpoint/--load metadata."""
+    if cfg.model.hf_checkpoint:
+        return cfg.model.hf_checkpoint
+    raise ConfigError("--hf-checkpoint is required (the model shape and tokenizer are read from its config.json)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _mean(xs):
+    xs = list(xs)
+    return float(sum(xs) / len(xs)) if xs else 0.0
+
+
+class Cluster:
+    """Trainer actors and engine actors on one Ray placement group (colocated bundles)."""
+
+    def __init__(self, cfg, hf_dir: str, tokenizer_dir: str):
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from .driver.actors import EngineActor, PolicyActor
+        from .launch.placement import create_placement_group, start_ray
+
+        self.cfg = cfg
+        self.world = world_size(cfg)
+        start_ray()
+        on_gpu = torch.cuda.is_available()
+        gpus = 1 if on_gpu else 0
+        total_cpus = float(ray.cluster_resources().get("CPU", 1))
+        self.pg = create_placement_group(self.world, gpus_per_bundle=gpus, timeout_s=120)
+        bundle_cpus = self._bundle_cpus()
+        threads = max(1, int(total_cpus // max(self.world, 1)))
+        self.master_addr = "127.0.0.1" if cfg.parallel.nnodes == 1 else ray.util.get_node_ip_address()
+        self.master_port = _free_port()
+        strat = lambda i: PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i)
+        self.actors = [
+            PolicyActor.options(scheduling_strategy=strat(r), num_cpus=bundle_cpus / 2, num_gpus=gpus * 0.5 if gpus else 0).remote(
+                r, self.world, self.master_addr, self.master_port, cfg, hf_dir, threads
+            )
+            for r in range(self.world)
+        ]
+        self.infos = ray.get([a.call.remote("info") for a in self.actors])
+        r = cfg.rollout
+        self.engine_kind = ("sglang" if on_gpu else "hf") if r.engine == "auto" else r.engine
+        self.num_engines = self.world // r.num_gpus_per_engine
+
+        def make_engine(i):
+            kw = {}
+            if self.engine_kind == "sglang":
+                kw = dict(tp_size=r.num_gpus_per_engine, mem_fraction_static=r.mem_fraction_static,
+                          base_gpu_id=0, enable_memory_saver=True)
+            return EngineActor.options(
+                scheduling_strategy=strat(i * r.num_gpus_per_engine), num_cpus=bundle_cpus / 2,
+                num_gpus=gpus * 0.5 if gpus else 0,
+            ).remote(self.engine_kind, hf_dir, tokenizer_dir, threads, **kw)
+
+        self.make_engine = make_engine
+
+    def _bundle_cpus(self) -> float:
+        spec = self.pg.bundle_specs[0]
+        return float(spec.get("CPU", 1))
+
+    def call(self, method: str, *args, per_rank=None, **kwargs):
+        import ray
+
+        futs = []
+        for r, a in enumerate(self.actors):
+            extra = per_rank[r] if per_rank is not None else ()
+            futs.append(a.call.remote(method, *extra, *args, **kwargs))
+        return ray.get(futs)
+
+    def sync(self, engine_handles) -> dict:
+        import ray
+
+        outs = ray.get([a.sync_to.remote(engine_handles if r == 0 else None) for r, a in enumerate(self.actors)])
+        return outs[0]
+
+    def dp_layout(self):
+        dp = self.infos[0]["dp_size"]
+        # the rank whose results stand for DP rank d: last PP stage, TP rank 0
+        reporters = {}
+        for i in self.infos:
+            if i["last_stage"] and i["rank"] == min(
+                j["rank"] for j in self.infos if j["dp_rank"] == i["dp_rank"] and j["last_stage"]
+            ):
+                reporters[i["dp_rank"]] = i["rank"]
+        return dp, reporters
+
+    def shutdown(self, engine_handles=()):
+        import ray
+
+        for a in list(self.actors) + list(engine_handles):
+            try:
+                ray.kill(a)
+            except Exception:
+                pass
+        try:
+            ray.util.remove_placement_group(self.pg)
+        except Exception:
+            pass
+
+
+# ---------------------------------------------------------------------------- the run
+
+class Trainer:
+    def __init__(self, cfg, explicit):
+        from transformers import AutoTokenizer
+
+        from .data import ResumableSampler, load_prompt_dataset
+        from .reward import BatchScorer
+
+        self.cfg = cfg
+        self.hf_dir = hf_config_source(cfg)
+        self.arch = parse_hf_config(self.hf_dir)
+        self.run_dir = cfg.logging.run_dir
+        os.makedirs(self.run_dir, exist_ok=True)
+        with open(os.path.join(self.run_dir, "config.json"), "w") as f:
+            json.dump(cfg.to_dict(), f, indent=1, default=str)
+        tok_dir = cfg.model.tokenizer or self.hf_dir
+        self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+        self.tokenizer_dir = tok_dir
+        if not cfg.data.prompt_data:
+            raise ConfigError("--prompt-data is required")
+        self.dataset = load_prompt_dataset(
+            cfg.data.prompt_data, self.tokenizer, cfg.data.max_prompt_length, cfg.data.prompt_overflow,
+            cfg.data.apply_chat_template, cfg.data.skip_bad_rows,
+        )
+        st = self.dataset.stats
+        print(f"[data] {len(self.dataset)} prompts from {cfg.data.prompt_data} ({st.rows} rows, {st.duplicates_removed} "
+              f"duplicates removed, {st.skipped_long} too long skipped, {st.truncated} left-truncated, {st.bad_rows} bad rows)")
+        self.sampler = ResumableSampler(len(self.dataset), cfg.optim.seed, cfg.data.shuffle)
+        self.scorer = BatchScorer(num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s,
+                                  mode=cfg.reward.mode, reward_fn=cfg.reward.reward_fn)
+        self.rng = random.Random(cfg.optim.seed)
+        self.step = 0
+        self.skipped_in_a_row = 0
+        self.num_syncs = 0
+        self.run_id = None
+        self.data_fingerprint = self.dataset.fingerprint
+
+    # -- state that the driver owns (the ranks own model/optimizer/scheduler) --------------
+    def driver_state(self) -> dict:
+        return {
+            "step": self.step,
+            "sampler": self.sampler.state_dict(),
+            "rollout_manager": self.manager.state_dict(),
+            "driver_rng": self.rng.getstate(),
+            "torch_rng": torch.get_rng_state(),
+            "numpy_rng": np.random.get_state(),
+            "skipped_in_a_row": self.skipped_in_a_row,
+            "num_syncs": self.num_syncs,
+            "run_id": self.logger.run_id,
+            "data_fingerprint": self.data_fingerprint,
+            "data_path": self.cfg.data.prompt_data,
+        }
+
+    def load_driver_state(self, s: dict) -> None:
+        from .data import check_fingerprint
+
+        check_fingerprint(s.get("data_fingerprint"), self.data_fingerprint, self.cfg.data.allow_data_change,
+                          self.cfg.data.prompt_data)
+        self.step = int(s["step"])
+        self.sampler.load_state_dict(s["sampler"])
+        self.manager.load_state_dict(s["rollout_manager"])
+        self.rng.setstate(s["driver_rng"])
+        torch.set_rng_state(s["torch_rng"])
+        np.random.set_state(s["numpy_rng"])
+        self.skipped_in_a_row = int(s["skipped_in_a_row"])
+        self.num_syncs = int(s["num_syncs"])
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self) -> dict:
+        from .driver import checkpoints
+        from .driver.logging import MetricsLogger
+        from .driver.rollout_manager import EnginePool, RolloutManager
+
+        cfg = self.cfg
+        self.cluster = Cluster(cfg, self.hf_dir, self.tokenizer_dir)
+        resume_dir = checkpoints.resolve(cfg.checkpoint.load) if cfg.checkpoint.load else None
+        if cfg.checkpoint.load and resume_dir is None:
+            raise ConfigError(f"--load {cfg.checkpoint.load}: no checkpoint found (no 'latest' pointer or {checkpoints.STATE_FILE})")
+        state = None
+        if resume_dir:
+            state = torch.load(os.path.join(resume_dir, checkpoints.STATE_FILE), weights_only=False)
+            self.run_id = state.get("run_id")
+        self.logger = MetricsLogger(self.run_dir, cfg.to_dict(), cfg.logging.wandb_project, cfg.logging.wandb_mode,
+                                    cfg.logging.tensorboard, run_id=self.run_id)
+        self.engines = EnginePool(self.cluster.make_engine, self.cluster.num_engines, self._sync_into,
+                                  cfg.rollout.engine_timeout_s)
+        stop_ids = []
+        self.manager = RolloutManager(cfg, self.dataset, self.sampler, self.engines, self.scorer, self.tokenizer, stop_ids)
+        if resume_dir:
+            self.cluster.call("load", resume_dir)
+            self.load_driver_state(state)
+            if state.get("rank_rng"):
+                self.cluster.call("set_rng_state", per_rank=[(r,) for r in state["rank_rng"]])
+            self.logger.truncate_after(self.step)
+            print(f"[resume] {resume_dir}: continuing after step {self.step}")
+        else:
+            self.logger.truncate_after(0)  # a fresh run starts a fresh metrics.jsonl
+            src = self.cluster.call("load_initial_weights")[0]
+            print(f"[init] weights from {src}")
+        if cfg.checkpoint.save:
+            checkpoints.clean_stale(cfg.checkpoint.save)
+        self._sync_into(self.engines.handles)
+        last = {}
+        try:
+            while self.step < cfg.run.num_rollout_steps:
+                self.step += 1
+                last = self.one_step(self.step)
+                if cfg.checkpoint.save and (
+                    (cfg.checkpoint.save_interval and self.step % cfg.checkpoint.save_interval == 0)
+                    or self.step == cfg.run.num_rollout_steps
+                ):
+                    t = time.perf_counter()
+                    self.save_checkpoint()
+                    last["time_save"] = time.perf_counter() - t
+                self.logger.log(last)
+        finally:
+            self.logger.close()
+            self.scorer.close()
+        self.finish()
+        return last
+
+    def _sync_into(self, handles) -> dict:
+        out = self.cluster.sync(handles)
+        self.num_syncs += 1
+        return out
+
+    def one_step(self, step: int) -> dict:
+        import ray
+
+        from .diagnostics import repetition_rate
+
+        cfg, a = self.cfg, self.cfg.algo
+        t_step = time.perf_counter()
+        # 1. rollout: generate, verify, filter on raw accuracy
+        roll = self.manager.collect(step)
+        # 2. rewards -> advantages; overlong filtering
+        samples = assign_advantages(roll.groups, a)
+        extra = [s for g in self.manager.surplus for s in g.samples if s.old_logprobs is None]
+        # 3. engine sleeps (weights + KV cache) while the trainer works
+        t = time.perf_counter()
+        ray.get([h.release_memory.remote() for h in self.engines.handles])
+        t_offload = time.perf_counter() - t
+        # 4. old-policy logprobs by megatron (not the engine's)
+        t = time.perf_counter()
+        need = [s for s in samples if s.old_logprobs is None] + extra
+        self._compute_old_logprobs(need)
+        t_old = time.perf_counter() - t
+        # 5. one optimizer step per --global-batch-size responses
+        t = time.perf_counter()
+        train_metrics = self._train(samples, inject_nan=(cfg.run.inject_nan_at_step == step))
+        t_train = time.perf_counter() - t
+        # 6. engine wakes: weights first, sync, then KV cache; probe
+        t = time.perf_counter()
+        ray.get([h.resume_memory.remote(["weights"]) for h in self.engines.handles])
+        t_offload += time.perf_counter() - t
+        t = time.perf_counter()
+        sync = self._sync_into(self.engines.handles)
+        t_sync = time.perf_counter() - t
+        t = time.perf_counter()
+        ray.get([h.resume_memory.remote(["kv_cache"]) for h in self.engines.handles])
+        t_offload += time.perf_counter() - t
+        probe_diff = None
+        if cfg.rollout.check_weight_sync_every and self.num_syncs % cfg.rollout.check_weight_sync_every == 0:
+            probe_diff = self._probe(samples[0] if samples else None)
+        # 7. metrics
+        gen = [s for g in roll.generated for s in g.samples]
+        n_groups = max(len(roll.generated), 1)
+        diffs = [abs(o - e) for s in samples if s.old_logprobs for o, e in zip(s.old_logprobs, s.engine_logprobs)
+                 if s.step_generated == step]
+        resp_tokens = sum(len(s.response_ids) for s in gen)
+        m = {
+            "step": step,
+            "reward_mean": _mean(s.reward for s in gen),
+            "acc_mean": _mean(float(s.acc) for s in gen),
+            "score_mean": _mean(s.score for s in gen),
+            **train_metrics,
+            "kept_group_ratio": roll.num_kept / n_groups,
+            "all_correct_ratio": roll.num_all_correct / n_groups,
+            "all_wrong_ratio": roll.num_all_wrong / n_groups,
+            "num_gen_batches": roll.num_gen_batches,
+            "num_groups_generated": len(roll.generated),
+            "surplus_reused_ratio": roll.reused / max(len(roll.groups), 1),
+            "response_length_mean": _mean(len(s.response_ids) for s in gen),
+            "response_length_max": max((len(s.response_ids) for s in gen), default=0),
+            "repetition_rate": float(repetition_rate([s.response_ids for s in gen])) if gen else 0.0,
+            "truncation_ratio": _mean(float(s.finish_reason == "length") for s in gen),
+            "overlong_penalty_mean": _mean(s.overlong_penalty for s in gen),
+            "no_answer_rate": _mean(float(s.reason == "no_answer") for s in gen),
+            "timeout_rate": _mean(float(s.reason == "timeout") for s in gen),
+            "train_infer_logprob_diff": _mean(diffs),
+            "train_infer_logprob_diff_max": max(diffs, default=0.0),
+            "weight_sync_probe_diff": probe_diff,
+            "engine_restarts": self.engines.restarts,
+            "sync_bytes": sync.get("bytes", 0),
+            "time_generate": roll.time_generate,
+            "time_verify": roll.time_verify,
+            "time_old_logprob": t_old,
+            "time_train": t_train,
+            "time_sync": t_sync,
+            "time_offload": t_offload,
+            "time_save": 0.0,
+        }
+        m["time_step"] = time.perf_counter() - t_step
+        m["tokens_per_second"] = resp_tokens / max(m["time_step"], 1e-9)
+        if cfg.logging.dump_rollouts_every and step % cfg.logging.dump_rollouts_every == 0:
+            self._dump(step, roll)
+        if cfg.logging.eval_interval and step % cfg.logging.eval_interval == 0 and cfg.data.eval_data:
+            m.update(self._evaluate())
+        print(self._summary(m), flush=True)
+        return m
+
+    def _compute_old_logprobs(self, samples: list) -> None:
+        if not samples:
+            return
+        dp, reporters = self.cluster.dp_layout()
+        items = [s.to_worker() for s in samples]
+        shards = [items[d::dp] for d in range(dp)]
+        per_rank = [(shards[info["dp_rank"]],) for info in self.cluster.infos]
+        outs = self.cluster.call("compute_logprobs", per_rank=per_rank)
+        for d in range(dp):
+            got = outs[reporters[d]]
+            for s, lp in zip(samples[d::dp], got):
+                s.old_logprobs = lp
+
+    def _train(self, samples: list, inject_nan: bool) -> dict:
+        cfg = self.cfg
+        dp, reporters = self.cluster.dp_layout()
+        mbs = minibatches(samples, cfg.optim.global_batch_size)
+        shards_per_mb = [dp_shards([s.to_worker() for s in mb], dp) for mb in mbs]
+        per_rank = [([sh[info["dp_rank"]] for sh in shards_per_mb],) for info in self.cluster.infos]
+        outs = self.cluster.call("train", per_rank=per_rank, inject_nan=inject_nan)
+        # reduce metrics over DP reporters and optimizer steps
+        sums = {}
+        ratio_max, norms, skipped, lr = 0.0, [], 0, 0.0
+        for d, r in reporters.items():
+            for step_out in outs[r]:
+                for k, (s, c) in step_out["sums"].items():
+                    acc = sums.setdefault(k, [0.0, 0.0])
+                    acc[0] += s
+                    acc[1] += c
+                ratio_max = max(ratio_max, step_out["ratio_max"])
+        for step_out in outs[0]:
+            norms.append(step_out["grad_norm"])
+            skipped += 0 if step_out["update_successful"] else 1
+            lr = step_out["lr"]
+        if skipped:
+            self.skipped_in_a_row += 1
+            print(f"[train] step {self.step}: {skipped} optimizer step(s) skipped (non-finite loss or grad norm)")
+            if self.skipped_in_a_row >= cfg.optim.max_skipped_steps:
+                raise TrainingError(
+                    f"{self.skipped_in_a_row} rollout steps in a row had non-finite gradients (--max-skipped-steps "
+                    f"{cfg.optim.max_skipped_steps}): lower --lr, check the data, or resume from the last checkpoint"
+                )
+        else:
+            self.skipped_in_a_row = 0
+        m = {k: (v[0] / v[1] if v[1] else 0.0) for k, v in sums.items()}
+        finite = [n for n in norms if n is not None and math.isfinite(n)]
+        m.update({
+            "ratio_max": ratio_max,
+            "grad_norm": _mean(finite) if finite else float("nan"),
+            "optimizer_steps": len(norms),
+            "skipped_optimizer_steps": skipped,
+            "lr": lr,
+        })
+        return m
+
+    def _probe(self, sample) -> float:
+        """Score one fixed sequence with the engine and with megatron; fail loudly on mismatch."""
+        import ray
+
+        from .hybrid.weight_sync import WeightSyncError
+
+        if sample is None:
+            return 0.0
+        item = {"tokens": list(sample.prompt_ids) + list(sample.response_ids), "prompt_len": len(sample.prompt_ids)}
+        if len(item["tokens"]) <= item["prompt_len"]:
+            item["tokens"] = item["tokens"] + [0]
+        dp, reporters = self.cluster.dp_layout()
+        per_rank = [([item],) for _ in self.cluster.infos]
+        mine = self.cluster.call("compute_logprobs", per_rank=per_rank)[reporters[0]][0]
+        worst = 0.0
+        for h in self.engines.handles:
+            theirs = ray.get(h.score.remote([item["tokens"]], [item["prompt_len"]]))[0]
+            worst = max(worst, max(abs(x - y) for x, y in zip(mine, theirs)))
+        if worst > self.cfg.rollout.weight_sync_tolerance:
+            raise WeightSyncError(
+                f"weight sync probe: max |logp_engine - logp_megatron| = {worst:.3g} > --weight-sync-tolerance "
+                f"{self.cfg.rollout.weight_sync_tolerance} after sync {self.num_syncs}: the engine's weights differ "
+                "from the trainer's"
+            )
+        return worst
+
+    def _dump(self, step: int, roll) -> None:
+        d = os.path.join(self.run_dir, "rollouts")
+        os.makedirs(d, exist_ok=True)
+        kept = {id(g) for g in roll.groups}
+        with open(os.path.join(d, f"step_{step:06d}.jsonl"), "w") as f:
+            for g in roll.generated:
+                for s in g.samples:
+                    f.write(json.dumps({
+                        "step": step, "prompt_index": s.prompt_index,
+                        "prompt": self.dataset[s.prompt_index].prompt_text, "response": s.response_text,
+                        "ground_truth": s.ground_truth, "pred": s.pred, "score": s.score, "reward": s.reward,
+                        "acc": s.acc, "reason": s.reason, "response_length": len(s.response_ids),
+                        "finish_reason": s.finish_reason, "advantage": s.advantage, "kept": id(g) in kept,
+                    }) + "\n")
+
+    def _evaluate(self) -> dict:
+        from .driver.actors import RemoteEngine
+        from .eval.runner import evaluate
+
+        out = {}
+        for path in self.cfg.data.eval_data:
+            name = os.path.splitext(os.path.basename(path))[0]
+            res = evaluate(RemoteEngine(self.engines.handles[0]), self.tokenizer, path, progress=False,
+                           max_new_tokens=self.cfg.algo.max_response_length)
+            for k, v in res.items():
+                if isinstance(v, (int, float)):
+                    out[f"eval/{name}/{k}"] = v
+        return out
+
+    def save_checkpoint(self) -> str:
+        import ray
+
+        from .checkpoint.dist_ckpt import checkpoint_metadata
+        from .driver import checkpoints
+
+        root = self.cfg.checkpoint.save
+        tmp = checkpoints.tmp_dir(root, self.step)
+        meta = checkpoint_metadata(self.hf_dir, "bf16" if self.cfg.model.bf16 else "fp32", extra={"step": self.step})
+        self.cluster.call("save", tmp, meta)
+        state = self.driver_state()
+        state["rank_rng"] = self.cluster.call("rng_state")
+        torch.save(state, os.path.join(tmp, checkpoints.STATE_FILE))
+        path = checkpoints.commit(root, self.step, self.cfg.checkpoint.keep_last)
+        if self.cfg.checkpoint.save_hf_interval and self.step % self.cfg.checkpoint.save_hf_interval == 0:
+            self.export_hf(os.path.join(path, "hf"))
+        return path
+
+    def export_hf(self, directory: str) -> str:
+        import ray
+
+        return ray.get(self.engines.handles[0].save_hf.remote(directory))
+
+    def finish(self) -> None:
+        from .driver.plots import plot_training_curves
+
+        try:
+            plot_training_curves(os.path.join(self.run_dir, "metrics.jsonl"), os.path.join(self.run_dir, "training_curves.png"))
+        except Exception as e:
+            print(f"[plot] skipped: {e}")
+        if self.cfg.checkpoint.save_hf_interval or os.environ.get("MEGATRON_DAPO_EXPORT_FINAL_HF"):
+            self.export_hf(os.path.join(self.run_dir, "final_hf"))
+
+    @staticmethod
+    def _summary(m: dict) -> str:
+        return (
+            f"[step {m['step']}] acc {m['acc_mean']:.3f} reward {m['reward_mean']:+.3f} kept {m['kept_group_ratio']:.2f} "
+            f"rounds {m['num_gen_batches']} len {m['response_length_mean']:.1f} ent {m.get('entropy', 0):.3f} "
+            f"clip {m.get('clip_frac_low', 0):.3f}/{m.get('clip_frac_high', 0):.3f} gnorm {m.get('grad_norm', 0):.3f} "
+            f"probe {m['weight_sync_probe_diff'] if m['weight_sync_probe_diff'] is not None else '-'} "
+            f"time {m['time_step']:.1f}s (gen {m['time_generate']:.1f} train {m['time_train']:.1f} sync {m['time_sync']:.2f})"
+        )
+
+
+def main(argv=None) -> int:
+    cfg, explicit = parse_args(argv)
+    cfg.rollout.stop = [codecs.decode(s, "unicode_escape") for s in cfg.rollout.stop]
+    try:
+        arch = parse_hf_config(hf_config_source(cfg))
+        for w in validate(cfg, arch):
+            print(f"[config] warning: {w}", file=sys.stderr)
+        if cfg.run.dry_run:
+            from .launch.plan import dry_run_report
+
+            print(dry_run_report(cfg, arch, hf_config_source(cfg)))
+            return 0
+        trainer = Trainer(cfg, explicit)
+        trainer.run()
+    except ConfigError as e:
+        print(f"megatron_dapo.train: configuration error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        t = locals().get("trainer")
+        if t is not None and getattr(t, "cluster", None) is not None:
+            t.cluster.shutdown(t.engines.handles if getattr(t, "engines", None) else ())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

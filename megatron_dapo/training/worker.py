@@ -1,0 +1,182 @@
+"""One trainer rank (SPMD): the policy, its DAPO update, weight sync and checkpoints.
+
+The driver (``megatron_dapo.train``) creates one ``PolicyWorker`` per rank (as a Ray actor,
+``megatron_dapo.launch.workers``) and calls the same method on every rank; collectives run
+inside. Nothing here knows about Ray.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Optional
+
+import torch
+
+from ..config.schema import DAPOConfig
+from ..models.provider import ModelBuildOptions
+
+
+class PolicyWorker:
+    def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, cfg: DAPOConfig, hf_config_path: str):
+        import warnings
+
+        warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
+        warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
+        from megatron.core import parallel_state as ps
+
+        from ..config.validate import lr_warmup_optimizer_steps
+        from ..distributed import init_distributed, init_parallel
+        from .setup import OptimizerOptions, build_policy
+
+        self.cfg = cfg
+        self.rank = rank
+        init_distributed(rank=rank, world_size=world_size, master_addr=master_addr, master_port=master_port)
+        p = cfg.parallel
+        init_parallel(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size, seed=cfg.optim.seed)
+        o = cfg.optim
+        build = ModelBuildOptions(
+            params_dtype=torch.bfloat16 if cfg.model.bf16 else torch.float32,
+            bf16=cfg.model.bf16,
+            sequence_parallel=p.sequence_parallel,
+            make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
+            recompute_granularity=cfg.model.recompute_granularity,
+            recompute_method=cfg.model.recompute_method,
+            recompute_num_layers=cfg.model.recompute_num_layers,
+            context_parallel_size=p.context_parallel_size,
+            deterministic=cfg.run.deterministic,
+        )
+        opt = OptimizerOptions(
+            lr=o.lr, min_lr=o.min_lr, weight_decay=o.weight_decay, adam_beta1=o.adam_beta1,
+            adam_beta2=o.adam_beta2, adam_eps=o.adam_eps, clip_grad=o.clip_grad,
+            use_distributed_optimizer=p.use_distributed_optimizer,
+            lr_warmup_iters=lr_warmup_optimizer_steps(cfg),
+        )
+        self.policy = build_policy(hf_config_path, build, opt)
+        self.arch = self.policy.arch
+        self.ps = ps
+        self._sync = None
+        self._ref = None
+
+    # ------------------------------------------------------------------ info
+    def info(self) -> dict:
+        ps = self.ps
+        return {
+            "rank": self.rank,
+            "tp_rank": ps.get_tensor_model_parallel_rank(),
+            "pp_rank": ps.get_pipeline_model_parallel_rank(),
+            "dp_rank": ps.get_data_parallel_rank(),
+            "dp_size": ps.get_data_parallel_world_size(),
+            "last_stage": ps.is_pipeline_last_stage(),
+            "pid": os.getpid(),
+        }
+
+    # ------------------------------------------------------------------ weights
+    def load_initial_weights(self) -> str:
+        """--pretrained-checkpoint (torch_dist) or --hf-checkpoint weights, whichever is given."""
+        from ..checkpoint.model_io import load_hf_weights
+
+        m = self.cfg.model
+        if m.pretrained_checkpoint:
+            from ..checkpoint.dist_ckpt import load_checkpoint
+
+            load_checkpoint(self.policy.model, m.pretrained_checkpoint)
+            src = m.pretrained_checkpoint
+        elif m.hf_checkpoint and os.path.exists(os.path.join(m.hf_checkpoint, "config.json")):
+            load_hf_weights(self.policy.model, self.arch, m.hf_checkpoint, self.policy.padded_vocab)
+            src = m.hf_checkpoint
+        else:
+            src = "random init"
+        self.policy.optimizer.reload_model_params()
+        return src
+
+    def full_weights(self) -> dict:
+        """TP-gathered weights of this PP stage by megatron global name (tests, replay)."""
+        from ..checkpoint.model_io import gather_full_weights
+
+        return {n: t.clone() for n, t in gather_full_weights(self.policy.model, self.arch)}
+
+    def sync_weights(self, engine=None, bucket_bytes: Optional[int] = None) -> dict:
+        """Bucketed TP/PP -> HF sync into ``engine`` (given on rank 0 only)."""
+        from ..hybrid.weight_sync import WeightSync
+
+        if self._sync is None:
+            self._sync = WeightSync(
+                self.policy.model, self.arch, feeder_ranks=(0,),
+                bucket_bytes=bucket_bytes or self.cfg.rollout.update_weight_buffer_size,
+            )
+        t0 = time.perf_counter()
+        stats = self._sync.sync(engine if self.rank == 0 else None)
+        return {"seconds": time.perf_counter() - t0, "bytes": stats.bytes, "buckets": stats.buckets}
+
+    # ------------------------------------------------------------------ DAPO
+    def compute_logprobs(self, samples: list) -> Optional[list]:
+        from .dapo_step import compute_logprobs
+
+        o = self.cfg.optim
+        return compute_logprobs(self.policy, samples, self.arch.vocab_size, o.micro_batch_size, o.max_tokens_per_gpu)
+
+    def train(self, shards: list, inject_nan: bool = False) -> list:
+        """``shards[k]`` is this rank's DP shard of mini-batch k: one optimizer step each."""
+        from .dapo_step import train_on_minibatch
+
+        o = self.cfg.optim
+        out = []
+        for shard in shards:
+            out.append(
+                train_on_minibatch(
+                    self.policy, shard, self.cfg.algo, self.arch.vocab_size, o.micro_batch_size,
+                    o.max_tokens_per_gpu, nan_loss=inject_nan,
+                )
+            )
+        return out
+
+    def probe(self, engine, tokens: list, prompt_len: int, threshold: float) -> float:
+        """Max |logp_engine - logp_megatron| on a fixed probe sequence (all ranks call it)."""
+        lp = self.compute_logprobs([{"tokens": tokens, "prompt_len": prompt_len}])
+        if self.rank != 0:
+            return 0.0
+        # rank 0 may not be the last PP stage: take the logprobs from the engine side only
+        # when this rank computed them; else the driver compares (see train.py).
+        return lp
+
+    # ------------------------------------------------------------------ state
+    def rng_state(self) -> dict:
+        import random
+
+        import numpy as np
+
+        return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+    def set_rng_state(self, s: dict) -> None:
+        import random
+
+        import numpy as np
+
+        torch.set_rng_state(s["torch"])
+        np.random.set_state(s["numpy"])
+        random.setstate(s["python"])
+
+    def save(self, directory: str, metadata: dict) -> None:
+        from .checkpointing import save_train_checkpoint
+
+        save_train_checkpoint(self.policy, directory, metadata)
+
+    def load(self, directory: str) -> None:
+        from .checkpointing import load_train_checkpoint
+
+        load_train_checkpoint(self.policy, directory)
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        from ..distributed import destroy_parallel
+
+        destroy_parallel()
+        if dist.is_initialized():
+            dist.destroy_process_group()
