@@ -34,9 +34,8 @@ def misbehave(response: str, ground_truth: str, **extra) -> float:
         while True:
             pass
     if response == "oom":
-        blocks = []
-        while True:
-            blocks.append(bytearray(64 * 1024 * 1024))
+        # One 8 GiB block: far above the pool's RLIMIT_AS cap, refused at once.
+        return float(len(bytearray(8 * 1024**3)))
     if response == "raise":
         raise RuntimeError("plug-in failure")
     if response == "die":
