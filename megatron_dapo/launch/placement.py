@@ -270,10 +270,23 @@ def _main(argv=None) -> int:
     w.add_argument("--gpus-per-node", type=float, default=0)
     w.add_argument("--timeout", type=float, default=300)
     args = ap.parse_args(argv)
-    start_ray(address=args.address)
     expected = [x for x in args.nodes.split(",") if x]
+    deadline = time.monotonic() + args.timeout
+    while True:  # the head may still be starting
+        try:
+            start_ray(address=args.address)
+            break
+        except Exception as e:  # ConnectionError, or a timeout inside ray.init
+            import ray
+
+            ray.shutdown()
+            if time.monotonic() >= deadline:
+                where = args.address or os.environ.get("RAY_ADDRESS") or "a local cluster"
+                print(f"ERROR: Ray head at {where} not reachable within {args.timeout:g} s ({e})", file=sys.stderr)
+                return 1
+            time.sleep(2)
     try:
-        nodes = wait_for_nodes(expected, args.gpus_per_node, args.timeout)
+        nodes = wait_for_nodes(expected, args.gpus_per_node, max(0.0, deadline - time.monotonic()))
     except PlacementError as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 1

@@ -6,6 +6,7 @@ non-zero on the first failed check; always shuts the cluster down.
 """
 
 import os
+import subprocess
 import sys
 import time
 
@@ -56,6 +57,14 @@ def main() -> int:
         except PlacementError as e:
             assert "nodeC (not registered)" in str(e) and "nodeA" not in str(e).split("missing:")[1].split(";")[0], e
         print("OK wait_for_nodes names the missing node")
+        cli = [sys.executable, "-m", "megatron_dapo.launch.placement", "wait-nodes", "--address", cluster.address,
+               "--gpus-per-node", "1"]
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        ok = subprocess.run(cli + ["--nodes", "nodeA,nodeB", "--timeout", "30"], capture_output=True, text=True, cwd=root)
+        assert ok.returncode == 0 and "all 2 node(s) registered" in ok.stdout, ok.stdout + ok.stderr
+        bad = subprocess.run(cli + ["--nodes", "nodeA,nodeC", "--timeout", "2"], capture_output=True, text=True, cwd=root)
+        assert bad.returncode == 1 and "nodeC (not registered)" in bad.stderr, bad.stdout + bad.stderr
+        print("OK the wait-nodes CLI (used by the Slurm script) passes and fails fast naming nodeC")
 
         # one (fake) GPU per bundle, one bundle per node; default CPUs per GPU bundle = 1
         pg = create_placement_group(2, 1, strategy="STRICT_SPREAD", timeout_s=30)

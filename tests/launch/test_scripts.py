@@ -1,0 +1,134 @@
+"""The launch scripts: examples/run_qwen32b.sh and examples/slurm/submit_dapo.sbatch in dry-run mode.
+
+Two layers: with ``report_only.py`` standing in for the driver (every flag parses, the plan
+builds, the paper's hyperparameters are what the script passes), and with the real driver
+(``python -m megatron_dapo.train --dry-run``), skipped only while megatron_dapo/train.py
+does not exist.
+"""
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatron_dapo.config import parse_args
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN = ROOT / "examples" / "run_qwen32b.sh"
+SBATCH = ROOT / "examples" / "slurm" / "submit_dapo.sbatch"
+HAVE_DRIVER = (ROOT / "megatron_dapo" / "train.py").exists()
+needs_driver = pytest.mark.skipif(not HAVE_DRIVER, reason="driver not yet present")
+
+
+def _env(tmp_path, python=None, **extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in ("RAY_ADDRESS", "DRY_RUN")}
+    # paths that exist nowhere: the dry-run fallbacks must kick in
+    env.update(HF_CKPT=str(tmp_path / "no-ckpt"), PROMPT_DATA=str(tmp_path / "no.parquet"),
+               EVAL_DATA=str(tmp_path / "no-eval.parquet"), SAVE_DIR=str(tmp_path / "save"),
+               RUN_DIR=str(tmp_path / "run"))
+    if python:
+        env["PYTHON"] = python
+    env.update(extra)
+    return env
+
+
+@pytest.fixture()
+def shim(tmp_path):
+    """A PYTHON for the scripts that only parses the flags and prints the dry-run report."""
+    p = tmp_path / "python-shim"
+    p.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(ROOT / "tests/launch/report_only.py"))} "$@"\n')
+    p.chmod(0o755)
+    return str(p)
+
+
+def _run(cmd, env, timeout=120):
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def _driver_argv(stderr: str) -> list:
+    line = [x for x in stderr.splitlines() if x.startswith("[run_qwen32b] ") and " -m megatron_dapo.train " in x][-1]
+    argv = shlex.split(line[len("[run_qwen32b] "):])
+    return argv[argv.index("megatron_dapo.train") + 1:]
+
+
+def test_run_qwen32b_sections_and_syntax():
+    text = RUN.read_text()
+    for sec in ("MODEL_ARGS", "CKPT_ARGS", "ROLLOUT_ARGS", "DAPO_ARGS", "PERF_ARGS", "EVAL_ARGS", "LOG_ARGS"):
+        assert f"{sec}=(" in text
+    assert "--num-layers" not in text and "--hidden-size" not in text  # the shape comes from config.json
+    assert subprocess.run(["bash", "-n", str(RUN)]).returncode == 0
+    assert subprocess.run(["bash", "-n", str(SBATCH)]).returncode == 0
+
+
+def test_run_qwen32b_passes_the_paper_hyperparameters(tmp_path, shim):
+    p = _run(["bash", str(RUN), "--dry-run"], _env(tmp_path, shim))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "config.json not found: dry run with the public config in examples/qwen2.5-32b" in p.stderr
+    cfg, _ = parse_args(_driver_argv(p.stderr))  # every flag the script passes parses
+    o, r, a, d, par = cfg.optim, cfg.rollout, cfg.algo, cfg.data, cfg.parallel
+    assert cfg.model.hf_checkpoint == str(ROOT / "examples" / "qwen2.5-32b") and cfg.model.bf16
+    assert (o.lr, o.lr_warmup_rollout_steps, o.weight_decay, o.clip_grad, o.global_batch_size) == (1e-6, 10, 0.1, 1.0, 512)
+    assert (r.rollout_batch_size, r.n_samples_per_prompt, r.over_sampling_batch_size, r.max_num_gen_batches) == (512, 16, 1536, 10)
+    assert (r.temperature, r.top_p, r.engine) == (1.0, 1.0, "sglang")
+    assert (a.eps_clip_low, a.eps_clip_high, a.clip_ratio_c) == (0.2, 0.28, 10.0)
+    assert (a.max_response_length, a.overlong_buffer_length, a.loss_agg_mode, a.dynamic_sampling) == (20480, 4096, "token-mean", True)
+    assert a.dynamic_sampling_metric == "acc" and a.kl_coef == 0 and a.entropy_coef == 0
+    assert (d.max_prompt_length, d.prompt_overflow) == (2048, "truncate-left")
+    assert (par.nnodes, par.gpus_per_node, par.tensor_model_parallel_size, par.pipeline_model_parallel_size) == (16, 8, 8, 1)
+    assert cfg.run.dry_run and o.max_tokens_per_gpu == 22528
+    out = p.stdout
+    for needle in ("16 nodes x 8 GPUs = 128 GPUs", "TP 8 x PP 1 x CP 1 x DP 16", "32 engines",
+                   "10 rollout steps = 160 optimizer steps", "peak 64.0 GB of 80 GB: fits", "--- warnings: none ---"):
+        assert needle in out, f"{needle!r} missing:\n{out}"
+
+
+def test_run_qwen32b_uses_a_present_checkpoint_and_passes_extra_args(tmp_path, shim):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text((ROOT / "examples/qwen2.5-32b/config.json").read_text())
+    p = _run(["bash", str(RUN), "--dry-run", "--num-rollout", "7"], _env(tmp_path, shim, HF_CKPT=str(ckpt)))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "not found: dry run with the public config" not in p.stderr
+    cfg, _ = parse_args(_driver_argv(p.stderr))
+    assert cfg.model.hf_checkpoint == str(ckpt) and cfg.run.num_rollout_steps == 7  # "$@" wins
+
+
+def test_sbatch_dry_run_without_slurm(tmp_path, shim):
+    p = _run(["bash", str(SBATCH)], _env(tmp_path, shim, DRY_RUN="1", NODELIST="gpu-a,gpu-b", GPUS_PER_NODE="8",
+                                         NCCL_SOCKET_IFNAME="ib0"))
+    out = p.stdout
+    # 2 nodes x 8 = 16 GPUs: global batch 512 / DP 2 fine
+    assert p.returncode == 0, out + p.stderr
+    assert "(not under Slurm)" in out and "nodes (2): gpu-a gpu-b; head: gpu-a" in out
+    assert "-w gpu-a bash -c" in out and "ray start --head" in out and "--include-dashboard=false" in out
+    assert "-w gpu-b bash -c" in out and "ray start --address=$HEAD_IP:6379" in out
+    assert '{"slurm_node:gpu-b": 1}' in out
+    assert "wait-nodes" in out and "--nodes gpu-a,gpu-b --gpus-per-node 8" in out
+    assert "NCCL_SOCKET_IFNAME=ib0 GLOO_SOCKET_IFNAME=ib0" in out
+    assert "2 nodes x 8 GPUs = 16 GPUs" in out
+    p2 = _run(["bash", str(SBATCH), "--dry-run"], _env(tmp_path, shim))
+    assert p2.returncode == 0 and "nodes (16): node01" in p2.stdout, p2.stdout + p2.stderr
+
+
+def test_sbatch_refuses_to_run_outside_slurm(tmp_path, shim):
+    p = _run(["bash", str(SBATCH)], _env(tmp_path, shim))
+    assert p.returncode == 2 and "not under Slurm" in p.stderr
+
+
+@needs_driver
+def test_run_qwen32b_dry_run_with_the_driver(tmp_path):
+    p = _run(["bash", str(RUN), "--dry-run"], _env(tmp_path, sys.executable), timeout=300)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    for needle in ("configuration valid", "TP 8 x PP 1 x CP 1 x DP 16", "per-GPU memory estimate",
+                   "10 rollout steps = 160 optimizer steps"):
+        assert needle in p.stdout, p.stdout[-4000:]
+
+
+@needs_driver
+def test_sbatch_dry_run_with_the_driver(tmp_path):
+    p = _run(["bash", str(SBATCH)], _env(tmp_path, sys.executable, DRY_RUN="1"), timeout=300)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    assert "ray start --head" in p.stdout and "configuration valid" in p.stdout
