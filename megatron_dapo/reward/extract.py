@@ -37,6 +37,8 @@ _PLAIN_NUMBER = re.compile(
     r"|\d+(?:[.,]\d+)?|\.\d+)(?:/\d+(?![\d]))?"
 )
 _WORDS = re.compile(r"[A-Za-z]+")
+_NUMBER_WITH_UNIT = re.compile(r"([-+]?(?:\d[\d,]*(?:\.\d+)?|\.\d+))\s+((?:[A-Za-z]{2,}\.?(?:\^\{?\d\}?)?\s*)+)")
+_MATH_WORDS = {"pi", "sqrt", "ln", "log", "sin", "cos", "tan", "and", "or", "i", "e", "x", "mod", "pmod"}
 _CONJ = {"and", "or"}
 
 
@@ -214,6 +216,9 @@ def extract_final_answer(text: str) -> tuple[list[str], str]:
     bare = stripped.strip("$€ ").rstrip(".")
     if _PLAIN_NUMBER.fullmatch(bare):
         return [normalize_plain_number(bare)], "text"
+    unit = _NUMBER_WITH_UNIT.fullmatch(bare)
+    if unit and not (set(w.lower() for w in _WORDS.findall(unit.group(2))) & _MATH_WORDS):
+        return [normalize_plain_number(unit.group(1))], "text"  # "540 degrees", "20 cm^2"
     if len(stripped) <= 40 and not re.search(r"[A-Za-z]{2,}\s*[\s:'.]\s*[A-Za-z0-9]", stripped):
         return [stripped], "raw"
     # Prose without LaTeX ("... which is 1,000.99m²"): its last number.
@@ -233,7 +238,7 @@ _THOUSANDS_WHOLE = re.compile(r"\s*([^=]*=\s*)?([-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)
 
 def clean_answer(text: str) -> str:
     """Remove presentation-only LaTeX so that the parser sees only the mathematics."""
-    s = text.replace("\n", " ").replace("\t", " ")
+    s = text.replace("\n", " ").replace("\t", " ").replace("**", "")
     s = _DOUBLE_ESCAPED.sub(r"\\", s)
     for a, b in (("−", "-"), ("≤", "\\le "), ("≥", "\\ge "), ("≠", "\\ne "), ("×", "\\times "),
                  ("·", "\\cdot "), ("÷", "\\div "), ("π", "\\pi "), ("∞", "\\infty "), ("√", "\\sqrt "),

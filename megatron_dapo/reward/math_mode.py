@@ -142,8 +142,21 @@ def _equivalent_once(gold: str, pred: str) -> bool:
         if values_equal(g_value, p_value):
             return True
     except (TooComplex, RecursionError, OverflowError, ValueError, TypeError, ZeroDivisionError, AttributeError):
-        pass
-    return _fallback_equal(gold, pred)
+        return _fallback_equal(gold, pred)
+    # Two parsed values that differ are different; only unparsed text gets the string check.
+    if _has_text(g_value) or _has_text(p_value):
+        return _fallback_equal(gold, pred)
+    return False
+
+
+def _has_text(value) -> bool:
+    if isinstance(value, Text):
+        return True
+    if isinstance(value, Labeled):
+        return _has_text(value.value)
+    if isinstance(value, Seq):
+        return any(_has_text(item) for item in value.items)
+    return False
 
 
 _ANSWER_LINE = re.compile(r"Answer\s*:\s*([^\n]+)", re.IGNORECASE)
@@ -154,7 +167,7 @@ def extract_response_answer(response: str) -> str | None:
 
     Returns None when the response states no answer.
     """
-    lines = _ANSWER_LINE.findall(response)
+    lines = _ANSWER_LINE.findall(response.replace("**", ""))
     if lines:
         return lines[-1].strip()
     parts, source = extract_final_answer(response)

@@ -171,3 +171,28 @@ def test_fuzz_in_process_never_raises(gold, pred):
     for mode in ("math", "dapo"):
         result = compute_score(pred, gold, mode=mode)
         assert result.score in (1.0, -1.0) and result.acc is (result.score > 0)
+
+
+@pytest.mark.parametrize(
+    "template,acc",
+    [
+        ("Answer: {g}", True),
+        ("Answer: {g}.", True),  # dapo mode: wrong (period)
+        ("**Answer:** {g}", True),  # dapo mode: wrong (markdown)
+        ("Answer: \\frac{{{g}}}{{1}}", True),  # dapo mode: wrong (no equivalence)
+        ("Answer: {g} degrees", True),
+        ("Answer: {g} cm^2", True),
+        ("Answer: x = {g}", True),
+        ("So the result is \\boxed{{{g}}}.", True),  # dapo mode: no Answer line
+        ("The final answer is ${g}$.", True),
+        ("Answer: {g}<|im_end|>", True),
+        ("Answer: {g}\nAnswer: {g}1", False),  # the last Answer line counts
+        ("Answer: {g} 0", False),
+        ("The answer might be {g} but I am not sure", False),  # no stated answer
+    ],
+)
+def test_math_mode_response_styles(template, acc):
+    from test_reward_dapo_parity import GROUND_TRUTHS
+
+    for gt in GROUND_TRUTHS[:10]:
+        assert compute_score(template.format(g=gt), gt, mode="math").acc is acc, (template, gt)
