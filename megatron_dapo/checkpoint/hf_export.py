@@ -99,11 +99,22 @@ def hf_to_torch_dist(
     )
     target = dist_ckpt.torch_dtype(dtype)
     # Round every tensor to the checkpoint dtype, also those the local spec keeps in fp32 (norms).
-    load_hf_weights(model, arch, lambda name: weights(name).to(target), padded)
-    weights._open.clear()
+    load_hf_weights(model, arch, lambda name: read_hf_tensor(hf_dir, weights.weight_map, name).to(target), padded)
     meta = dist_ckpt.checkpoint_metadata(cfg, dtype, extra={"source": os.path.abspath(hf_dir)})
-    dist_ckpt.save_checkpoint(model, save_dir, meta)
+    dist_ckpt.save_checkpoint(model, save_dir, meta, release_model_memory=True)
     return meta
+
+
+def read_hf_tensor(hf_dir: str, weight_map: dict, name: str) -> torch.Tensor:
+    """One tensor of an HF checkpoint, its safetensors file opened and closed around the read.
+
+    A file kept open stays memory-mapped, and every page read through the map stays in the
+    process's RSS (file-backed) until it is closed: a whole model's worth after a conversion.
+    """
+    from safetensors import safe_open
+
+    with safe_open(os.path.join(hf_dir, weight_map[name]), "pt") as f:
+        return f.get_tensor(name)
 
 
 def hf_config_for(meta: dict, hf_config_dir=None) -> dict:
