@@ -2,7 +2,7 @@
 
 `extract_final_answer(text)` finds the final answer of a response or gold string, in this
 order: ``\\boxed{}`` (several boxes joined by "and"/","-like separators become a list),
-an "Answer:" / "final answer is" phrase, the last math span(s) ``$...$`` / ``\\(...\\)`` /
+an "Answer:" / "final answer is" / GSM8K "#### " phrase, the last math span(s) ``$...$`` / ``\\(...\\)`` /
 ``\\[...\\]``, and finally the last number of plain text. `clean_answer` then removes
 presentation-only LaTeX (\\left, spacing, units in \\text{}, degrees, percent, thousands
 separators, dollar signs) so that the parser sees only mathematics.
@@ -22,7 +22,7 @@ _KNOWN_CMDS = (
 _DOUBLE_ESCAPED = re.compile(r"\\\\(?=(?:" + _KNOWN_CMDS + r")(?![a-zA-Z]))")
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _ANSWER_PHRASE = re.compile(
-    r"(?:final\s+answer\s*(?:is|:)|answer\s*(?:is|:))\s*", re.IGNORECASE
+    r"(?:final\s+answer\s*(?:is|:)|answer\s*(?:is|:)|^####)\s*", re.IGNORECASE | re.MULTILINE
 )
 _HOPE = re.compile(r"\s*I hope it is correct.*$", re.IGNORECASE | re.DOTALL)
 _MATH_SPAN = re.compile(
@@ -133,7 +133,7 @@ def _answer_phrase(text: str, after: int = 0, final_only: bool = False) -> str |
     """Text after the last "final answer is" / "answer:" phrase (starting at or after `after`)."""
     matches = [m for m in _ANSWER_PHRASE.finditer(text) if m.start() >= after]
     if final_only:
-        matches = [m for m in matches if m.group().lower().startswith("final")]
+        matches = [m for m in matches if m.group().lower().startswith(("final", "####"))]
     # "... so our answer is correct." states no answer: skip phrases without math or digits.
     matches = [m for m in matches if re.match(r"\s*(?:[\\$\d(\[{-]|\(?[A-E]\b|[^\n.]{0,80}?[\d$\\])", text[m.end() :])]
     if not matches:

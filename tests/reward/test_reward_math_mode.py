@@ -196,3 +196,22 @@ def test_math_mode_response_styles(template, acc):
 
     for gt in GROUND_TRUTHS[:10]:
         assert compute_score(template.format(g=gt), gt, mode="math").acc is acc, (template, gt)
+
+
+def test_gsm8k_gold_vs_solution_with_currency_dollars():
+    """GSM8K solutions use "$" for money and end with "#### N"; both must not confuse math mode."""
+    rows = [json.loads(line) for line in (DATA / "eval" / "gsm8k-test.jsonl").open()][:300]
+    missed = [r["answer"][-60:] for r in rows if not is_equivalent(r["answer"].split("####")[-1].strip(), r["answer"])]
+    assert not missed, missed[:5]
+    assert is_equivalent("18", "Answer: $18")
+    assert not is_equivalent("18", "She pays $18 + $2 = $20.\n#### 20")
+
+
+def test_math500_answers_against_other_solutions():
+    rows = _math500()
+    accepted = [
+        (a["answer"], b["answer"])
+        for a, b in zip(rows[::2], rows[1::2])
+        if not is_equivalent(a["answer"], b["answer"]) and is_equivalent(a["answer"], b["solution"])
+    ]
+    assert not accepted
