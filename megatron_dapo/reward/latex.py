@@ -182,6 +182,7 @@ class _Parser:
         self.toks = tokens
         self.i = 0
         self.depth = 0
+        self.in_abs = False  # inside |...|: a "|" closes instead of opening
 
     # -- helpers
     def peek(self, offset: int = 0) -> tuple[str, str]:
@@ -310,8 +311,6 @@ class _Parser:
                 return False
             return True
         return False
-
-    in_abs = False
 
     def parse_term(self):
         mixed = self.peek()[0] == "num" and "." not in self.peek()[1] and self.peek(1)[1] == "\\frac"
@@ -546,16 +545,12 @@ class _Parser:
             if self.at("&"):
                 self.next()
                 continue
-            cell = self.parse_expr_until_cell()
-            row.append(_expr(cell))
+            row.append(_expr(self.parse_expr()))
         if row:
             rows.append(row)
         if not rows or len({len(r) for r in rows}) != 1:
             raise ParseError("ragged matrix")
         return sympy.ImmutableMatrix(rows)
-
-    def parse_expr_until_cell(self):
-        return self.parse_expr()
 
     def parse_atom(self):
         kind, text = self.peek()
