@@ -132,3 +132,44 @@ def test_sbatch_dry_run_with_the_driver(tmp_path):
     p = _run(["bash", str(SBATCH)], _env(tmp_path, sys.executable, DRY_RUN="1"), timeout=300)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     assert "ray start --head" in p.stdout and "configuration valid" in p.stdout
+
+
+@pytest.mark.slow
+def test_sbatch_starts_ray_and_the_driver_under_fake_slurm(tmp_path):
+    """The real (non-dry) path with stub srun/scontrol on this machine: head start, token auth, node wait, driver."""
+    import socket
+    import uuid
+
+    def free_port():
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return s.getsockname()[1]
+
+    stubs = ROOT / "tests" / "launch" / "fake_slurm"
+    temp = f"/tmp/rt-{uuid.uuid4().hex[:8]}"  # Ray's socket paths must stay short
+    base = free_port()
+    env = _env(tmp_path, sys.executable, PATH=f"{stubs}:{os.environ['PATH']}", SLURM_JOB_ID="fake1",
+               SLURM_JOB_NODELIST="fakehead", GPUS_PER_NODE="1", CPUS_PER_NODE="1", RAY_PORT=str(free_port()),
+               RAY_NODE_MANAGER_PORT=str(free_port()), RAY_OBJECT_MANAGER_PORT=str(free_port()),
+               RAY_MIN_WORKER_PORT=str(base), RAY_MAX_WORKER_PORT=str(base + 200), RAY_TEMP_DIR=temp,
+               RAY_HEAD_START_S="1", RAY_WAIT_TIMEOUT="90", DRIVER_SCRIPT=str(stubs / "driver.sh"))
+    env.pop("RAY_AUTH_MODE", None)
+    env.pop("RAY_AUTH_TOKEN", None)
+    try:
+        p = subprocess.run(["bash", str(SBATCH), "--foo", "1"], env=env, capture_output=True, text=True, timeout=150,
+                           cwd=ROOT, start_new_session=True)
+        out = p.stdout + p.stderr
+        assert p.returncode == 0, out[-4000:]
+        assert "all 1 node(s) registered" in out, out[-4000:]
+        line = [x for x in p.stdout.splitlines() if x.startswith("DRIVER ")]
+        assert line, out[-4000:]
+        assert "['slurm_node:fakehead'] 1.0 ARGS --foo 1" in line[0] and f":{env['RAY_PORT']} " in line[0]
+    finally:
+        # the script's trap stops `ray start --block`; anything left under our temp dir is ours to end
+        left = subprocess.run(["pgrep", "-f", temp], capture_output=True, text=True).stdout.split()
+        for pid in left:
+            try:
+                os.kill(int(pid), 9)
+            except (ProcessLookupError, ValueError):
+                pass
+        assert not left, f"processes left running under {temp}: {left}"
