@@ -77,3 +77,18 @@ def test_bf16_checkpoint(gloo, tiny_hf, tmp_path):
     ref = hf_logits(out, tokens)  # bf16 weights, run in fp32
     got = [g for g in gloo(2).run(bodies.checkpoint_logits, TINY["qwen2"], ck, 2, 1, tokens) if g is not None]
     assert float((got[0] - ref).abs().max()) < 1e-5
+
+
+def test_tied_vocab_repad_tp2pp2(gloo, tmp_path):
+    """Tied embeddings + a vocabulary padded differently at TP2 (300 -> 384 at TP1, 512 at TP2):
+    the embedding (first stage) and the tied output layer (last stage) both re-pad."""
+    from tests.checkpoint.conftest import write_hf
+    from tests.tiny import tiny_llama_config
+
+    cfg = tiny_llama_config(vocab_size=300)
+    hf_dir, ck = write_hf(cfg, tmp_path / "hf", seed=3), str(tmp_path / "ck")
+    gloo(4).run(bodies.convert_hf, hf_dir, ck, "fp32")
+    tokens = torch.randint(0, 300, (2, 10), generator=torch.Generator().manual_seed(5))
+    ref = hf_logits(hf_dir, tokens)
+    got = [g for g in gloo(4).run(bodies.checkpoint_logits, cfg, ck, 2, 2, tokens) if g is not None]
+    assert got and all(float((g - ref).abs().max()) < 1e-5 for g in got)
