@@ -55,7 +55,11 @@ def parse_args(argv=None):
     p.add_argument("--prompt-style", choices=PROMPT_STYLES, default="chat")
     p.add_argument("--stop", action="append", default=None, help="extra stop string (repeatable)")
     p.add_argument("--out", default=None, help="output directory (default: eval_out/<model>__<data>)")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None,
+                   help="seeds the engine (hf: reproducible for a fixed --batch-size; sglang: random_seed)")
+    p.add_argument("--seed-per-problem", action="store_true",
+                   help="also seed each problem's own generate call (reproducible whatever the batching; "
+                        "one call per problem, slow on GPU)")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N problems")
     p.add_argument("--batch-size", type=int, default=None,
                    help="samples per generate call (default: 32 with hf, all with sglang)")
@@ -71,6 +75,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.k < 1:
         p.error("--k must be >= 1")
+    if args.seed_per_problem and args.seed is None:
+        p.error("--seed-per-problem needs --seed")
     if args.n_samples is not None and args.n_samples < args.k:
         p.error(f"--n-samples {args.n_samples} < --k {args.k}")
     return args
@@ -209,7 +215,7 @@ def main(argv=None) -> int:
                 scorer=scorer,
                 stop=args.stop,
                 stop_token_ids=_generation_eos_ids(model_dir),
-                seed=args.seed,
+                seed=args.seed if args.seed_per_problem else None,
                 out_dir=out,
                 progress=not args.no_progress,
                 limit=args.limit,

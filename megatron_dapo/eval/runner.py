@@ -19,11 +19,15 @@
 
 DAPO's protocol is the default: temperature 1.0, top_p 0.7, k = 32, at most 20480 new tokens.
 
-Seeds: with ``seed`` set, generate call ``c`` (a batch of whole problems) uses
-``derive_seed(seed, c + 1)``, so a run is reproducible for the same ``seed`` and
-``batch_size``; inside a call, sample ``j`` of every problem shares one random stream (the
-engines derive per-sample, not per-prompt, seeds). That couples problems of one batch
-weakly but changes no sample's distribution, so the metrics stay unbiased.
+Seeds: the engines derive per-sample seeds from one request seed (sample ``j`` of *every*
+prompt of a call gets ``derive_seed(seed, j)``), so a seeded call over several problems would
+give sample ``j`` of each problem the same random stream; with a weak model that visibly
+repeats the same answer across problems. With ``seed`` set, each problem therefore gets its
+own generate call seeded ``derive_seed(seed, problem_index + 1)``: reproducible whatever the
+batching, at the price of batching only the ``n`` samples of one problem. With ``seed=None``
+problems are batched (``batch_size``) and every row draws its own seed from the engine's RNG
+(``HFEngine(seed=...)`` makes that reproducible for a fixed ``batch_size``; tools/eval.py's
+``--seed`` does this).
 """
 
 from __future__ import annotations
@@ -345,8 +349,9 @@ def evaluate(
     :class:`~megatron_dapo.reward.BatchScorer`, left open) or a callable
     ``(response, ground_truth) -> RewardResult``; ``None`` starts a ``BatchScorer(mode=reward_mode)``
     for the call.
+    ``seed``: one seeded generate call per problem (see the module doc); ``None`` batches.
     ``limit``: only the first ``limit`` problems. ``batch_size``: samples per generate call
-    (whole problems; ``None``: all at once). ``out_dir``: where ``samples.jsonl`` and
+    (whole problems; ``None``: all at once; unused with ``seed``). ``out_dir``: where ``samples.jsonl`` and
     ``summary.json`` go (nothing is written when ``None``). ``name``: the dataset name in
     ``summary.json`` (default :func:`dataset_name`).
     """
@@ -403,7 +408,10 @@ def evaluate(
         groups.setdefault((caps[i], sizes[i], stops[i]), []).append(i)
     calls = []
     for key, idx in groups.items():
-        calls.extend((key, b) for b in _batches(idx, sizes, batch_size))
+        if seed is not None:  # one call per problem, its own seed (see the module doc)
+            calls.extend((key, [i]) for i in idx)
+        else:
+            calls.extend((key, b) for b in _batches(idx, sizes, batch_size))
 
     own_scorer = None
     if scorer is None:
@@ -427,7 +435,7 @@ def evaluate(
     per_problem: list[list[dict]] = [[] for _ in problems]
     n_correct = n_done = gen_tokens = 0
     try:
-        for c, ((cap, n, stop_strs), idx) in enumerate(calls):
+        for (cap, n, stop_strs), idx in calls:
             params = SamplingParams(
                 temperature=float(temperature),
                 top_p=float(top_p),
@@ -436,7 +444,7 @@ def evaluate(
                 n=int(n),
                 stop_token_ids=sorted(eos_ids),
                 stop=list(stop_strs),
-                seed=None if seed is None else derive_seed(int(seed), c + 1),
+                seed=None if seed is None else derive_seed(int(seed), idx[0] + 1),
             )
             outs = engine.generate([prompts[i] for i in idx], params)
             batch, where = [], []

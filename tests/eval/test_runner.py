@@ -159,8 +159,7 @@ def test_samples_jsonl_and_summary_json(tok, copies_file, tmp_path):
     out = tmp_path / "out"
     eng = ScriptedEngine(tok, _script)
     s = evaluate(
-        eng, tok, copies_file, k=4, scorer=compute_score, out_dir=str(out), progress=False,
-        batch_size=8, seed=3,
+        eng, tok, copies_file, k=4, scorer=compute_score, out_dir=str(out), progress=False, batch_size=8,
     )
     lines = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
     assert len(lines) == 12 and all(SAMPLE_KEYS <= set(x) for x in lines)
@@ -170,14 +169,22 @@ def test_samples_jsonl_and_summary_json(tok, copies_file, tmp_path):
     assert [x["pred"] for x in first] == ["5", "5", "0", "0"]
     assert {x["reason"] for x in lines if x["problem_id"] == "2"} == {"no_answer"}
     assert all(x["response_length"] == len(tok(x["response"])["input_ids"]) for x in lines)
-    # batch_size=8 with 4 samples per problem: 2 problems, then 1; seeds differ per call.
-    assert [n for n, _ in eng.calls] == [2, 1]
-    seeds = [p.seed for _, p in eng.calls]
-    assert None not in seeds and len(set(seeds)) == 2
+    # batch_size=8 with 4 samples per problem: 2 problems, then 1; unseeded rows.
+    assert [n for n, _ in eng.calls] == [2, 1] and {p.seed for _, p in eng.calls} == {None}
     full = json.loads((out / "summary.json").read_text())
     assert {k: full[k] for k in s} == s
     assert full["config"]["dataset_name"] == "toy-copies" and full["config"]["k"] == 4
     assert full["config"]["temperature"] == 1.0 and full["config"]["top_p"] == 0.7
+
+
+def test_seed_gives_each_problem_its_own_call_and_seed(tok, copies_file):
+    eng = ScriptedEngine(tok, _script)
+    evaluate(eng, tok, copies_file, k=4, scorer=compute_score, progress=False, batch_size=64, seed=3)
+    assert [n for n, _ in eng.calls] == [1, 1, 1] and all(p.n == 4 for _, p in eng.calls)
+    assert len({p.seed for _, p in eng.calls}) == 3 and None not in {p.seed for _, p in eng.calls}
+    again = ScriptedEngine(tok, _script)
+    evaluate(again, tok, copies_file, k=4, scorer=compute_score, progress=False, batch_size=4, seed=3)
+    assert [p.seed for _, p in again.calls] == [p.seed for _, p in eng.calls]  # batching-independent
 
 
 def test_dapo_defaults_and_context_cap(tok, single_file):
@@ -265,20 +272,21 @@ def tiny_model(tmp_path_factory, tok):
     return str(d)
 
 
-def test_hf_engine_tiny_model(tok, tiny_model, copies_file):
+def test_hf_engine_tiny_model(tok, tiny_model, copies_file, tmp_path):
     from megatron_dapo.rollout.hf_engine import HFEngine
 
     eng = HFEngine(tiny_model, tokenizer=tok)
-    runs = [
-        evaluate(eng, tok, copies_file, k=2, max_new_tokens=3, scorer=compute_score, seed=7,
-                 progress=False, out_dir=None)
-        for _ in range(2)
-    ]
-    s = runs[0]
+    outs = []
+    for bs in (4, 12):
+        out = tmp_path / f"bs{bs}"
+        s = evaluate(eng, tok, copies_file, k=2, max_new_tokens=3, scorer=compute_score, seed=7,
+                     progress=False, out_dir=str(out), batch_size=bs)
+        outs.append([json.loads(x)["response"] for x in (out / "samples.jsonl").read_text().splitlines()])
     assert s["n_problems"] == 3 and s["samples_per_problem"] == 4  # the file's 4 copies
     assert s["response_length_mean"] <= 3 and 0.0 <= s["truncation_ratio"] <= 1.0
     assert s["avg@2"] == 0.0 and s["no_answer_rate"] == 1.0  # random weights never answer
-    assert runs[1]["response_length_mean"] == s["response_length_mean"]  # seeded: reproducible
+    assert outs[0] == outs[1]  # seeded: the same samples whatever the batch size
+    assert len(set(outs[0][0::4])) > 1  # sample 0 of different problems: different streams
 
 
 def _read_out(out):
@@ -307,6 +315,10 @@ def test_tools_eval_main(tiny_model, tmp_path):
     assert summary["config"]["context_length"] == 1024
     assert len(samples) == 4 and all(SAMPLE_KEYS <= set(x) for x in samples)
     assert tool.model_kind(tiny_model) == "hf"
+    with pytest.raises(SystemExit):
+        tool.parse_args(["--model", tiny_model, "--data", data, "--seed-per-problem"])
+    with pytest.raises(SystemExit):
+        tool.parse_args(["--model", tiny_model, "--data", data, "--k", "4", "--n-samples", "2"])
     with pytest.raises(SystemExit):
         tool.model_kind(str(tmp_path))
 
