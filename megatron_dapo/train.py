@@ -279,6 +279,7 @@ class Trainer:
         cfg, a = self.cfg, self.cfg.algo
         t_step = time.perf_counter()
         # 1. rollout: generate, verify, filter on raw accuracy
+        self.engines.kill_next_generation = cfg.run.kill_engine_at_step == step
         roll = self.manager.collect(step)
         # 2. rewards -> advantages; overlong filtering
         samples = assign_advantages(roll.groups, a)
@@ -293,9 +294,13 @@ class Trainer:
         self._compute_old_logprobs(need)
         t_old = time.perf_counter() - t
         # 5. one optimizer step per --global-batch-size responses
+        if cfg.run.dump_train_batch:
+            self._dump_train_batch(step, samples, "before")
         t = time.perf_counter()
         train_metrics = self._train(samples, inject_nan=(cfg.run.inject_nan_at_step == step))
         t_train = time.perf_counter() - t
+        if cfg.run.dump_train_batch:
+            self._dump_train_batch(step, samples, "after")
         # 6. engine wakes: weights first, sync, then KV cache; probe
         t = time.perf_counter()
         ray.get([h.resume_memory.remote(["weights"]) for h in self.engines.handles])
@@ -437,6 +442,18 @@ class Trainer:
             )
         return worst
 
+    def _dump_train_batch(self, step: int, samples: list, when: str) -> None:
+        """Testing: the exact worker inputs of this step and the full weights around it."""
+        weights = {}
+        for part in self.cluster.call("full_weights"):
+            weights.update(part)
+        out = {"weights": weights}
+        if when == "before":
+            out["samples"] = [s.to_worker() for s in samples]
+            out["global_batch_size"] = self.cfg.optim.global_batch_size
+        os.makedirs(self.cfg.run.dump_train_batch, exist_ok=True)
+        torch.save(out, os.path.join(self.cfg.run.dump_train_batch, f"step_{step:06d}_{when}.pt"))
+
     def _dump(self, step: int, roll) -> None:
         d = os.path.join(self.run_dir, "rollouts")
         os.makedirs(d, exist_ok=True)
@@ -478,6 +495,10 @@ class Trainer:
         self.cluster.call("save", tmp, meta)
         state = self.driver_state()
         state["rank_rng"] = self.cluster.call("rng_state")
+        if self.cfg.run.crash_during_save_at_step == self.step:  # testing: die mid-save
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
         torch.save(state, os.path.join(tmp, checkpoints.STATE_FILE))
         path = checkpoints.commit(root, self.step, self.cfg.checkpoint.keep_last)
         if self.cfg.checkpoint.save_hf_interval and self.step % self.cfg.checkpoint.save_hf_interval == 0:

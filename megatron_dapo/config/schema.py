@@ -136,6 +136,9 @@ class RunConfig:
     deterministic: bool = _f(False, "Per-sample seeds, fixed generation rounds: reruns and resumes are identical.")
     dry_run: bool = _f(False, "Validate configuration, data and paths, print the plan, start nothing.")
     inject_nan_at_step: Optional[int] = _f(None, "Testing: make the loss NaN at this step.", "--debug-inject-nan-step")
+    kill_engine_at_step: Optional[int] = _f(None, "Testing: SIGKILL the engine process mid-generation at this step.", "--debug-kill-engine-step")
+    crash_during_save_at_step: Optional[int] = _f(None, "Testing: SIGKILL the driver mid-save at this step.", "--debug-crash-during-save-step")
+    dump_train_batch: Optional[str] = _f(None, "Testing: write the training batch and weights of each step here.", "--debug-dump-train-batch")
 
 
 @dataclass

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from typing import Callable, Optional
 
@@ -46,6 +47,7 @@ class EnginePool:
         self.make_engine, self.resync, self.timeout_s = make_engine, resync, timeout_s
         self.handles = [make_engine(i) for i in range(num_engines)]
         self.restarts = 0
+        self.kill_next_generation = False  # testing: SIGKILL engine 0 right after submitting
 
     def restart(self, i: int, why: str) -> None:
         import ray
@@ -80,6 +82,11 @@ class EnginePool:
                     busy[e] = fut
 
         submit()
+        if self.kill_next_generation:
+            self.kill_next_generation = False
+            import signal
+
+            os.kill(ray.get(self.handles[0].pid.remote()), signal.SIGKILL)
         done_results = {}
         next_to_emit = 0
         stop = False

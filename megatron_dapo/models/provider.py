@@ -30,6 +30,9 @@ class ModelBuildOptions:
     context_parallel_size: int = 1
     use_te: Optional[bool] = None  # None = TE when it imports
     deterministic: bool = False
+    # False: parameters are left uninitialised (torch.empty), for callers that load every
+    # weight right after building (checkpoint conversion: no init time, pages untouched).
+    perform_initialization: bool = True
 
 
 def transformer_config_from_arch(arch: ModelArch, opts: ModelBuildOptions):
@@ -68,7 +71,7 @@ def transformer_config_from_arch(arch: ModelArch, opts: ModelBuildOptions):
         bf16=opts.bf16,
         pipeline_dtype=opts.params_dtype,
         use_cpu_initialization=not on_gpu,
-        perform_initialization=True,
+        perform_initialization=opts.perform_initialization,
         recompute_granularity=opts.recompute_granularity,
         recompute_method=opts.recompute_method,
         recompute_num_layers=opts.recompute_num_layers,

@@ -77,7 +77,10 @@ def collate(samples: list) -> dict:
         if has_ref:
             ref[i, p:n] = torch.tensor(x["ref_logprobs"], dtype=torch.float32)
         adv[i] = x.get("advantage", 0.0)
-    out = {"tokens": tokens, "loss_mask": loss_mask, "resp_mask": resp_mask, "old_logprobs": old, "advantages": adv}
+    # logits are only needed from the first response token on: prompts are not scored
+    resp_start = max(1, min(x["prompt_len"] for x in samples))
+    out = {"tokens": tokens, "loss_mask": loss_mask, "resp_mask": resp_mask, "old_logprobs": old, "advantages": adv,
+           "resp_start": resp_start}
     if has_ref:
         out["ref_logprobs"] = ref
     return out
@@ -106,7 +109,8 @@ def compute_logprobs(policy_or_model, samples: list, true_vocab: int, micro_batc
     got = []
 
     def loss_fn(batch, logits):
-        lp = token_logprobs(logits, batch["tokens"], true_vocab)
+        st = batch["resp_start"]
+        lp = token_logprobs(logits[:, st - 1 :], batch["tokens"][:, st - 1 :], true_vocab)  # tokens st..end
         got.append(lp.detach().float())
         return torch.zeros((), dtype=torch.float32), {}
 
@@ -116,10 +120,11 @@ def compute_logprobs(policy_or_model, samples: list, true_vocab: int, micro_batc
         return None
     out, k = [], 0
     for mb, lp in zip(mbs, got):
+        st = mb["resp_start"]
         for i in range(mb["tokens"].shape[0]):
             x = samples[k]
             n, p = len(x["tokens"]), x["prompt_len"]
-            out.append(lp[i, p - 1 : n - 1].tolist())
+            out.append(lp[i, p - st : n - st].tolist())
             k += 1
     return out
 
@@ -128,14 +133,16 @@ def dapo_loss_fn(algo: AlgorithmConfig, true_vocab: int, global_tokens, global_s
     """The per-micro-batch loss: decoupled-clip surrogate, aggregated over the whole step."""
 
     def loss_fn(batch, logits):
-        lp = token_logprobs(logits, batch["tokens"], true_vocab)  # [b, s-1]
-        mask = batch["loss_mask"][:, 1:]
-        old = batch["old_logprobs"][:, 1:]
+        st = batch["resp_start"]  # score tokens st..end only (the prompts carry no loss)
+        logits = logits[:, st - 1 :]
+        lp = token_logprobs(logits, batch["tokens"][:, st - 1 :], true_vocab)  # [b, s-st]
+        mask = batch["loss_mask"][:, st:]
+        old = batch["old_logprobs"][:, st:]
         per_tok, m = policy_loss(
             lp, old, batch["advantages"], mask, algo.eps_clip_low, algo.eps_clip_high, algo.clip_ratio_c
         )
         loss = aggregate_loss(per_tok, mask, algo.loss_agg_mode, global_tokens, global_seqs)
-        resp = batch["resp_mask"][:, 1:]
+        resp = batch["resp_mask"][:, st:]
         need_grad = algo.entropy_coef > 0
         with torch.set_grad_enabled(need_grad and torch.is_grad_enabled()):
             ent = vocab_parallel_entropy(logits[:, :-1] if need_grad else logits[:, :-1].detach(), true_vocab)
@@ -143,7 +150,7 @@ def dapo_loss_fn(algo: AlgorithmConfig, true_vocab: int, global_tokens, global_s
             loss = loss - algo.entropy_coef * aggregate_loss(ent, mask, algo.loss_agg_mode, global_tokens, global_seqs)
         kl_sum = torch.zeros(())
         if algo.kl_coef > 0 and "ref_logprobs" in batch:
-            kl_tok = kl_penalty(lp, batch["ref_logprobs"][:, 1:], algo.kl_estimator)
+            kl_tok = kl_penalty(lp, batch["ref_logprobs"][:, st:], algo.kl_estimator)
             loss = loss + algo.kl_coef * aggregate_loss(kl_tok, mask, algo.loss_agg_mode, global_tokens, global_seqs)
             kl_sum = (kl_tok.detach() * mask).sum()
         if nan_loss:

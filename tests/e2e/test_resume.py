@@ -1,0 +1,103 @@
+"""Exact resume in --deterministic mode, and a crash during a save (both with kill -9).
+
+A: 4 steps uninterrupted. B: the same run killed (SIGKILL, whole process group) once the
+step-2 checkpoint is committed, then resumed with --load for the remaining steps. Metrics
+(except timings) and the final weights must be identical, bitwise. C: a run killed in the
+middle of its step-2 save resumes from the step-1 checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from safetensors.torch import load_file
+
+from tests.e2e.fixtures import make_prompts, make_tiny_qwen2_dir
+from tests.e2e.test_train_e2e import base_args, read_metrics
+
+pytestmark = [pytest.mark.slow]
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _cmd(hf, prompts, run, save, steps, extra=()):
+    args = base_args(hf, prompts, run, **{"--num-rollout": str(steps), "--save": save, "--save-interval": "1",
+                                          "--keep-last": "3", "--deterministic": None})
+    return [sys.executable, "-m", "megatron_dapo.train", *args, *extra]
+
+
+def _env():
+    env = dict(os.environ, MEGATRON_DAPO_EXPORT_FINAL_HF="1", PYTHONPATH=ROOT, RAY_ADDRESS="")
+    env.pop("RAY_ADDRESS")
+    return env
+
+
+def _run(cmd, timeout=600):
+    r = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    return r
+
+
+def _latest(save):
+    try:
+        with open(os.path.join(save, "latest")) as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return None
+
+
+def _strip(rows):
+    return [{k: v for k, v in r.items() if not k.startswith("time_") and k != "tokens_per_second"} for r in rows]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny_resume")
+    return make_tiny_qwen2_dir(str(d / "hf")), make_prompts(str(d / "prompts.jsonl"))
+
+
+def test_kill9_and_resume_is_exact(tiny, tmp_path):
+    hf, prompts = tiny
+    run_a, save_a = str(tmp_path / "a"), str(tmp_path / "a_ckpt")
+    _run(_cmd(hf, prompts, run_a, save_a, 4))
+
+    run_b, save_b = str(tmp_path / "b"), str(tmp_path / "b_ckpt")
+    p = subprocess.Popen(_cmd(hf, prompts, run_b, save_b, 4), cwd=ROOT, env=_env(), start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    while _latest(save_b) != "step_000002":
+        assert p.poll() is None, "run B ended before it could be killed"
+        assert time.time() < deadline, "run B never reached its step-2 checkpoint"
+        time.sleep(0.1)
+    os.killpg(p.pid, signal.SIGKILL)  # kill -9 of the whole run (driver, Ray, workers)
+    p.wait()
+    assert _latest(save_b) in ("step_000002", "step_000003")
+    _run(_cmd(hf, prompts, run_b, save_b, 4, extra=["--load", save_b]))
+
+    a, b = read_metrics(run_a), read_metrics(run_b)
+    assert [r["step"] for r in b] == [1, 2, 3, 4]
+    assert _strip(a) == _strip(b)
+    wa = load_file(os.path.join(run_a, "final_hf", "model.safetensors"))
+    wb = load_file(os.path.join(run_b, "final_hf", "model.safetensors"))
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert (wa[k] == wb[k]).all(), k  # bitwise
+
+
+def test_crash_during_save_keeps_previous_checkpoint(tiny, tmp_path):
+    hf, prompts = tiny
+    run, save = str(tmp_path / "c"), str(tmp_path / "c_ckpt")
+    r = subprocess.run(_cmd(hf, prompts, run, save, 3, extra=["--debug-crash-during-save-step", "2"]), cwd=ROOT,
+                       env=_env(), capture_output=True, text=True, timeout=600, start_new_session=True)
+    assert r.returncode == -signal.SIGKILL
+    assert _latest(save) == "step_000001"  # the interrupted save never became 'latest'
+    assert any(n.startswith(".tmp-step_000002") for n in os.listdir(save))
+    out = _run(_cmd(hf, prompts, run, save, 2, extra=["--load", save]))
+    assert "continuing after step 1" in out.stdout
+    assert not any(n.startswith(".tmp-") for n in os.listdir(save))  # stale partial save removed
+    assert [r["step"] for r in read_metrics(run)] == [1, 2]
