@@ -50,7 +50,19 @@ def start_ray(address: Optional[str] = None, num_cpus: Optional[float] = None, *
     kw = dict(include_dashboard=False, log_to_driver=False)
     kw.update(init_kwargs)
     if address and address != "local":
-        ray.init(address=address, **kw)
+        try:
+            ray.init(address=address, **kw)
+        except Exception as e:
+            token = os.path.expanduser("~/.ray/auth_token")
+            if os.environ.get("RAY_AUTH_MODE") is None and os.path.exists(token):
+                # Ray 2.60: `ray start --head` enables token auth when this file exists, an explicit
+                # address does not: the connection is refused as unauthenticated (docs/slurm.md).
+                raise ConnectionError(
+                    f"could not connect to Ray at {address} ({e}); RAY_AUTH_MODE is unset and {token} exists: "
+                    "if the cluster was started with token authentication, export RAY_AUTH_MODE=token "
+                    "(and the cluster's RAY_AUTH_TOKEN) on the driver as well"
+                ) from e
+            raise
     else:
         if num_cpus is not None:
             kw["num_cpus"] = num_cpus

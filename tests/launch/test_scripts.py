@@ -156,8 +156,13 @@ def test_sbatch_starts_ray_and_the_driver_under_fake_slurm(tmp_path):
     env.pop("RAY_AUTH_MODE", None)
     env.pop("RAY_AUTH_TOKEN", None)
     try:
-        p = subprocess.run(["bash", str(SBATCH), "--foo", "1"], env=env, capture_output=True, text=True, timeout=150,
-                           cwd=ROOT, start_new_session=True)
+        try:
+            p = subprocess.run(["bash", str(SBATCH), "--foo", "1"], env=env, capture_output=True, text=True,
+                               timeout=240, cwd=ROOT, start_new_session=True)
+        except subprocess.TimeoutExpired as e:
+            partial = (e.stdout or b"") + (e.stderr or b"")
+            partial = partial.decode(errors="replace") if isinstance(partial, bytes) else partial
+            pytest.fail(f"submit_dapo.sbatch under fake Slurm did not finish in 240 s:\n{partial[-4000:]}")
         out = p.stdout + p.stderr
         assert p.returncode == 0, out[-4000:]
         assert "all 1 node(s) registered" in out, out[-4000:]
