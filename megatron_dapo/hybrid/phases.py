@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from ..rollout.base import KV_CACHE, WEIGHTS
 from .offload import TrainerOffloader
-from .probe import compare_with_engine, default_probe_tokens, default_threshold, megatron_probe_logprobs, should_check
+from .probe import compare_with_engine, default_probe_tokens, megatron_probe_logprobs, model_threshold, should_check
 from .weight_sync import DEFAULT_BUCKET_BYTES, WeightSync
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ class HybridEngine:
         if check:  # the engine's half needs its KV cache: after resume
             threshold = self.probe_threshold
             if threshold is None:
-                threshold = default_threshold(next(self.policy.model.parameters()).dtype)
+                threshold = model_threshold(self.policy.model)
             probe = self._timed("probe_engine_s", compare_with_engine, ref, self.engines or None, self.probe_tokens, threshold)
             self._event("probe_engine")
         return {"sync": stats, "probe_max_abs": probe}

@@ -35,6 +35,11 @@ def default_threshold(dtype: torch.dtype) -> float:
     return DEFAULT_THRESHOLDS.get(dtype, 0.25)
 
 
+def model_threshold(model) -> float:
+    """The default threshold of a model: that of its least precise parameter dtype."""
+    return max(default_threshold(d) for d in {p.dtype for p in model.parameters()})
+
+
 def default_probe_tokens(vocab_size: int, length: int = 32, batch: int = 2, seed: int = 1234) -> torch.Tensor:
     """A fixed pseudo-random probe [batch, length] of token ids (same on every rank)."""
     g = torch.Generator().manual_seed(seed)
@@ -103,12 +108,12 @@ def check_weight_sync(
     :func:`compare_with_engine` (after the KV cache is back) instead. ``engine``: the engine
     on feeder ranks (or a list), None elsewhere; the worst difference over all feeders is
     reported. ``probe_tokens``: [b, s] (default :func:`default_probe_tokens`).
-    ``threshold`` default: by parameter dtype.
+    ``threshold`` default: :func:`model_threshold`.
     """
     if probe_tokens is None:
         probe_tokens = default_probe_tokens(arch.vocab_size)
     if threshold is None:
-        threshold = default_threshold(next(policy_model.parameters()).dtype)
+        threshold = model_threshold(policy_model)
     ref = megatron_probe_logprobs(policy_model, arch, probe_tokens, pp_group=pp_group)
     return compare_with_engine(ref, engine, probe_tokens, threshold, group=group)
 
@@ -129,10 +134,12 @@ def compare_with_engine(ref_logprobs: torch.Tensor, engine, probe_tokens: torch.
         if d != d:  # NaN
             d = float("inf")
         worst = max(worst, d)
-    w = torch.tensor([worst], dtype=torch.float64, device=ref_logprobs.device)
+    # Every rank must decide alike (a rank raising alone would leave the others waiting in
+    # the next collective): the worst difference and the threshold are both all-reduced.
+    w = torch.tensor([worst, float(threshold)], dtype=torch.float64, device=ref_logprobs.device)
     if dist.is_initialized() and dist.get_world_size(group) > 1:
         dist.all_reduce(w, op=dist.ReduceOp.MAX, group=group)
-    worst = float(w.item())
+    worst, threshold = float(w[0].item()), float(w[1].item())
     log.info("weight sync probe: max |logp_engine - logp_megatron| = %.3g (threshold %.3g)", worst, threshold)
     if not worst <= threshold:
         raise WeightSyncError(

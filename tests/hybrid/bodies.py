@@ -294,3 +294,42 @@ def phase_order(hf_cfg: dict, tp: int, pp: int):
     res["calls"] = list(engine.calls) if engine is not None else None
     res["rollouts"] = rollouts
     return res
+
+
+def odd_qwen2_config() -> dict:
+    """Sizes that are not multiples of the 256-byte slot alignment (q bias 160 B, vocab 250)."""
+    from tests.tiny import tiny_qwen2_config
+
+    return tiny_qwen2_config(vocab_size=250, hidden_size=40, intermediate_size=72, num_attention_heads=4,
+                             num_key_value_heads=2, num_hidden_layers=2)
+
+
+def bf16_sync(hf_cfg: dict, tp: int, pp: int, bucket_bytes: int):
+    """bf16 parameters (no optimizer): engine weights == the reference path, bitwise; probe."""
+    import torch.distributed as dist
+
+    from megatron_dapo.checkpoint.model_io import load_hf_weights
+    from megatron_dapo.distributed import init_parallel
+    from megatron_dapo.hybrid.probe import check_weight_sync, default_probe_tokens
+    from megatron_dapo.hybrid.weight_sync import sync_weights
+    from megatron_dapo.models import ModelBuildOptions, build_gpt_model, padded_vocab_size
+    from megatron_dapo.rollout.hf_engine import HFEngine
+    from tests.tiny import random_hf_model
+
+    init_parallel(tp, pp, seed=1234)
+    sd = random_hf_model(hf_cfg, seed=0).state_dict()
+    opts = ModelBuildOptions(params_dtype=torch.bfloat16, bf16=True)
+    model, arch, _ = build_gpt_model(hf_cfg, opts)
+    load_hf_weights(model, arch, lambda n: sd[n], padded_vocab_size(arch.vocab_size, opts.make_vocab_size_divisible_by, tp))
+    engine = HFEngine(hf_config_obj(hf_cfg), dtype=torch.bfloat16) if dist.get_rank() == 0 else None
+
+    class P:  # reference_hf_weights wants .model / .arch
+        pass
+
+    p = P()
+    p.model, p.arch = model, arch
+    ref = reference_hf_weights(p)
+    st = sync_weights(model, arch, engine, bucket_bytes=bucket_bytes)
+    diff = check_weight_sync(model, arch, engine, default_probe_tokens(arch.vocab_size, length=16), None)
+    w = {n: engine.get_weight(n).clone() for n in engine.expected_weight_names()} if engine else None
+    return {"ref": ref, "weights": w, "diff": diff, "dtypes": sorted({str(q.dtype) for q in model.parameters()}), "buckets": st.buckets}

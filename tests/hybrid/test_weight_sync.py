@@ -68,3 +68,25 @@ def test_corrupted_bucket_fails_probe(gloo, bucket_bytes):
         assert o["raised"], o
         assert "weight sync probe failed" in o["msg"]
     assert outs[0]["swapped"] == 1
+
+
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)])
+def test_sync_unaligned_sizes(gloo, tp, pp):
+    cfg = bodies.odd_qwen2_config()
+    outs = gloo(2).run(bodies.sync_into_engine, cfg, tp, pp, (0,), BUCKETS, 1e-5)
+    _check_sync(outs, cfg, (0,))
+
+
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)])
+def test_sync_bf16_bitwise(gloo, tp, pp):
+    outs = gloo(2).run(bodies.bf16_sync, tiny_qwen2_config(), tp, pp, 4096)
+    ref = {}
+    for o in outs:
+        assert "torch.bfloat16" in o["dtypes"]  # norms may stay fp32: mixed-dtype buckets
+        if o["ref"] is not None:
+            ref.update(o["ref"])
+    w = outs[0]["weights"]
+    assert set(w) == set(ref)
+    for n, t in w.items():  # the engine casts on load: compare in its dtype
+        assert t.dtype == torch.bfloat16 and torch.equal(t, ref[n].to(t.dtype)), n
+    assert outs[0]["diff"] < 0.25
