@@ -10,8 +10,10 @@ Sections (each reports PASS/FAIL; the exit code is the number of failed sections
   train      one optimizer step (creates Adam state)
   sync       all weight-sync buckets into a null engine (no SGLang here): time to produce
              every bucket, bytes/s, peak extra memory vs the "one bucket + largest tensor"
-             bound, every tensor checked against gather_full_weights + megatron_to_hf
-  probe      megatron's half of the weight-sync probe (forward over the stack) on CUDA
+             bound, every tensor checked against gather_full_weights + megatron_to_hf; once
+             more with every collective forced (NCCL all-gathers and broadcast, world of 1)
+  probe      megatron's half of the weight-sync probe (forward over the stack) on CUDA, and
+             the comparison half against an echoing stand-in engine
   offload    TrainerOffloader: params + grads + optimizer state to pinned host memory and
              back; memory_allocated before / offloaded / onloaded, GB/s, checksums equal,
              a second cycle (host buffers reused), a train step afterwards
@@ -233,6 +235,14 @@ def sync(args, policy):
     st = ws.sync(e)  # warm-up + correctness
     assert not e.bad, f"{len(e.bad)} tensors differ from the reference: {e.bad[:5]}"
     assert e.names == set(hf_names(arch)), "names differ from mapping.hf_names"
+    # The same sync with every collective forced (NCCL all_gather_into_tensor incl. the
+    # gate/up and row-parallel paths, and the PP broadcast, on CUDA tensors, world of one).
+    ws.force_collectives = True
+    e2 = NullEngine(ref)
+    ws.sync(e2)
+    ws.force_collectives = False
+    assert not e2.bad and e2.names == e.names, f"forced-collective sync differs: {e2.bad[:5]}"
+    print("forced-collective sync (all_gather_into_tensor / broadcast on", ws.device, "): equal to the reference")
     largest = max(t.numel() * t.element_size() for t in ref.values())
     del ref
     print(f"{st.buckets} buckets of <= {args.bucket_mb} MiB, {st.tensors} HF tensors, {gb(st.bytes)}; largest tensor {gb(largest)}; all equal to the reference")
@@ -267,6 +277,14 @@ def probe(args, policy):
     lp = megatron_probe_logprobs(policy.model, policy.arch, toks)
     sync_dev(torch)
     assert torch.isfinite(lp).all() and lp.shape == (2, 63)
+    from megatron_dapo.hybrid.probe import compare_with_engine
+
+    class Echo:  # an "engine" that scores exactly what megatron computed
+        def score(self, seqs, prompt_lens):
+            return lp.float().cpu().tolist()
+
+    d = compare_with_engine(lp, Echo(), toks, 1e-6)
+    assert d == 0.0
     mm = logprob_mismatch(lp, lp + 0.01, torch.ones_like(lp, dtype=torch.bool))
     print(f"megatron probe logprobs {tuple(lp.shape)} in {time.perf_counter() - t0:.2f} s, mean {float(lp.mean()):.3f}; mismatch helper {mm}")
 

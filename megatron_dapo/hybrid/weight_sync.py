@@ -176,6 +176,9 @@ class WeightSync:
         self._plan: Optional[List[_Bucket]] = None
         self._local: Optional[List[torch.Tensor]] = None
         self._scratch: Optional[torch.Tensor] = None
+        # Checks only (benchmarks/gpu_check.py): run every collective even at TP1 / PP1, so
+        # that a world of one exercises the same NCCL calls on device tensors.
+        self.force_collectives = False
 
     # ------------------------------------------------------------------ plan ----
     def _has_params(self) -> bool:
@@ -272,7 +275,7 @@ class WeightSync:
             src = p.contiguous().view(-1).view(torch.uint8)
             n = src.numel()
             slot = buf[t.offset : t.offset + n * (1 if t.tp_dim is None else self.tp_size)]
-            if t.tp_dim is None or self.tp_size == 1:
+            if t.tp_dim is None or (self.tp_size == 1 and not self.force_collectives):
                 slot.copy_(src)
             elif t.tp_dim == 0 and mapping.is_gated_fc1(t.gname):
                 half = n // 2
@@ -355,6 +358,8 @@ class WeightSync:
         owner = b.stage == self.stage
         # Broadcast when this PP group holds a feeder other than the owner stage's rank.
         src = self.pp_ranks[b.stage]
+        if self.force_collectives:
+            return owner, bool(self.pp_feeders)
         return owner, self.pp_size > 1 and any(r != src for r in self.pp_feeders)
 
     def _iter(self, todo, big, convert):
