@@ -390,17 +390,39 @@ class WeightSync:
             raise WeightSyncError(f"rank {self.rank} is a feeder rank but was given no engine")
         stats = SyncStats()
         t0 = time.perf_counter()
+        # An engine error on a feeder must not leave the other ranks blocked in the next
+        # bucket's collectives: the feeder keeps driving them (without the engine), and one
+        # flag all-reduced over the replica at the end makes every rank raise together.
+        error: Optional[BaseException] = None
         for bucket in self.iter_buckets():
-            for e in engines:
-                e.update_weights(bucket)
+            if error is None:
+                try:
+                    for e in engines:
+                        e.update_weights(bucket)
+                except Exception as exc:  # noqa: BLE001 - re-raised below, on every rank
+                    error = exc
             nbytes = sum(x.numel() * x.element_size() for _, x in bucket)
             stats.bytes += nbytes
             stats.buckets += 1
             stats.tensors += len(bucket)
             stats.max_bucket_bytes = max(stats.max_bucket_bytes, nbytes)
             del bucket
-        for e in engines:
-            e.finish_weight_update()
+        if error is None:
+            try:
+                for e in engines:
+                    e.finish_weight_update()
+            except Exception as exc:  # noqa: BLE001
+                error = exc
+        if self.participates and dist.get_world_size(self.mp_group) > 1:
+            flag = torch.tensor([0 if error is None else 1], dtype=torch.int32, device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.mp_group)
+            failed_elsewhere = bool(flag.item()) and error is None
+        else:
+            failed_elsewhere = False
+        if error is not None:
+            raise WeightSyncError(f"weight sync failed on rank {self.rank}: {type(error).__name__}: {error}") from error
+        if failed_elsewhere:
+            raise WeightSyncError(f"weight sync failed on another rank of rank {self.rank}'s model-parallel group")
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         stats.seconds = time.perf_counter() - t0

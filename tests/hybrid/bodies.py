@@ -333,3 +333,35 @@ def bf16_sync(hf_cfg: dict, tp: int, pp: int, bucket_bytes: int):
     diff = check_weight_sync(model, arch, engine, default_probe_tokens(arch.vocab_size, length=16), None)
     w = {n: engine.get_weight(n).clone() for n in engine.expected_weight_names()} if engine else None
     return {"ref": ref, "weights": w, "diff": diff, "dtypes": sorted({str(q.dtype) for q in model.parameters()}), "buckets": st.buckets}
+
+
+class FailingEngine:
+    """Proxy whose second update_weights call raises (an engine-side error mid-sync)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.calls = 0
+
+    def update_weights(self, bucket):
+        self.calls += 1
+        if self.calls == 2:
+            raise RuntimeError("engine refused bucket 2")
+        self.engine.update_weights(bucket)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def failing_sync(hf_cfg: dict, tp: int, pp: int):
+    """An engine error on the feeder raises WeightSyncError on every rank (no hang)."""
+    import torch.distributed as dist
+
+    from megatron_dapo.hybrid.weight_sync import WeightSyncError, sync_weights
+
+    policy = build_trained_policy(hf_cfg, tp, pp)
+    engine = FailingEngine(make_engine(hf_cfg)) if dist.get_rank() == 0 else None
+    try:
+        sync_weights(policy.model, policy.arch, engine, bucket_bytes=1024)
+    except WeightSyncError as e:
+        return str(e)
+    return None

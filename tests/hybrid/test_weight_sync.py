@@ -90,3 +90,9 @@ def test_sync_bf16_bitwise(gloo, tp, pp):
     for n, t in w.items():  # the engine casts on load: compare in its dtype
         assert t.dtype == torch.bfloat16 and torch.equal(t, ref[n].to(t.dtype)), n
     assert outs[0]["diff"] < 0.25
+
+
+def test_engine_error_raises_on_every_rank(gloo):
+    outs = gloo(2).run(bodies.failing_sync, tiny_qwen2_config(), 1, 2)
+    assert "engine refused bucket 2" in outs[0]
+    assert outs[1] is not None and "another rank" in outs[1]
