@@ -12,7 +12,7 @@ What is moved: every *storage* behind
 Tensors are deduplicated by storage, so a contiguous DDP buffer is copied once, not once per
 parameter view, and every view (param.data, main_grad, bucket views, optimizer shards) stays
 a valid tensor object. Mechanism (``backend="resize"``, the default): copy each storage's
-bytes to a host buffer, then ``untyped_storage().resize_(0)``; onload re-allocates
+bytes to host buffers (chunks of 256 MiB), then ``untyped_storage().resize_(0)``; onload re-allocates
 (``resize_(nbytes)``) and copies the bytes back. On GPU the host buffers are pinned, kept
 between steps (pinning is the expensive part) and the copies are asynchronous with one
 synchronize per direction; ``torch.cuda.empty_cache()`` returns the memory to the driver
@@ -67,7 +67,12 @@ def trainer_tensors(model, optimizer=None) -> Dict[str, List[torch.Tensor]]:
     chunks = list(model) if isinstance(model, (list, tuple)) else [model]
     out: Dict[str, List[torch.Tensor]] = {c: [] for c in CATEGORIES}
     for m in chunks:
-        for buf in list(getattr(m, "buffers", [])) + list(getattr(m, "expert_parallel_buffers", [])):
+        ddp_buffers = []
+        for attr in ("buffers", "expert_parallel_buffers"):  # DDP's lists (nn.Module.buffers is a method)
+            v = getattr(m, attr, None)
+            if isinstance(v, (list, tuple)):
+                ddp_buffers.extend(v)
+        for buf in ddp_buffers:
             if getattr(buf, "param_data", None) is not None:
                 out["params"].append(buf.param_data)
             if getattr(buf, "grad_data", None) is not None:
@@ -91,6 +96,16 @@ def trainer_tensors(model, optimizer=None) -> Dict[str, List[torch.Tensor]]:
                 if isinstance(v, torch.Tensor):
                     out["optimizer"].append(v)
     return out
+
+
+# Host copies are kept as chunks of at most this many bytes: PyTorch's pinned-memory
+# allocator rounds every allocation up to a power of two, which for one 12 GB gradient
+# buffer would pin 16 GB; with power-of-two chunks only the last chunk is rounded.
+HOST_CHUNK_BYTES = 256 * 2**20
+
+
+def _host_chunks(n: int, pin: bool) -> List[torch.Tensor]:
+    return [torch.empty(min(HOST_CHUNK_BYTES, n - i), dtype=torch.uint8, pin_memory=pin) for i in range(0, n, HOST_CHUNK_BYTES)]
 
 
 def _byte_view(s: torch.UntypedStorage) -> torch.Tensor:
@@ -126,8 +141,8 @@ class TrainerOffloader:
         self.preserve_grads = preserve_grads
         self.backend = backend
         self.tag = tag
-        self._host: Dict[int, torch.Tensor] = {}  # storage key -> host byte buffer (kept)
-        self._offloaded: List[Tuple[torch.UntypedStorage, int, Optional[torch.Tensor]]] = []
+        self._host: Dict[int, List[torch.Tensor]] = {}  # storage key -> host byte chunks (kept)
+        self._offloaded: List[Tuple[torch.UntypedStorage, int, Optional[List[torch.Tensor]]]] = []
         self.is_offloaded = False
         self.last = {}
 
@@ -196,10 +211,12 @@ class TrainerOffloader:
             if keep:
                 k = _storage_key(s)
                 host = self._host.get(k)
-                if host is None or host.numel() != n:
-                    host = torch.empty(n, dtype=torch.uint8, pin_memory=cuda)
+                if host is None or sum(h.numel() for h in host) != n:
+                    host = _host_chunks(n, pin=cuda)
                     self._host[k] = host
-                host.copy_(_byte_view(s), non_blocking=cuda)
+                view = _byte_view(s)
+                for i, h in zip(range(0, n, HOST_CHUNK_BYTES), host):
+                    h.copy_(view[i : i + h.numel()], non_blocking=cuda)
             plan.append((s, n, host))
         if cuda:
             torch.cuda.synchronize(dev)  # the copies must land before the storage goes
@@ -237,7 +254,8 @@ class TrainerOffloader:
             if host is None:
                 view.zero_()
             else:
-                view.copy_(host, non_blocking=cuda)
+                for i, h in zip(range(0, n, HOST_CHUNK_BYTES), host):
+                    view[i : i + h.numel()].copy_(h, non_blocking=cuda)
             total += n
         if cuda:
             torch.cuda.synchronize(dev)

@@ -20,3 +20,32 @@ def test_offload_onload_bitwise(gloo, tp, pp, distributed_optimizer):
         assert o["resident_off"] == 0
         assert o["equal"], "offload -> onload changed a parameter, gradient or optimizer state"
         assert o["same_training"], "training after offload/onload differs from training without"
+
+
+def test_offload_plain_module_chunked_host_buffers(monkeypatch):
+    import torch
+
+    from megatron_dapo.hybrid import offload
+
+    monkeypatch.setattr(offload, "HOST_CHUNK_BYTES", 1000)  # 4936-byte weight -> 5 host chunks
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(1234))
+            self.b = torch.nn.Parameter(torch.randn(3))
+
+    m = M()
+    m.w.grad = torch.randn(1234)
+    ref = [t.detach().clone() for t in (m.w, m.b, m.w.grad)]
+    off = offload.TrainerOffloader(m, None)
+    assert off.offload() == 3 * 4 + 2 * 1234 * 4
+    assert all(t.untyped_storage().nbytes() == 0 for t in (m.w, m.b, m.w.grad))
+    assert sorted(len(v) for v in off._host.values()) == [1, 5, 5]
+    off.onload()
+    for _ in range(2):  # host buffers are reused
+        off.offload()
+        off.onload()
+    assert all(torch.equal(a, b) for a, b in zip(ref, (m.w, m.b, m.w.grad)))
+    with pytest.raises(RuntimeError):
+        off.onload()
