@@ -46,7 +46,16 @@ if [ "${#MCORE[@]}" -ne 1 ]; then
 fi
 rm -rf "${SITE}"
 mkdir -p "${SITE}"
-"${PY}" -m pip install --no-index --no-deps --no-compile --target "${SITE}" "${MCORE[0]}"
+install_wheel() {
+    # pip when the machine has it; otherwise unpack the wheel (a zip) into the target.
+    if "${PY}" -m pip --version >/dev/null 2>&1; then
+        "${PY}" -m pip install --no-index --no-deps --no-compile --target "${SITE}" "$1"
+    else
+        echo "pip unavailable: unpacking $1"
+        "${PY}" -m zipfile -e "$1" "${SITE}"
+    fi
+}
+install_wheel "${MCORE[0]}"
 for dep in numpy packaging; do
     if "${PY}" -c "import ${dep}" 2>/dev/null; then
         echo "${dep}: present on the machine"
@@ -57,7 +66,7 @@ for dep in numpy packaging; do
             exit 2
         fi
         echo "${dep}: missing, installing ${DEPW[0]}"
-        "${PY}" -m pip install --no-index --no-deps --no-compile --target "${SITE}" "${DEPW[0]}"
+        install_wheel "${DEPW[0]}"
     fi
 done
 export PYTHONPATH="${SITE}:${REPO}${PYTHONPATH:+:${PYTHONPATH}}"
