@@ -297,10 +297,10 @@ def phase_order(hf_cfg: dict, tp: int, pp: int):
 
 
 def odd_qwen2_config() -> dict:
-    """Sizes that are not multiples of the 256-byte slot alignment (q bias 160 B, vocab 250)."""
+    """Sizes that are not multiples of the 256-byte slot alignment (norms and q bias 160 B, gate 11200 B, vocab 250)."""
     from tests.tiny import tiny_qwen2_config
 
-    return tiny_qwen2_config(vocab_size=250, hidden_size=40, intermediate_size=72, num_attention_heads=4,
+    return tiny_qwen2_config(vocab_size=250, hidden_size=40, intermediate_size=70, num_attention_heads=4,
                              num_key_value_heads=2, num_hidden_layers=2)
 
 
