@@ -9,6 +9,7 @@ extra state in the same ``dist_checkpointing`` call. Atomicity (temporary direct
 from __future__ import annotations
 
 from ..checkpoint.dist_ckpt import MODEL_KEY, checkpoint_metadata, load_checkpoint, save_checkpoint
+from ..checkpoint.model_io import unwrap
 
 
 def _extra(policy, loading: bool):
@@ -23,12 +24,14 @@ def _extra(policy, loading: bool):
 
 def save_train_checkpoint(policy, directory: str, metadata: dict) -> None:
     """Collective: every rank saves its shards of model and optimizer into ``directory``."""
-    save_checkpoint(policy.model, directory, metadata, extra_sharded_state=_extra(policy, False))
+    # the unwrapped GPTModel: checkpoint keys without DDP's "module." prefix, the same keys
+    # as a converted checkpoint (tools/convert_hf_to_megatron.py)
+    save_checkpoint(unwrap(policy.model), directory, metadata, extra_sharded_state=_extra(policy, False))
 
 
 def load_train_checkpoint(policy, directory: str) -> dict:
     """Collective: load model, optimizer and scheduler state (any TP/PP); returns metadata."""
-    meta, extra = load_checkpoint(policy.model, directory, policy.arch, extra_sharded_state=_extra(policy, True))
+    meta, extra = load_checkpoint(unwrap(policy.model), directory, policy.arch, extra_sharded_state=_extra(policy, True))
     policy.optimizer.load_state_dict(extra["optimizer"])
     policy.scheduler.load_state_dict(extra["scheduler"])
     return meta

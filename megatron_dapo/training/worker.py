@@ -79,8 +79,9 @@ class PolicyWorker:
         m = self.cfg.model
         if m.pretrained_checkpoint:
             from ..checkpoint.dist_ckpt import load_checkpoint
+            from ..checkpoint.model_io import unwrap
 
-            load_checkpoint(self.policy.model, m.pretrained_checkpoint)
+            load_checkpoint(unwrap(self.policy.model), m.pretrained_checkpoint, self.arch)
             src = m.pretrained_checkpoint
         elif m.hf_checkpoint and os.path.exists(os.path.join(m.hf_checkpoint, "config.json")):
             load_hf_weights(self.policy.model, self.arch, m.hf_checkpoint, self.policy.padded_vocab)
