@@ -1,0 +1,127 @@
+"""RolloutManager logic with a scripted engine and scorer (no Ray, no model)."""
+
+from __future__ import annotations
+
+import pytest
+
+from megatron_dapo.config import parse_args
+from megatron_dapo.data.dataset import PromptRecord, ResumableSampler
+from megatron_dapo.driver.batch import assign_advantages
+from megatron_dapo.driver.rollout_manager import RolloutManager, RolloutStallError
+from megatron_dapo.reward import RewardResult
+from megatron_dapo.rollout.base import GenerationOutput
+
+
+class Tok:
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(str(i) for i in ids)
+
+
+class ScriptedPool:
+    """Prompt i's sample j answers 'R' (right) when pattern[i % len](j) else 'W'; lengths vary."""
+
+    def __init__(self, pattern, lengths=None):
+        self.handles = [object()]
+        self.restarts = 0
+        self.pattern = pattern
+        self.lengths = lengths or (lambda i, j: 3)
+        self.calls = 0
+
+    def run_chunks(self, chunks, on_result, ordered):
+        for k, (prompts, params) in enumerate(chunks):
+            self.calls += 1
+            outs = []
+            for p in prompts:
+                i = p[0]
+                group = []
+                for j in range(params.n):
+                    ok = self.pattern(i, j)
+                    ids = [1 if ok else 0] * self.lengths(i, j)
+                    fin = "length" if len(ids) >= params.max_new_tokens else "stop"
+                    group.append(GenerationOutput(list(p), ids, [-0.1] * len(ids), fin))
+                outs.append(group)
+            if on_result(k, outs) and not ordered:
+                return
+
+
+class Scorer:
+    def score(self, items):
+        return [RewardResult(1.0 if r.startswith("1") else -1.0, r.startswith("1"), r[:1], "ok") for r, _ in items]
+
+
+def _mgr(pattern, argv=(), lengths=None, n_prompts=40):
+    cfg, _ = parse_args(["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--global-batch-size", "16",
+                         "--max-response-length", "8", "--overlong-buffer-length", "4", *argv])
+    ds = [PromptRecord(i, [i, 7], f"p{i}", "x") for i in range(n_prompts)]
+    sampler = ResumableSampler(len(ds), seed=0, shuffle=False)
+    pool = ScriptedPool(pattern, lengths)
+    return RolloutManager(cfg, ds, sampler, pool, Scorer(), Tok()), pool, cfg
+
+
+def test_keeps_only_mixed_groups_and_counts():
+    # even prompts: mixed (samples 0,1 right); prompts % 4 == 1: all right; % 4 == 3: all wrong
+    pattern = lambda i, j: (j < 2) if i % 2 == 0 else (i % 4 == 1)
+    mgr, pool, _ = _mgr(pattern, ["--over-sampling-batch-size", "4"])
+    res = mgr.collect(1)
+    assert len(res.groups) == 4
+    assert all(0 < sum(g.accs) < 4 for g in res.groups)
+    assert res.num_gen_batches == 2  # 2 mixed groups per round of 4
+    # round 1: chunks [0, 2] (mixed) and [1, 3] (all right, all wrong); round 2: chunk [4, 6]
+    # fills the buffer, so chunk [5, 7] is abandoned (in-flight requests aborted)
+    assert pool.calls == 3
+    assert res.num_all_correct == 1 and res.num_all_wrong == 1 and res.num_kept == 4
+
+
+def test_filter_uses_raw_accuracy_not_shaped_reward():
+    # every group is all-correct, but response lengths differ inside the group, so the
+    # length-shaped reward (overlong penalty) varies: a reward-based filter would keep them.
+    lengths = lambda i, j: 3 + 2 * j  # 3, 5, 7, 9 tokens; L_max 8, L_cache 4 -> penalties differ
+    mgr, _, _ = _mgr(lambda i, j: True, ["--max-num-gen-batches", "2", "--over-sampling-batch-size", "4"], lengths)
+    with pytest.raises(RolloutStallError, match=r"--max-num-gen-batches 2.*all-correct"):
+        mgr.collect(1)
+
+
+def test_stall_error_says_what_to_change():
+    mgr, _, _ = _mgr(lambda i, j: False, ["--max-num-gen-batches", "3"])
+    with pytest.raises(RolloutStallError) as e:
+        mgr.collect(1)
+    msg = str(e.value)
+    assert "--max-num-gen-batches" in msg and "--over-sampling-batch-size" in msg and "--dynamic-sampling" in msg
+
+
+def test_dynamic_sampling_off_keeps_everything():
+    mgr, _, _ = _mgr(lambda i, j: True, ["--no-dynamic-sampling"])
+    res = mgr.collect(1)
+    assert len(res.groups) == 4 and res.num_gen_batches == 1
+
+
+def test_surplus_groups_reused_next_step_with_their_old_logprobs():
+    pattern = lambda i, j: j < 2  # every group mixed
+    mgr, pool, cfg = _mgr(pattern, ["--over-sampling-batch-size", "6", "--reuse-surplus-groups"])
+    r1 = mgr.collect(1)
+    assert len(r1.groups) == 4 and len(mgr.surplus) == 2
+    for g in mgr.surplus:  # the driver computes pi_old for them at the generating step
+        for s in g.samples:
+            s.old_logprobs = [-1.0] * len(s.response_ids)
+    carried = [g.prompt_index for g in mgr.surplus]
+    state = mgr.state_dict()
+    r2 = mgr.collect(2)
+    assert [g.prompt_index for g in r2.groups[:2]] == carried and r2.reused == 2
+    assert all(s.step_generated == 1 and s.old_logprobs == [-1.0] * 3 for g in r2.groups[:2] for s in g.samples)
+    # the surplus survives a checkpoint
+    mgr2, _, _ = _mgr(pattern, ["--over-sampling-batch-size", "6", "--reuse-surplus-groups"])
+    mgr2.load_state_dict(state)
+    assert [g.prompt_index for g in mgr2.surplus] == carried
+
+
+def test_overlong_shaping_and_filter_on_samples():
+    lengths = lambda i, j: 8 if j == 0 else 3  # sample 0 hits L_max = 8 -> truncated
+    mgr, _, cfg = _mgr(lambda i, j: j in (0, 1), [], lengths)
+    res = mgr.collect(1)
+    samples = assign_advantages(res.groups, cfg.algo)
+    first = samples[0]
+    assert first.finish_reason == "length" and first.overlong_penalty == pytest.approx(-1.0)
+    assert first.train is False  # overlong filtering: no loss on truncated responses
+    assert all(s.train for s in samples if s.finish_reason == "stop")
+    g0 = samples[:4]
+    assert sum(s.advantage for s in g0) == pytest.approx(0.0, abs=1e-9)
