@@ -43,3 +43,15 @@ def gloo():
     pools = _Pools()
     yield pools
     pools.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_ray_cluster_per_session():
+    """Tests that run the driver in-process share one local Ray instance (started lazily by
+    megatron_dapo.launch.placement.start_ray); it is shut down once at the end."""
+    yield
+    import sys as _sys
+
+    ray = _sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
