@@ -38,12 +38,22 @@ class Where:
 def main() -> int:
     t0 = time.time()
     os.environ.pop("RAY_ADDRESS", None)
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"include_dashboard": False, "num_cpus": 1, "num_gpus": 1, "resources": {NODE_RESOURCE_PREFIX + "nodeA": 1, "slot": 1}},
-    )
+    cluster = Cluster(initialize_head=False)
     try:
-        cluster.add_node(num_cpus=1, num_gpus=1, resources={NODE_RESOURCE_PREFIX + "nodeB": 1, "slot": 1})
+        # Ray gives a starting raylet 30 s to register (hard-coded); on a loaded machine retry once.
+        for attempt in (1, 2):
+            try:
+                if not cluster.head_node:
+                    cluster.add_node(include_dashboard=False, num_cpus=1, num_gpus=1,
+                                     resources={NODE_RESOURCE_PREFIX + "nodeA": 1, "slot": 1})
+                cluster.add_node(num_cpus=1, num_gpus=1, resources={NODE_RESOURCE_PREFIX + "nodeB": 1, "slot": 1})
+                break
+            except Exception as e:
+                if attempt == 2:
+                    raise
+                print(f"retrying the cluster start after: {e}", file=sys.stderr)
+                cluster.shutdown()
+                cluster = Cluster(initialize_head=False)
         cluster.wait_for_nodes()
         info = start_ray(address=cluster.address)
         assert not info["reused"], info

@@ -1,6 +1,7 @@
 """Ray placement: local group, fast failure of impossible groups, two-node placement (subprocess)."""
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -108,9 +109,19 @@ def test_impossible_placement_fails_fast_with_message(local_ray):
 @pytest.mark.slow
 def test_two_node_placement_in_subprocess():
     """STRICT_SPREAD over ray.cluster_utils.Cluster's two nodes; timeouts; node waits."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.run([sys.executable, str(HERE / "multinode_check.py")], capture_output=True, text=True,
-                          timeout=120, env=env, start_new_session=True)
-    out = proc.stdout + proc.stderr
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
+    proc = subprocess.Popen([sys.executable, str(HERE / "multinode_check.py")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        stdout, stderr = "", "multinode_check.py timed out after 240 s"
+    finally:
+        try:  # the script's own session: end whatever a failed start may have left behind
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+    out = stdout + stderr
     assert proc.returncode == 0, out[-4000:]
-    assert "OK two actors on two nodes" in proc.stdout and "OK all multi-node checks" in proc.stdout, out[-4000:]
+    assert "OK two actors on two nodes" in stdout and "OK all multi-node checks" in stdout, out[-4000:]
