@@ -180,6 +180,8 @@ class Trainer:
         self.skipped_in_a_row = 0
         self.num_syncs = 0
         self.run_id = None
+        self.offload_train = cfg.rollout.offload_train if cfg.rollout.offload_train is not None else torch.cuda.is_available()
+        self._trainer_resident = True
         self.data_fingerprint = self.dataset.fingerprint
 
     # -- state that the driver owns (the ranks own model/optimizer/scheduler) --------------
@@ -247,6 +249,7 @@ class Trainer:
         if cfg.checkpoint.save:
             checkpoints.clean_stale(cfg.checkpoint.save)
         self._sync_into(self.engines.handles)
+        self._set_trainer_resident(False)  # the engine generates first
         last = {}
         try:
             while self.step < cfg.run.num_rollout_steps:
@@ -266,8 +269,18 @@ class Trainer:
         self.finish()
         return last
 
+    def _set_trainer_resident(self, resident: bool) -> None:
+        """Onload/offload trainer params, grads and optimizer state (--offload-train)."""
+        if self.offload_train and resident != self._trainer_resident:
+            self.cluster.call("onload" if resident else "offload")
+        self._trainer_resident = resident
+
     def _sync_into(self, handles) -> dict:
+        """Weight sync into ``handles`` (also used to re-sync a restarted engine mid-rollout)."""
+        was = self._trainer_resident
+        self._set_trainer_resident(True)
         out = self.cluster.sync(handles)
+        self._set_trainer_resident(was)
         self.num_syncs += 1
         return out
 
@@ -284,9 +297,10 @@ class Trainer:
         # 2. rewards -> advantages; overlong filtering
         samples = assign_advantages(roll.groups, a)
         extra = [s for g in self.manager.surplus for s in g.samples if s.old_logprobs is None]
-        # 3. engine sleeps (weights + KV cache) while the trainer works
+        # 3. engine sleeps (weights + KV cache) while the trainer wakes up
         t = time.perf_counter()
         ray.get([h.release_memory.remote() for h in self.engines.handles])
+        self._set_trainer_resident(True)
         t_offload = time.perf_counter() - t
         # 4. old-policy logprobs by megatron (not the engine's)
         t = time.perf_counter()
@@ -308,12 +322,13 @@ class Trainer:
         t = time.perf_counter()
         sync = self._sync_into(self.engines.handles)
         t_sync = time.perf_counter() - t
+        check = cfg.rollout.check_weight_sync_every and self.num_syncs % cfg.rollout.check_weight_sync_every == 0
+        probe = self._probe_reference(samples[0]) if check and samples else None  # trainer still resident
         t = time.perf_counter()
+        self._set_trainer_resident(False)
         ray.get([h.resume_memory.remote(["kv_cache"]) for h in self.engines.handles])
         t_offload += time.perf_counter() - t
-        probe_diff = None
-        if cfg.rollout.check_weight_sync_every and self.num_syncs % cfg.rollout.check_weight_sync_every == 0:
-            probe_diff = self._probe(samples[0] if samples else None)
+        probe_diff = self._probe_compare(*probe) if probe else None
         # 7. metrics
         gen = [s for g in roll.generated for s in g.samples]
         n_groups = max(len(roll.generated), 1)
@@ -416,20 +431,21 @@ class Trainer:
         })
         return m
 
-    def _probe(self, sample) -> float:
-        """Score one fixed sequence with the engine and with megatron; fail loudly on mismatch."""
-        import ray
-
-        from .hybrid.weight_sync import WeightSyncError
-
-        if sample is None:
-            return 0.0
+    def _probe_reference(self, sample):
+        """Megatron's logprobs of one fixed sequence (the first trained sample), right after a sync."""
         item = {"tokens": list(sample.prompt_ids) + list(sample.response_ids), "prompt_len": len(sample.prompt_ids)}
         if len(item["tokens"]) <= item["prompt_len"]:
             item["tokens"] = item["tokens"] + [0]
         dp, reporters = self.cluster.dp_layout()
-        per_rank = [([item],) for _ in self.cluster.infos]
-        mine = self.cluster.call("compute_logprobs", per_rank=per_rank)[reporters[0]][0]
+        mine = self.cluster.call("compute_logprobs", per_rank=[([item],) for _ in self.cluster.infos])[reporters[0]][0]
+        return item, mine
+
+    def _probe_compare(self, item, mine) -> float:
+        """Score the same sequence with every engine; fail loudly above --weight-sync-tolerance."""
+        import ray
+
+        from .hybrid.weight_sync import WeightSyncError
+
         worst = 0.0
         for h in self.engines.handles:
             theirs = ray.get(h.score.remote([item["tokens"]], [item["prompt_len"]]))[0]
@@ -492,7 +508,10 @@ class Trainer:
         root = self.cfg.checkpoint.save
         tmp = checkpoints.tmp_dir(root, self.step)
         meta = checkpoint_metadata(self.hf_dir, "bf16" if self.cfg.model.bf16 else "fp32", extra={"step": self.step})
+        was = self._trainer_resident
+        self._set_trainer_resident(True)
         self.cluster.call("save", tmp, meta)
+        self._set_trainer_resident(was)
         state = self.driver_state()
         state["rank_rng"] = self.cluster.call("rng_state")
         if self.cfg.run.crash_during_save_at_step == self.step:  # testing: die mid-save

@@ -86,6 +86,10 @@ class RolloutConfig:
     update_weight_buffer_size: int = _f(512 * 1024**2, "Weight-sync bucket size in bytes.")
     check_weight_sync_every: int = _f(1, "Probe engine vs trainer logprobs every N syncs (0 = never).")
     weight_sync_tolerance: float = _f(1e-3, "Max |logp_engine - logp_trainer| on the probe before failing.")
+    offload_train: Optional[bool] = _f(
+        None, "Offload trainer params, grads and optimizer state while the engine generates "
+        "(default: on with GPUs, off on CPU)."
+    )
     reuse_surplus_groups: bool = _f(False, "Keep surplus mixed groups for the next step (off in the dapo preset).")
     engine_timeout_s: float = _f(600.0, "A generation call slower than this restarts the engine.")
 

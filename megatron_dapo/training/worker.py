@@ -141,6 +141,18 @@ class PolicyWorker:
         # when this rank computed them; else the driver compares (see train.py).
         return lp
 
+    def offload(self) -> int:
+        """Release params, grads and optimizer state (host copy kept) while the engine runs."""
+        from ..hybrid.offload import TrainerOffloader
+
+        if getattr(self, "_offloader", None) is None:
+            self._offloader = TrainerOffloader(self.policy.model, self.policy.optimizer)
+        return self._offloader.offload() if not self._offloader.is_offloaded else 0
+
+    def onload(self) -> int:
+        off = getattr(self, "_offloader", None)
+        return off.onload() if off is not None and off.is_offloaded else 0
+
     # ------------------------------------------------------------------ state
     def rng_state(self) -> dict:
         import random

@@ -4,7 +4,8 @@
   metrics.jsonl key of the contract is there; one logged batch replayed on a single rank
   through the algorithm functions (transformers model, torch AdamW) gives the same update.
 * Faults: the engine process is SIGKILLed mid-generation (restarted, re-synced, prompts
-  re-queued) and a NaN loss is injected (exactly that step is skipped).
+  re-queued) and a NaN loss is injected (exactly that step is skipped); this run also
+  offloads the trainer between phases (--offload-train).
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ def test_pp2_engine_kill_and_nan_step(tiny, tmp_path):
     run = str(tmp_path / "run")
     rc = main(base_args(hf, prompts, run, **{"--actor-num-gpus-per-node": "2", "--pipeline-model-parallel-size": "2",
                                              "--debug-kill-engine-step": "2", "--debug-inject-nan-step": "3",
-                                             "--num-rollout": "4"}))
+                                             "--num-rollout": "4", "--offload-train": "true"}))
     assert rc == 0
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
