@@ -463,7 +463,8 @@ def dry_run_report(
         f"{', / CP ' + str(plan.cp) if plan.cp > 1 else ''}; first stage, PP {plan.pp} micro-batches in flight):"
     )
     mark = lambda on: "  <- configured" if on else ""  # noqa: E731
-    add(f"    no recompute           {_gb(m.activations_no_recompute):>10}{mark(not m.recompute)}")
+    sel = " (selective: about the same with flash attention)" if cfg.model.recompute_granularity == "selective" else ""
+    add(f"    no recompute           {_gb(m.activations_no_recompute):>10}{mark(not m.recompute)}{sel if not m.recompute else ''}")
     add(f"    full recompute         {_gb(m.activations_full_recompute):>10}{mark(m.recompute)}")
     add(f"  logits (vocab / TP)      {_gb(m.logits):>10}")
     add(f"  + reserve                {_gb(RESERVE_GB * GB):>10}")
