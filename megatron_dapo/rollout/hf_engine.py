@@ -274,17 +274,25 @@ class HFEngine(RolloutEngine):
             finish = ["length"] * len(rows)
         else:
             B = len(rows)
-            max_len = max(len(r[2]) for r in rows)
-            ids = torch.full((B, max_len), self.pad_token_id, dtype=torch.long)
-            mask = torch.zeros((B, max_len), dtype=torch.long)
-            for b, r in enumerate(rows):
-                ids[b, max_len - len(r[2]):] = torch.tensor(r[2])
-                mask[b, max_len - len(r[2]):] = 1
+            # Prefill each distinct prompt once, then give each of its n samples a copy of
+            # its KV cache (rows are prompt-major, sample-minor).
+            P = len(prompts)
+            max_len = max(len(p) for p in prompts)
+            ids = torch.full((P, max_len), self.pad_token_id, dtype=torch.long)
+            mask = torch.zeros((P, max_len), dtype=torch.long)
+            for i, p in enumerate(prompts):
+                ids[i, max_len - len(p):] = torch.tensor([int(t) for t in p])
+                mask[i, max_len - len(p):] = 1
             pos = (mask.cumsum(-1) - 1).clamp(min=0)
             ids, mask, pos = ids.to(self.device), mask.to(self.device), pos.to(self.device)
             cache = DynamicCache(config=self.config)
             self._cache = cache
             logits = self._forward(ids, mask, pos, cache, last_only=True)[:, -1, :]
+            if params.n > 1:
+                cache.batch_repeat_interleave(params.n)
+                logits = logits.repeat_interleave(params.n, dim=0)
+                mask = mask.repeat_interleave(params.n, dim=0)
+                pos = pos.repeat_interleave(params.n, dim=0)
             next_pos = pos[:, -1:] + 1
             active = list(range(B))  # row index of each batch slot
             step = 0
