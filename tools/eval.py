@@ -54,7 +54,7 @@ def parse_args(argv=None):
     p.add_argument("--reward-mode", choices=("dapo", "math"), default="dapo")
     p.add_argument("--prompt-style", choices=PROMPT_STYLES, default="chat")
     p.add_argument("--stop", action="append", default=None, help="extra stop string (repeatable)")
-    p.add_argument("--out", default=None, help="output directory (default: eval_out/<model>__<data>)")
+    p.add_argument("--out", default=None, help="output directory (default: runs/eval/<model>__<data>)")
     p.add_argument("--seed", type=int, default=None,
                    help="seeds the engine (hf: reproducible for a fixed --batch-size; sglang: random_seed)")
     p.add_argument("--seed-per-problem", action="store_true",
@@ -195,7 +195,7 @@ def main(argv=None) -> int:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or model_dir)
         kind, engine = build_engine(args, model_dir, tokenizer)
         out = args.out or os.path.join(
-            "eval_out", f"{os.path.basename(os.path.abspath(args.model))}__{dataset_name(args.data)}"
+            "runs", "eval", f"{os.path.basename(os.path.abspath(args.model))}__{dataset_name(args.data)}"
         )
         scorer = _make_scorer(args, tokenizer)
         try:
