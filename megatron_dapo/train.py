@@ -63,7 +63,7 @@ class Cluster:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from .driver.actors import EngineActor, PolicyActor
-        from .launch.placement import create_placement_group, start_ray
+        from .launch.placement import create_placement_group, ranks_to_bundles, start_ray
 
         self.cfg = cfg
         self.world = world_size(cfg)
@@ -76,7 +76,8 @@ class Cluster:
         threads = max(1, int(total_cpus // max(self.world, 1)))
         self.master_addr = "127.0.0.1" if cfg.parallel.nnodes == 1 else ray.util.get_node_ip_address()
         self.master_port = _free_port()
-        strat = lambda i: PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i)
+        bundle_of = ranks_to_bundles(self.pg)  # ranks of one node on consecutive bundles
+        strat = lambda rank: PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=bundle_of[rank])
         self.actors = [
             PolicyActor.options(scheduling_strategy=strat(r), num_cpus=bundle_cpus / 2, num_gpus=gpus * 0.5 if gpus else 0).remote(
                 r, self.world, self.master_addr, self.master_port, cfg, hf_dir, threads
@@ -487,16 +488,17 @@ class Trainer:
 
     def _evaluate(self) -> dict:
         from .driver.actors import RemoteEngine
-        from .eval.runner import evaluate
+        from .eval.runner import dataset_name, eval_log_keys, evaluate
 
-        out = {}
+        out, lg = {}, self.cfg.logging
         for path in self.cfg.data.eval_data:
-            name = os.path.splitext(os.path.basename(path))[0]
             res = evaluate(RemoteEngine(self.engines.handles[0]), self.tokenizer, path, progress=False,
-                           max_new_tokens=self.cfg.algo.max_response_length)
-            for k, v in res.items():
-                if isinstance(v, (int, float)):
-                    out[f"eval/{name}/{k}"] = v
+                           max_new_tokens=self.cfg.algo.max_response_length, scorer=self.scorer, k=lg.eval_k,
+                           temperature=lg.eval_temperature, top_p=lg.eval_top_p, prompt_style=lg.eval_prompt_style,
+                           context_length=self.arch.max_position_embeddings,
+                           apply_chat_template=self.cfg.data.apply_chat_template,
+                           out_dir=os.path.join(self.run_dir, "eval", f"step_{self.step:06d}", dataset_name(path)))
+            out.update(eval_log_keys(res, dataset_name(path)))
         return out
 
     def save_checkpoint(self) -> str:
@@ -555,13 +557,13 @@ def main(argv=None) -> int:
     cfg.rollout.stop = [codecs.decode(s, "unicode_escape") for s in cfg.rollout.stop]
     try:
         arch = parse_hf_config(hf_config_source(cfg))
-        for w in validate(cfg, arch):
-            print(f"[config] warning: {w}", file=sys.stderr)
-        if cfg.run.dry_run:
+        if cfg.run.dry_run:  # validates for the target hardware (GPU flags on a CPU login node)
             from .launch.plan import dry_run_report
 
             print(dry_run_report(cfg, arch, hf_config_source(cfg)))
             return 0
+        for w in validate(cfg, arch):
+            print(f"[config] warning: {w}", file=sys.stderr)
         trainer = Trainer(cfg, explicit)
         trainer.run()
     except ConfigError as e:

@@ -131,6 +131,10 @@ class LoggingConfig:
     tensorboard: bool = _f(False, "Also write tensorboard event files.")
     dump_rollouts_every: int = _f(0, "Write rollouts to RUN_DIR/rollouts/step_XXXXXX.jsonl every N steps.")
     eval_interval: int = _f(0, "Evaluate on --eval-data every N steps (0 = off).")
+    eval_k: int = _f(32, "Samples per problem for avg@k / pass@k / maj@k (DAPO: 32).")
+    eval_temperature: float = _f(1.0, "Evaluation sampling temperature (DAPO: 1.0).")
+    eval_top_p: float = _f(0.7, "Evaluation top-p (DAPO: 0.7).")
+    eval_prompt_style: Optional[str] = _f(None, "Prompt style for eval sets without chat prompts (see tools/eval.py).")
     progress: bool = _f(True, "Progress bars.")
 
 

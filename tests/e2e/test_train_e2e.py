@@ -102,7 +102,9 @@ def test_tp2_three_steps_probe_keys_and_replay(tiny, tmp_path):
     run = str(tmp_path / "run")
     dump = str(tmp_path / "dump")
     rc = main(base_args(hf, prompts, run, **{"--actor-num-gpus-per-node": "2", "--tensor-model-parallel-size": "2",
-                                             "--debug-dump-train-batch": dump, "--weight-decay": "0.1"}))
+                                             "--debug-dump-train-batch": dump, "--weight-decay": "0.1",
+                                             "--eval-data": prompts, "--eval-interval": "3", "--eval-k": "2",
+                                             "--apply-chat-template": "false"}))
     assert rc == 0
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2, 3]
@@ -113,6 +115,9 @@ def test_tp2_three_steps_probe_keys_and_replay(tiny, tmp_path):
         assert r["train_infer_logprob_diff"] < 1e-4
         assert math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0
     assert os.path.exists(os.path.join(run, "rollouts", "step_000003.jsonl"))
+    # --eval-interval 3: evaluated at step 3 only, logged as eval/<dataset>/<metric>
+    assert "eval/prompts/avg@2" in rows[2] and "eval/prompts/pass@2" in rows[2]
+    assert not any(k.startswith("eval/") for k in rows[0])
     assert os.path.getsize(os.path.join(run, "training_curves.png")) > 1000
     # replay step 1 (fresh optimizer state) on a single rank through the algorithm functions
     before = torch.load(os.path.join(dump, "step_000001_before.pt"), weights_only=False)
