@@ -395,8 +395,16 @@ class Trainer:
         dp, reporters = self.cluster.dp_layout()
         mbs = minibatches(samples, cfg.optim.global_batch_size)
         shards_per_mb = [dp_shards([s.to_worker() for s in mb], dp) for mb in mbs]
-        per_rank = [([sh[info["dp_rank"]] for sh in shards_per_mb],) for info in self.cluster.infos]
-        outs = self.cluster.call("train", per_rank=per_rank, inject_nan=inject_nan)
+        outs = [[] for _ in self.cluster.infos]
+        steps = range(len(shards_per_mb))
+        if cfg.logging.progress:
+            from tqdm.auto import tqdm
+
+            steps = tqdm(steps, desc=f"step {self.step} train", unit="opt-step", leave=False)
+        for k in steps:  # one optimizer step per mini-batch
+            per_rank = [([shards_per_mb[k][info["dp_rank"]]],) for info in self.cluster.infos]
+            for r, o in enumerate(self.cluster.call("train", per_rank=per_rank, inject_nan=inject_nan)):
+                outs[r].extend(o)
         # reduce metrics over DP reporters and optimizer steps
         sums = {}
         ratio_max, norms, skipped, lr = 0.0, [], 0, 0.0

@@ -176,6 +176,7 @@ class RolloutManager:
         generated, stats = [], {"kept": 0, "all_correct": 0, "all_wrong": 0}
         t_gen = t_ver = 0.0
         rounds = 0
+        bars = _bars(self.cfg.logging.progress, step, N)
         while len(buffer) < N:
             if r.max_num_gen_batches and rounds >= r.max_num_gen_batches:
                 raise RolloutStallError(
@@ -202,6 +203,7 @@ class RolloutManager:
                 self._verify(groups)
                 t_ver += time.perf_counter() - tv
                 generated.extend(groups)
+                bars.verified(sum(len(g.samples) for g in groups))
                 for g in groups:
                     res = dynamic_sampling_mask(torch.tensor(g.accs, dtype=torch.float32), G)
                     stats["all_correct"] += res.num_all_correct
@@ -209,12 +211,14 @@ class RolloutManager:
                     if res.num_kept or not a.dynamic_sampling:
                         stats["kept"] += res.num_kept
                         buffer.append(g)
+                bars.kept(min(len(buffer), N), rounds)
                 return len(buffer) >= N and not self.cfg.run.deterministic
 
             t0 = time.perf_counter()
             self.engines.run_chunks(chunks, on_result, ordered=self.cfg.run.deterministic)
             t_gen += time.perf_counter() - t0
         t_gen -= t_ver
+        bars.close()
         kept, surplus = buffer[:N], buffer[N:]
         if r.reuse_surplus_groups:
             self.surplus = surplus
@@ -251,3 +255,29 @@ class RolloutManager:
 
     def load_state_dict(self, s: dict) -> None:
         self.surplus = [Group(g[0]["prompt_index"], [Sample(**x) for x in g]) for g in s.get("surplus", [])]
+
+
+class _bars:
+    """tqdm progress of one step's rollout: mixed groups collected, responses verified."""
+
+    def __init__(self, enabled: bool, step: int, total_groups: int):
+        self.gen = self.ver = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.gen = tqdm(total=total_groups, desc=f"step {step} generate (mixed groups)", leave=False, unit="group")
+            self.ver = tqdm(desc=f"step {step} verify", leave=False, unit="resp")
+
+    def kept(self, n: int, rounds: int) -> None:
+        if self.gen is not None:
+            self.gen.n = n
+            self.gen.set_postfix(rounds=rounds, refresh=True)
+
+    def verified(self, n: int) -> None:
+        if self.ver is not None:
+            self.ver.update(n)
+
+    def close(self) -> None:
+        for b in (self.gen, self.ver):
+            if b is not None:
+                b.close()

@@ -1,0 +1,90 @@
+"""Prompt data: verl schema, de-duplication, overflow policy, bad rows, resumable sampler, fingerprint."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from megatron_dapo.data import DataError, ResumableSampler, check_fingerprint, load_prompt_dataset
+
+
+class CharTok:
+    """One token per character (enough to test lengths), no chat template."""
+
+    chat_template = None
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) % 256 for c in text]}
+
+
+def _write(tmp_path, rows, name="d.jsonl"):
+    p = tmp_path / name
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(p)
+
+
+def _row(text, gt="1"):
+    return {"data_source": "t", "prompt": [{"role": "user", "content": text}], "reward_model": {"ground_truth": gt}}
+
+
+def test_real_dapo_and_aime_files(shared_data):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(shared_data / "tokenizers" / "qwen2"))
+    aime = load_prompt_dataset(str(shared_data / "eval" / "aime-2024.parquet"), tok, 2048)
+    assert len(aime) == 30 and aime.stats.duplicates_removed == 930  # 30 problems x 32 copies
+    assert "Answer:" in aime[0].prompt_text and aime[0].ground_truth
+    dapo = load_prompt_dataset(str(shared_data / "train" / "dapo-math-17k-head16.parquet"), tok, 2048)
+    assert len(dapo) == 16
+
+
+def test_duplicates_overflow_and_truncation(tmp_path):
+    rows = [_row("a" * 10), _row("a" * 10), _row("b" * 50), _row("c" * 5)]
+    p = _write(tmp_path, rows)
+    d = load_prompt_dataset(p, CharTok(), max_prompt_length=20, apply_chat_template=False)
+    assert len(d) == 2 and d.stats.duplicates_removed == 1 and d.stats.skipped_long == 1
+    t = load_prompt_dataset(p, CharTok(), max_prompt_length=20, prompt_overflow="truncate-left", apply_chat_template=False)
+    assert len(t) == 3 and t.stats.truncated == 1 and len(t[1].prompt_ids) == 20  # kept the end of the prompt
+
+
+def test_bad_rows_named_or_skipped(tmp_path):
+    rows = [_row("ok"), {"prompt": [{"role": "user", "content": "x"}], "reward_model": {}}, {"reward_model": {"ground_truth": "2"}}]
+    p = _write(tmp_path, rows)
+    with pytest.raises(DataError, match=r"row 1 has no 'reward_model.ground_truth'"):
+        load_prompt_dataset(p, CharTok(), 100, apply_chat_template=False)
+    d = load_prompt_dataset(p, CharTok(), 100, apply_chat_template=False, skip_bad_rows=True)
+    assert len(d) == 1 and d.stats.bad_rows == 2
+
+
+def test_missing_and_unsupported_files(tmp_path):
+    with pytest.raises(DataError, match="not found"):
+        load_prompt_dataset(str(tmp_path / "nope.jsonl"), CharTok(), 10)
+    (tmp_path / "x.csv").write_text("a,b\n")
+    with pytest.raises(DataError, match="unsupported"):
+        load_prompt_dataset(str(tmp_path / "x.csv"), CharTok(), 10)
+
+
+def test_sampler_is_deterministic_and_resumes_exactly():
+    a = ResumableSampler(10, seed=3)
+    first = a.next_indices(7)
+    state = a.state_dict()
+    rest = a.next_indices(9)  # crosses into epoch 1
+    b = ResumableSampler(10, seed=3)
+    b.load_state_dict(state)
+    assert b.next_indices(9) == rest
+    assert sorted(first + rest[:3]) == list(range(10))  # one epoch is a permutation
+    with pytest.raises(DataError, match="dataset of 10"):
+        ResumableSampler(11, seed=3).load_state_dict(state)
+
+
+def test_changed_dataset_refused_on_resume(tmp_path):
+    p1 = _write(tmp_path, [_row("a"), _row("b")], "a.jsonl")
+    p2 = _write(tmp_path, [_row("a"), _row("c")], "b.jsonl")
+    f1 = load_prompt_dataset(p1, CharTok(), 10, apply_chat_template=False).fingerprint
+    f2 = load_prompt_dataset(p2, CharTok(), 10, apply_chat_template=False).fingerprint
+    assert f1 != f2
+    with pytest.raises(DataError, match="--allow-data-change"):
+        check_fingerprint(f1, f2, allow_change=False, path=p2)
+    check_fingerprint(f1, f2, allow_change=True, path=p2)
+    check_fingerprint(f1, f1, allow_change=False, path=p1)
