@@ -25,13 +25,14 @@ $PY examples/demo/make_addition_data.py --out "$DATA" --train 2000 --heldout 128
 $PY examples/demo/evaluate_demo.py --model "$HF" --data "$DATA/heldout.jsonl" --n 128 --out "$RUN_DIR/demo_eval.json" --phase before
 
 # DAPO on the CPU: 16 prompts x 8 samples per step, dynamic sampling on, token-mean loss,
-# clip-higher, overlong filtering + soft punishment scaled to the 8-token answers.
+# clip-higher, overlong filtering + soft punishment scaled to the ~7-token answers (L_max 12,
+# L_cache 4: a normal answer is never punished; run 1 with 8/2 was, see docs/benchmarks.md).
 MEGATRON_DAPO_EXPORT_FINAL_HF=1 $PY -m megatron_dapo.train \
   --hf-checkpoint "$HF" --pretrained-checkpoint "$CKPT" \
   --prompt-data "$DATA/train.jsonl" --no-apply-chat-template --max-prompt-length 128 \
   --algorithm dapo --rollout-batch-size 16 --n-samples-per-prompt 8 --over-sampling-batch-size 32 \
   --max-num-gen-batches 4 --global-batch-size 64 --micro-batch-size 16 \
-  --max-response-length 8 --overlong-buffer-length 2 --rollout-stop '\n' \
+  --max-response-length 12 --overlong-buffer-length 4 --rollout-stop '\n' \
   --rollout-temperature 1.0 --rollout-top-p 1.0 \
   --lr 1e-5 --weight-decay 0.0 --clip-grad 1.0 --adam-beta2 0.99 \
   --num-rollout "$STEPS" --seed 1 --reward-num-workers 1 \
