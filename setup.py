@@ -16,7 +16,8 @@ INSTALL_REQUIRES = [
     "sympy>=1.12",
     "pyarrow>=14",
     "numpy>=1.26",
-    "ray[default]>=2.40,<3",
+    # tested on 2.60; 2.61 turns token authentication on for every cluster (docs/slurm.md)
+    "ray[default]>=2.60,<2.61",
     "wandb>=0.18",
     "rich>=13",
     "tqdm>=4.66",
