@@ -247,6 +247,8 @@ class Trainer:
             self.logger.truncate_after(0)  # a fresh run starts a fresh metrics.jsonl
             src = self.cluster.call("load_initial_weights")[0]
             print(f"[init] weights from {src}")
+        if cfg.algo.kl_coef > 0:
+            print(f"[init] reference model for KL from {self.cluster.call('build_reference')[0]}")
         if cfg.checkpoint.save:
             checkpoints.clean_stale(cfg.checkpoint.save)
         self._sync_into(self.engines.handles)
@@ -307,6 +309,9 @@ class Trainer:
         t = time.perf_counter()
         need = [s for s in samples if s.old_logprobs is None] + extra
         self._compute_old_logprobs(need)
+        if a.kl_coef > 0:  # frozen reference policy (--ref-load or the initial weights)
+            self._compute_old_logprobs([s for s in need if s.ref_logprobs is None], method="compute_ref_logprobs",
+                                       field="ref_logprobs")
         t_old = time.perf_counter() - t
         # 5. one optimizer step per --global-batch-size responses
         if cfg.run.dump_train_batch:
@@ -377,18 +382,19 @@ class Trainer:
         print(self._summary(m), flush=True)
         return m
 
-    def _compute_old_logprobs(self, samples: list) -> None:
+    def _compute_old_logprobs(self, samples: list, method: str = "compute_logprobs", field: str = "old_logprobs") -> None:
+        """Forward-only logprobs of the response tokens by megatron, sharded over DP ranks."""
         if not samples:
             return
         dp, reporters = self.cluster.dp_layout()
         items = [s.to_worker() for s in samples]
         shards = [items[d::dp] for d in range(dp)]
         per_rank = [(shards[info["dp_rank"]],) for info in self.cluster.infos]
-        outs = self.cluster.call("compute_logprobs", per_rank=per_rank)
+        outs = self.cluster.call(method, per_rank=per_rank)
         for d in range(dp):
             got = outs[reporters[d]]
             for s, lp in zip(samples[d::dp], got):
-                s.old_logprobs = lp
+                setattr(s, field, lp)
 
     def _train(self, samples: list, inject_nan: bool) -> dict:
         cfg = self.cfg

@@ -54,6 +54,8 @@ class PolicyWorker:
         )
         self.policy = build_policy(hf_config_path, build, opt)
         self.arch = self.policy.arch
+        self.hf_config_path = hf_config_path
+        self.build_opts = build
         self.ps = ps
         self._sync = None
         self._ref = None
@@ -74,22 +76,47 @@ class PolicyWorker:
     # ------------------------------------------------------------------ weights
     def load_initial_weights(self) -> str:
         """--pretrained-checkpoint (torch_dist) or --hf-checkpoint weights, whichever is given."""
-        from ..checkpoint.model_io import load_hf_weights
+        src = self._load_init_weights(self.policy.model)
+        self.policy.optimizer.reload_model_params()
+        return src
+
+    def _load_init_weights(self, model) -> str:
+        from ..checkpoint.model_io import load_hf_weights, unwrap
 
         m = self.cfg.model
         if m.pretrained_checkpoint:
             from ..checkpoint.dist_ckpt import load_checkpoint
-            from ..checkpoint.model_io import unwrap
 
-            load_checkpoint(unwrap(self.policy.model), m.pretrained_checkpoint, self.arch)
-            src = m.pretrained_checkpoint
-        elif m.hf_checkpoint and os.path.exists(os.path.join(m.hf_checkpoint, "config.json")):
-            load_hf_weights(self.policy.model, self.arch, m.hf_checkpoint, self.policy.padded_vocab)
-            src = m.hf_checkpoint
+            load_checkpoint(unwrap(model), m.pretrained_checkpoint, self.arch)
+            return m.pretrained_checkpoint
+        if m.hf_checkpoint and os.path.exists(os.path.join(m.hf_checkpoint, "config.json")):
+            load_hf_weights(model, self.arch, m.hf_checkpoint, self.policy.padded_vocab)
+            return m.hf_checkpoint
+        return "random init"
+
+    def build_reference(self) -> str:
+        """A frozen reference policy for the KL term (--kl-coef > 0): --ref-load, else the
+        initial weights (re-read from the init source, so a resumed run gets the same ref)."""
+        from ..models.provider import build_gpt_model
+
+        model, _, _ = build_gpt_model(self.hf_config_path, self.build_opts)
+        if self.cfg.model.ref_load:
+            from ..checkpoint.dist_ckpt import load_checkpoint
+
+            load_checkpoint(model, self.cfg.model.ref_load, self.arch)
+            src = self.cfg.model.ref_load
         else:
-            src = "random init"
-        self.policy.optimizer.reload_model_params()
+            src = self._load_init_weights(model)
+        model.eval()
+        model.requires_grad_(False)
+        self._ref = model
         return src
+
+    def compute_ref_logprobs(self, samples: list) -> Optional[list]:
+        from .dapo_step import compute_logprobs
+
+        o = self.cfg.optim
+        return compute_logprobs(self._ref, samples, self.arch.vocab_size, o.micro_batch_size, o.max_tokens_per_gpu)
 
     def full_weights(self) -> dict:
         """TP-gathered weights of this PP stage by megatron global name (tests, replay)."""

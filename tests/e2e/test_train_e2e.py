@@ -148,3 +148,17 @@ def test_pp2_engine_kill_and_nan_step(tiny, tmp_path):
     assert by[3]["skipped_optimizer_steps"] == by[3]["optimizer_steps"] >= 1
     assert all(by[s]["skipped_optimizer_steps"] == 0 for s in (1, 2, 4))
     assert math.isfinite(by[4]["grad_norm"])
+
+
+def test_kl_to_reference_model(tiny, tmp_path):
+    """--kl-coef > 0 builds a frozen reference (the initial weights) and adds the KL term."""
+    from megatron_dapo.train import main
+
+    hf, prompts = tiny
+    run = str(tmp_path / "run")
+    rc = main(base_args(hf, prompts, run, **{"--kl-coef": "0.05", "--kl-estimator": "k3", "--num-rollout": "2"}))
+    assert rc == 0
+    rows = read_metrics(run)
+    # step 1 starts at the reference (first optimizer step: KL 0), then the policy moves away
+    assert 0.0 <= rows[0]["kl"] < rows[1]["kl"]
+    assert rows[1]["kl"] > 1e-8 and math.isfinite(rows[1]["kl"])
