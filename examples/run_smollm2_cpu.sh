@@ -5,6 +5,7 @@
 # megatron torch_dist checkpoint, builds the two-digit addition task, measures greedy held-out
 # accuracy before and after training (RUN_DIR/demo_eval.json), and plots the run.
 # Env: RUN_DIR (default runs/smollm2-cpu), STEPS (default 12), WORK (default .cache/demo).
+# --dry-run: prepare the model directory and the data, validate, print the plan, train nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
@@ -15,20 +16,26 @@ STEPS=${STEPS:-12}
 HF=$WORK/smollm2-hf
 CKPT=$WORK/smollm2-torch_dist
 DATA=$WORK/addition
+DRY_RUN=0
+for a in "$@"; do [ "$a" = "--dry-run" ] && DRY_RUN=1; done
 mkdir -p "$RUN_DIR" "$WORK"
-rm -f "$RUN_DIR/demo_eval.json"
 t0=$(date +%s)
 
 $PY tools/prepare_smollm2.py --out "$HF"
-[ -f "$CKPT/megatron_dapo_checkpoint.json" ] || $PY tools/convert_hf_to_megatron.py --hf-checkpoint "$HF" --save "$CKPT" --dtype fp32
 $PY examples/demo/make_addition_data.py --out "$DATA" --train 2000 --heldout 128
-$PY examples/demo/evaluate_demo.py --model "$HF" --data "$DATA/heldout.jsonl" --n 128 --out "$RUN_DIR/demo_eval.json" --phase before
+INIT=()
+if [ $DRY_RUN = 0 ]; then
+  rm -f "$RUN_DIR/demo_eval.json"
+  [ -f "$CKPT/megatron_dapo_checkpoint.json" ] || $PY tools/convert_hf_to_megatron.py --hf-checkpoint "$HF" --save "$CKPT" --dtype fp32
+  INIT=(--pretrained-checkpoint "$CKPT")
+  $PY examples/demo/evaluate_demo.py --model "$HF" --data "$DATA/heldout.jsonl" --n 128 --out "$RUN_DIR/demo_eval.json" --phase before
+fi
 
 # DAPO on the CPU: 16 prompts x 8 samples per step, dynamic sampling on, token-mean loss,
 # clip-higher, overlong filtering + soft punishment scaled to the ~7-token answers (L_max 12,
 # L_cache 4: a normal answer is never punished; run 1 with 8/2 was, see docs/benchmarks.md).
 MEGATRON_DAPO_EXPORT_FINAL_HF=1 $PY -m megatron_dapo.train \
-  --hf-checkpoint "$HF" --pretrained-checkpoint "$CKPT" \
+  --hf-checkpoint "$HF" "${INIT[@]}" \
   --prompt-data "$DATA/train.jsonl" --no-apply-chat-template --max-prompt-length 128 \
   --algorithm dapo --rollout-batch-size 16 --n-samples-per-prompt 8 --over-sampling-batch-size 32 \
   --max-num-gen-batches 4 --global-batch-size 64 --micro-batch-size 16 \
@@ -38,6 +45,7 @@ MEGATRON_DAPO_EXPORT_FINAL_HF=1 $PY -m megatron_dapo.train \
   --num-rollout "$STEPS" --seed 1 --reward-num-workers 1 \
   --run-dir "$RUN_DIR" --save "$RUN_DIR/checkpoints" --save-interval 6 --keep-last 1 \
   --dump-rollouts-every 4 --wandb-mode offline "$@"
+[ $DRY_RUN = 1 ] && exit 0
 
 $PY examples/demo/evaluate_demo.py --model "$RUN_DIR/final_hf" --data "$DATA/heldout.jsonl" --n 128 --out "$RUN_DIR/demo_eval.json" --phase after
 $PY tools/diagnose.py "$RUN_DIR" || true
