@@ -159,15 +159,6 @@ class PolicyWorker:
             )
         return out
 
-    def probe(self, engine, tokens: list, prompt_len: int, threshold: float) -> float:
-        """Max |logp_engine - logp_megatron| on a fixed probe sequence (all ranks call it)."""
-        lp = self.compute_logprobs([{"tokens": tokens, "prompt_len": prompt_len}])
-        if self.rank != 0:
-            return 0.0
-        # rank 0 may not be the last PP stage: take the logprobs from the engine side only
-        # when this rank computed them; else the driver compares (see train.py).
-        return lp
-
     def offload(self) -> int:
         """Release params, grads and optimizer state (host copy kept) while the engine runs."""
         from ..hybrid.offload import TrainerOffloader
