@@ -14,7 +14,6 @@ One rollout step, top to bottom (see docs/design.md for the picture):
 from __future__ import annotations
 
 import codecs
-import dataclasses
 import json
 import math
 import os
@@ -516,8 +515,6 @@ class Trainer:
         return out
 
     def save_checkpoint(self) -> str:
-        import ray
-
         from .checkpoint.dist_ckpt import checkpoint_metadata
         from .driver import checkpoints
 

@@ -3,53 +3,32 @@
 from __future__ import annotations
 
 
+_COMMON = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rope_theta=10000.0,
+    hidden_act="silu",
+    bos_token_id=1,
+    eos_token_id=2,
+    dtype="float32",
+)
+
+
 def tiny_qwen2_config(**over) -> dict:
-    cfg = dict(
-        model_type="qwen2",
-        architectures=["Qwen2ForCausalLM"],
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        tie_word_embeddings=False,
-        hidden_act="silu",
-        use_sliding_window=False,
-        bos_token_id=1,
-        eos_token_id=2,
-        dtype="float32",
-    )
-    cfg.update(over)
-    return cfg
+    """Qwen2: QKV bias, GQA, untied embeddings."""
+    return {**_COMMON, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": False, "use_sliding_window": False, **over}
 
 
 def tiny_llama_config(**over) -> dict:
-    cfg = dict(
-        model_type="llama",
-        architectures=["LlamaForCausalLM"],
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        tie_word_embeddings=True,
-        hidden_act="silu",
-        attention_bias=False,
-        mlp_bias=False,
-        bos_token_id=1,
-        eos_token_id=2,
-        dtype="float32",
-    )
-    cfg.update(over)
-    return cfg
+    """Llama: no biases, GQA, tied embeddings (like SmolLM2)."""
+    return {**_COMMON, "model_type": "llama", "architectures": ["LlamaForCausalLM"], "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": True, "attention_bias": False, "mlp_bias": False, **over}
 
 
 def random_hf_model(cfg: dict, seed: int = 0):

@@ -24,9 +24,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-CONFIG = dict(
-    model_type="qwen2",
-    architectures=["Qwen2ForCausalLM"],
+from tests.tiny import tiny_qwen2_config  # noqa: E402
+
+# a ~1.8 GiB (fp32) Qwen2-shaped model
+CONFIG = tiny_qwen2_config(
     vocab_size=32000,
     hidden_size=2048,
     intermediate_size=5632,
@@ -34,13 +35,7 @@ CONFIG = dict(
     num_attention_heads=16,
     num_key_value_heads=4,
     max_position_embeddings=4096,
-    rms_norm_eps=1e-6,
     rope_theta=1000000.0,
-    tie_word_embeddings=False,
-    hidden_act="silu",
-    use_sliding_window=False,
-    bos_token_id=1,
-    eos_token_id=2,
 )
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"

@@ -8,7 +8,6 @@ middle of its step-2 save resumes from the step-1 checkpoint.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess

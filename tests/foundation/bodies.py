@@ -62,7 +62,6 @@ def dp_optimizer_step(hf_cfg: dict, tp: int, pp: int, distributed_optimizer: boo
 
     Returns the full (TP-gathered) parameters of this rank's PP stage after the step.
     """
-    import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
     from megatron_dapo.checkpoint.model_io import gather_full_weights, load_hf_weights

@@ -1,6 +1,5 @@
 """HF config -> megatron model description: supported families, clear errors otherwise."""
 
-import json
 import subprocess
 import sys
 
