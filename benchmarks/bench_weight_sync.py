@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 import time
@@ -30,6 +29,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+from megatron_dapo.distributed import free_port  # noqa: E402
 
 
 def model_config(args) -> dict:
@@ -44,12 +45,6 @@ def model_config(args) -> dict:
         tie_word_embeddings=False, hidden_act="silu", use_sliding_window=False,
         bos_token_id=1, eos_token_id=2, dtype="bfloat16",
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build_model(hf_cfg: dict, dtype):
@@ -169,7 +164,7 @@ def main(argv=None) -> int:
     import torch.multiprocessing as mp
 
     world = args.tp * args.pp
-    mp.spawn(_worker, args=(world, _free_port(), args), nprocs=world, join=True)
+    mp.spawn(_worker, args=(world, free_port(), args), nprocs=world, join=True)
     return 0
 
 

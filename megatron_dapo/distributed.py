@@ -16,6 +16,15 @@ import torch.distributed as dist
 from . import platform
 
 
+def free_port() -> int:
+    """A TCP port that is free on this host right now (for a rendezvous or a test server)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
 def init_distributed(
     rank: Optional[int] = None,
     world_size: Optional[int] = None,

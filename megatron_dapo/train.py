@@ -18,15 +18,15 @@ import json
 import math
 import os
 import random
-import socket
 import sys
 import time
 
 import numpy as np
 import torch
 
-from .config import ConfigError, parse_args, validate, world_size
+from .config import ConfigError, parse_args, validate
 from .driver.batch import assign_advantages, dp_shards, minibatches
+from .driver.cluster import Cluster
 from .models import parse_hf_config
 
 
@@ -43,105 +43,9 @@ def hf_config_source(cfg) -> str:
     raise ConfigError("--hf-checkpoint is required (the model shape and tokenizer are read from its config.json)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 def _mean(xs):
     xs = list(xs)
     return float(sum(xs) / len(xs)) if xs else 0.0
-
-
-class Cluster:
-    """Trainer actors and engine actors on one Ray placement group (colocated bundles)."""
-
-    def __init__(self, cfg, hf_dir: str, tokenizer_dir: str):
-        import ray
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        from .driver.actors import EngineActor, PolicyActor
-        from .launch.placement import create_placement_group, ranks_to_bundles, start_ray
-
-        self.cfg = cfg
-        self.world = world_size(cfg)
-        start_ray()
-        on_gpu = torch.cuda.is_available()
-        gpus = 1 if on_gpu else 0
-        total_cpus = float(ray.cluster_resources().get("CPU", 1))
-        self.pg = create_placement_group(self.world, gpus_per_bundle=gpus, timeout_s=120)
-        bundle_cpus = self._bundle_cpus()
-        threads = max(1, int(total_cpus // max(self.world, 1)))
-        self.master_addr = "127.0.0.1" if cfg.parallel.nnodes == 1 else ray.util.get_node_ip_address()
-        self.master_port = _free_port()
-        bundle_of = ranks_to_bundles(self.pg)  # ranks of one node on consecutive bundles
-        strat = lambda rank: PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=bundle_of[rank])
-        self.actors = [
-            PolicyActor.options(scheduling_strategy=strat(r), num_cpus=bundle_cpus / 2, num_gpus=gpus * 0.5 if gpus else 0).remote(
-                r, self.world, self.master_addr, self.master_port, cfg, hf_dir, threads
-            )
-            for r in range(self.world)
-        ]
-        self.infos = ray.get([a.call.remote("info") for a in self.actors])
-        r = cfg.rollout
-        self.engine_kind = ("sglang" if on_gpu else "hf") if r.engine == "auto" else r.engine
-        self.num_engines = self.world // r.num_gpus_per_engine
-
-        def make_engine(i):
-            kw = {}
-            if self.engine_kind == "sglang":
-                kw = dict(tp_size=r.num_gpus_per_engine, mem_fraction_static=r.mem_fraction_static,
-                          base_gpu_id=0, enable_memory_saver=True)
-            return EngineActor.options(
-                scheduling_strategy=strat(i * r.num_gpus_per_engine), num_cpus=bundle_cpus / 2,
-                num_gpus=gpus * 0.5 if gpus else 0,
-            ).remote(self.engine_kind, hf_dir, tokenizer_dir, threads, **kw)
-
-        self.make_engine = make_engine
-
-    def _bundle_cpus(self) -> float:
-        spec = self.pg.bundle_specs[0]
-        return float(spec.get("CPU", 1))
-
-    def call(self, method: str, *args, per_rank=None, **kwargs):
-        import ray
-
-        futs = []
-        for r, a in enumerate(self.actors):
-            extra = per_rank[r] if per_rank is not None else ()
-            futs.append(a.call.remote(method, *extra, *args, **kwargs))
-        return ray.get(futs)
-
-    def sync(self, engine_handles) -> dict:
-        import ray
-
-        outs = ray.get([a.sync_to.remote(engine_handles if r == 0 else None) for r, a in enumerate(self.actors)])
-        return outs[0]
-
-    def dp_layout(self):
-        dp = self.infos[0]["dp_size"]
-        # the rank whose results stand for DP rank d: last PP stage, TP rank 0
-        reporters = {}
-        for i in self.infos:
-            if i["last_stage"] and i["rank"] == min(
-                j["rank"] for j in self.infos if j["dp_rank"] == i["dp_rank"] and j["last_stage"]
-            ):
-                reporters[i["dp_rank"]] = i["rank"]
-        return dp, reporters
-
-    def shutdown(self, engine_handles=()):
-        import ray
-
-        for a in list(self.actors) + list(engine_handles):
-            try:
-                ray.kill(a)
-            except Exception:
-                pass
-        try:
-            ray.util.remove_placement_group(self.pg)
-        except Exception:
-            pass
 
 
 # ---------------------------------------------------------------------------- the run

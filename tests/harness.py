@@ -13,14 +13,9 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
-import socket
 import traceback
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from megatron_dapo.distributed import free_port
 
 
 def _worker(rank: int, world: int, port: int, tasks, results) -> None:
@@ -62,7 +57,7 @@ class GlooPool:
     def __init__(self, world_size: int, start_timeout: float = 300.0):
         self.world_size = world_size
         ctx = mp.get_context("spawn")
-        port = _free_port()
+        port = free_port()
         self._tasks = [ctx.Queue() for _ in range(world_size)]
         self._results = ctx.Queue()
         self._procs = [

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 from typing import Optional
 
 import torch
@@ -35,24 +34,18 @@ TOKENIZER_FILES = (
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def ensure_distributed() -> None:
     """A gloo/nccl default group: the launcher's (torchrun env) or a world of one on a free port."""
     import torch.distributed as dist
 
-    from ..distributed import init_distributed
+    from ..distributed import free_port, init_distributed
 
     if dist.is_initialized():
         return
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
         init_distributed()
     else:
-        init_distributed(rank=0, world_size=1, master_port=_free_port())
+        init_distributed(rank=0, world_size=1, master_port=free_port())
 
 
 def _build(arch_or_cfg, dtype: torch.dtype, tp: int, pp: int, make_vocab_size_divisible_by: int):

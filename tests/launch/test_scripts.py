@@ -137,13 +137,9 @@ def test_sbatch_dry_run_with_the_driver(tmp_path):
 @pytest.mark.slow
 def test_sbatch_starts_ray_and_the_driver_under_fake_slurm(tmp_path):
     """The real (non-dry) path with stub srun/scontrol on this machine: head start, token auth, node wait, driver."""
-    import socket
     import uuid
 
-    def free_port():
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return s.getsockname()[1]
+    from megatron_dapo.distributed import free_port
 
     stubs = ROOT / "tests" / "launch" / "fake_slurm"
     temp = f"/tmp/rt-{uuid.uuid4().hex[:8]}"  # Ray's socket paths must stay short
