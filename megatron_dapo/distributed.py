@@ -25,6 +25,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def collective_device(group=None) -> torch.device:
+    """Where a tensor must live to be reduced over ``group``: the current CUDA device for an
+    NCCL group, the host for gloo (a host tensor handed to NCCL fails; a CUDA one to gloo too)."""
+    backend = str(dist.get_backend(group)).lower()
+    if "nccl" in backend:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def init_distributed(
     rank: Optional[int] = None,
     world_size: Optional[int] = None,

@@ -43,7 +43,7 @@ class ModelConfig:
 class ParallelConfig:
     tensor_model_parallel_size: int = _f(1, "Tensor model parallel size.")
     pipeline_model_parallel_size: int = _f(1, "Pipeline model parallel size.")
-    context_parallel_size: int = _f(1, "Context parallel size (GPU/TE only).")
+    context_parallel_size: int = _f(1, "Context parallel size (not implemented yet: only 1 is accepted).")
     sequence_parallel: bool = _f(False, "Sequence parallelism with TP (GPU/TE only).")
     use_distributed_optimizer: bool = _f(False, "Shard optimizer state over data-parallel ranks.")
     nnodes: int = _f(1, "Number of nodes.", "--actor-num-nodes")
@@ -77,9 +77,11 @@ class RolloutConfig:
     n_samples_per_prompt: int = _f(16, "Responses per prompt (group size G).")
     over_sampling_batch_size: Optional[int] = _f(None, "Prompts generated per generation round (default: --rollout-batch-size).")
     max_num_gen_batches: int = _f(10, "Generation rounds per step before giving up (0 = unbounded).")
-    temperature: float = _f(1.0, "Sampling temperature for training rollouts.", "--rollout-temperature")
-    top_p: float = _f(1.0, "Top-p for training rollouts.", "--rollout-top-p")
-    top_k: int = _f(-1, "Top-k for training rollouts (-1 = off).", "--rollout-top-k")
+    temperature: float = _f(
+        1.0, "Sampling temperature for training rollouts; the trainer divides its logits by it for old and new "
+        "logprobs, entropy and the KL reference.", "--rollout-temperature")
+    top_p: float = _f(1.0, "Top-p for training rollouts (must be 1.0: truncated sampling is refused for training).", "--rollout-top-p")
+    top_k: int = _f(-1, "Top-k for training rollouts (must be -1: truncated sampling is refused for training).", "--rollout-top-k")
     stop: list = _f([], "Stop strings (repeatable).", "--rollout-stop", nargs="*")
     num_gpus_per_engine: int = _f(1, "GPUs per rollout engine (engine TP size).", "--rollout-num-gpus-per-engine")
     mem_fraction_static: float = _f(0.7, "SGLang static memory fraction.", "--sglang-mem-fraction-static")

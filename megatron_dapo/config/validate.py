@@ -104,13 +104,25 @@ def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[
         raise ConfigError(f"world size {world} not divisible by --rollout-num-gpus-per-engine {r.num_gpus_per_engine}")
     if p.sequence_parallel and tp == 1:
         raise ConfigError("--sequence-parallel needs --tensor-model-parallel-size > 1")
+    if cp > 1:
+        raise ConfigError(
+            f"--context-parallel-size {cp}: context parallelism is not implemented yet (the trainer would split "
+            "nothing and train silently wrong); use --context-parallel-size 1"
+        )
+    if r.temperature <= 0:
+        raise ConfigError(f"--rollout-temperature must be > 0 for training (the trainer divides logits by it), got {r.temperature}")
+    if r.top_p < 1.0 or r.top_k > 0:
+        raise ConfigError(
+            f"--rollout-top-p {r.top_p} / --rollout-top-k {r.top_k}: training rollouts must sample from the full "
+            "tempered distribution (top-p 1.0, top-k -1); the trainer's old and new logprobs cover the whole "
+            "vocabulary, so truncated sampling would make the importance ratios wrong. Truncate only in evaluation "
+            "(--eval-top-p)"
+        )
     if not on_gpu:
         if cfg.model.bf16:
             raise ConfigError("--bf16 is GPU-only (CPU runs are fp32)")
         if p.sequence_parallel:
             raise ConfigError("--sequence-parallel is GPU-only (megatron's local norm refuses it without TE/apex)")
-        if cp > 1:
-            raise ConfigError(f"--context-parallel-size {cp} is GPU-only (needs transformer-engine attention)")
         if r.engine == "sglang":
             raise ConfigError("--rollout-engine sglang needs a GPU (use hf on CPU)")
     if cfg.model.recompute_method and cfg.model.recompute_granularity != "full":

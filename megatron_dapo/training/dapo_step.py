@@ -35,11 +35,15 @@ METRIC_KEYS = (
 )
 
 
-def make_microbatches(samples: list, micro_batch_size: int, max_tokens: Optional[int] = None) -> list:
+def make_microbatches(
+    samples: list, micro_batch_size: int, max_tokens: Optional[int] = None, pad_to_multiple: int = 1
+) -> list:
     """Group consecutive samples into padded micro-batches.
 
     At most ``micro_batch_size`` samples each; with ``max_tokens``, also at most that many
     padded tokens (``rows x longest``). A sample longer than the budget goes alone.
+    ``pad_to_multiple``: every micro-batch's sequence length is padded up to a multiple of it
+    (the TP size with --sequence-parallel, which splits the sequence over TP ranks).
     Deterministic, so every PP stage of a DP rank builds the same micro-batches.
     """
     out, cur, longest = [], [], 0
@@ -53,12 +57,16 @@ def make_microbatches(samples: list, micro_batch_size: int, max_tokens: Optional
         longest = new_longest
     if cur:
         out.append(cur)
-    return [collate(mb) for mb in out]
+    return [collate(mb, pad_to_multiple) for mb in out]
 
 
-def collate(samples: list) -> dict:
-    """Right-padded tensors; ``loss_mask[:, t]`` is 1 where token t is a trained response token."""
+def collate(samples: list, pad_to_multiple: int = 1) -> dict:
+    """Right-padded tensors; ``loss_mask[:, t]`` is 1 where token t is a trained response token.
+
+    The sequence length is the longest sample rounded up to a multiple of ``pad_to_multiple``.
+    """
     b, s = len(samples), max(len(x["tokens"]) for x in samples)
+    s = -(-s // max(1, pad_to_multiple)) * max(1, pad_to_multiple)
     tokens = torch.zeros(b, s, dtype=torch.long)
     loss_mask = torch.zeros(b, s)
     resp_mask = torch.zeros(b, s)
@@ -86,18 +94,35 @@ def collate(samples: list) -> dict:
     return out
 
 
-def _dp_all_reduce(t: torch.Tensor) -> torch.Tensor:
+def sequence_pad_multiple(model) -> int:
+    """The multiple every micro-batch's sequence length must have: the TP size when the model
+    splits sequences over TP ranks (``config.sequence_parallel``, --sequence-parallel), else 1."""
+    from ..checkpoint.model_io import unwrap
+
+    cfg = unwrap(model).config
+    return int(cfg.tensor_model_parallel_size) if getattr(cfg, "sequence_parallel", False) else 1
+
+
+def dp_token_counts(values, group=None) -> torch.Tensor:
+    """``values`` summed over the data-parallel ``group`` (float64), created on the device that
+    group's backend reduces on (CUDA for NCCL, host for gloo)."""
     from megatron.core import parallel_state as ps
 
-    g = ps.get_data_parallel_group()
+    from ..distributed import collective_device
+
+    g = group if group is not None else ps.get_data_parallel_group()
+    t = torch.tensor(list(values), dtype=torch.float64, device=collective_device(g))
     if dist.get_world_size(g) > 1:
         dist.all_reduce(t, group=g)
     return t
 
 
 @torch.no_grad()
-def compute_logprobs(policy_or_model, samples: list, true_vocab: int, micro_batch_size: int, max_tokens=None):
-    """Per-sample logprobs of the response tokens under the current weights (forward only).
+def compute_logprobs(
+    policy_or_model, samples: list, true_vocab: int, micro_batch_size: int, max_tokens=None, temperature: float = 1.0
+):
+    """Per-sample logprobs of the response tokens under the current weights (forward only),
+    from ``softmax(logits / temperature)`` (the rollout's sampling distribution).
 
     Returns a list (one list of floats per sample) on the last PP stage, None elsewhere.
     """
@@ -105,14 +130,14 @@ def compute_logprobs(policy_or_model, samples: list, true_vocab: int, micro_batc
 
     model = policy_or_model.model if isinstance(policy_or_model, Policy) else policy_or_model
     model.eval()
-    mbs = make_microbatches(samples, micro_batch_size, max_tokens)
+    mbs = make_microbatches(samples, micro_batch_size, max_tokens, sequence_pad_multiple(model))
     got = []
 
     def loss_fn(batch, logits):
         st = batch["resp_start"]
-        lp = token_logprobs(logits[:, st - 1 :], batch["tokens"][:, st - 1 :], true_vocab)  # tokens st..end
-        got.append(lp.detach().float())
-        return torch.zeros((), dtype=torch.float32), {}
+        lp = token_logprobs(logits[:, st - 1 :], batch["tokens"][:, st - 1 :], true_vocab, temperature)  # tokens st..end
+        got.append(lp.detach().float().cpu())
+        return torch.zeros((), dtype=torch.float32, device=logits.device), {}
 
     forward_backward(model, mbs, loss_fn, forward_only=True)
     model.train()
@@ -129,13 +154,18 @@ def compute_logprobs(policy_or_model, samples: list, true_vocab: int, micro_batc
     return out
 
 
-def dapo_loss_fn(algo: AlgorithmConfig, true_vocab: int, global_tokens, global_seqs, nan_loss: bool = False):
-    """The per-micro-batch loss: decoupled-clip surrogate, aggregated over the whole step."""
+def dapo_loss_fn(
+    algo: AlgorithmConfig, true_vocab: int, global_tokens, global_seqs, nan_loss: bool = False, temperature: float = 1.0
+):
+    """The per-micro-batch loss: decoupled-clip surrogate, aggregated over the whole step.
+
+    Logprobs and entropy come from ``logits / temperature`` (the rollout temperature), like the
+    old logprobs they are compared with."""
 
     def loss_fn(batch, logits):
         st = batch["resp_start"]  # score tokens st..end only (the prompts carry no loss)
         logits = logits[:, st - 1 :]
-        lp = token_logprobs(logits, batch["tokens"][:, st - 1 :], true_vocab)  # [b, s-st]
+        lp = token_logprobs(logits, batch["tokens"][:, st - 1 :], true_vocab, temperature)  # [b, s-st]
         mask = batch["loss_mask"][:, st:]
         old = batch["old_logprobs"][:, st:]
         per_tok, m = policy_loss(
@@ -145,10 +175,11 @@ def dapo_loss_fn(algo: AlgorithmConfig, true_vocab: int, global_tokens, global_s
         resp = batch["resp_mask"][:, st:]
         need_grad = algo.entropy_coef > 0
         with torch.set_grad_enabled(need_grad and torch.is_grad_enabled()):
-            ent = vocab_parallel_entropy(logits[:, :-1] if need_grad else logits[:, :-1].detach(), true_vocab)
+            ent = vocab_parallel_entropy(logits[:, :-1] if need_grad else logits[:, :-1].detach(), true_vocab,
+                                         temperature=temperature)
         if need_grad:
             loss = loss - algo.entropy_coef * aggregate_loss(ent, mask, algo.loss_agg_mode, global_tokens, global_seqs)
-        kl_sum = torch.zeros(())
+        kl_sum = torch.zeros((), device=lp.device)
         if algo.kl_coef > 0 and "ref_logprobs" in batch:
             kl_tok = kl_penalty(lp, batch["ref_logprobs"][:, st:], algo.kl_estimator)
             loss = loss + algo.kl_coef * aggregate_loss(kl_tok, mask, algo.loss_agg_mode, global_tokens, global_seqs)
@@ -182,21 +213,22 @@ def train_on_minibatch(
     micro_batch_size: int,
     max_tokens=None,
     nan_loss: bool = False,
+    temperature: float = 1.0,
 ) -> dict:
     """One optimizer step on this DP rank's shard of a mini-batch; returns reduced metrics."""
     from megatron.core import parallel_state as ps
 
-    mbs = make_microbatches(samples, micro_batch_size, max_tokens)
-    counts = torch.tensor(
+    mbs = make_microbatches(samples, micro_batch_size, max_tokens, sequence_pad_multiple(policy.model))
+    # the WHOLE optimizer step's token and sequence counts, over all micro-batches and DP ranks
+    counts = dp_token_counts(
         [sum(float(mb["loss_mask"][:, 1:].sum()) for mb in mbs),
-         sum(float((mb["loss_mask"][:, 1:].sum(1) > 0).sum()) for mb in mbs)],
-        dtype=torch.float64,
+         sum(float((mb["loss_mask"][:, 1:].sum(1) > 0).sum()) for mb in mbs)]
     )
-    _dp_all_reduce(counts)  # the WHOLE optimizer step's token and sequence counts
     g_tok, g_seq = float(counts[0]), float(counts[1])
     policy.model.zero_grad_buffer()
     policy.optimizer.zero_grad()
-    stats = forward_backward(policy.model, mbs, dapo_loss_fn(algo, true_vocab, g_tok, g_seq, nan_loss), forward_only=False)
+    loss_fn = dapo_loss_fn(algo, true_vocab, g_tok, g_seq, nan_loss, temperature)
+    stats = forward_backward(policy.model, mbs, loss_fn, forward_only=False)
     ok, grad_norm = optimizer_step(policy.optimizer, policy.optimizer.config.clip_grad)
     if ok:
         policy.scheduler.step(increment=1)

@@ -39,6 +39,18 @@ def configure_for_step_normalised_loss(config) -> None:
     config.finalize_model_grads_func = finalize_grads_no_token_scaling
 
 
+def param_device(model) -> torch.device:
+    """The device of the model chunk's parameters (where its inputs must live)."""
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    """A copy of ``batch`` with every tensor on ``device`` (ints, lists and the like unchanged)."""
+    return {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+
+
 def _model_inputs(batch: dict):
     tokens = batch["tokens"]
     b, s = tokens.shape
@@ -46,6 +58,16 @@ def _model_inputs(batch: dict):
     if pos is None:
         pos = torch.arange(s, device=tokens.device).unsqueeze(0).expand(b, s)
     return tokens, pos, causal_mask(s, device=tokens.device)
+
+
+def forward_step(data_iterator, model_chunk, loss_fn: Callable):
+    """megatron's forward step: the next micro-batch, moved to the parameters' device, through
+    the model chunk; the loss function sees the same moved batch. The ONE forward step of the
+    trainer, CPU and GPU alike (batches are collated on the host)."""
+    batch = to_device(next(data_iterator), param_device(model_chunk))
+    tokens, pos, mask = _model_inputs(batch)
+    output = model_chunk(tokens, pos, mask)
+    return output, functools.partial(_loss_wrapper, loss_fn, batch)
 
 
 def forward_backward(
@@ -64,17 +86,11 @@ def forward_backward(
     if not microbatches:
         raise ValueError("forward_backward: microbatches is empty")
 
-    def forward_step(data_iterator, model_chunk):
-        batch = next(data_iterator)
-        tokens, pos, mask = _model_inputs(batch)
-        output = model_chunk(tokens, pos, mask)
-        return output, functools.partial(_loss_wrapper, loss_fn, batch)
-
     seq_len = max(mb["tokens"].shape[1] for mb in microbatches)
     mbs = microbatches[0]["tokens"].shape[0]
     fb = get_forward_backward_func()
     out = fb(
-        forward_step_func=forward_step,
+        forward_step_func=functools.partial(_forward_step_of, loss_fn),
         data_iterator=iter(microbatches),
         model=[model],
         num_microbatches=len(microbatches),
@@ -85,11 +101,15 @@ def forward_backward(
     return list(out)
 
 
+def _forward_step_of(loss_fn, data_iterator, model_chunk):
+    return forward_step(data_iterator, model_chunk, loss_fn)
+
+
 def _loss_wrapper(loss_fn, batch, logits):
     loss, metrics = loss_fn(batch, logits)
     # 3-tuple: (loss, num_tokens, reported). With calculate_per_token_loss the schedule does
     # not rescale; num_tokens is ignored by finalize_grads_no_token_scaling.
-    return loss, torch.tensor(1, dtype=torch.int), metrics
+    return loss, torch.tensor(1, dtype=torch.int, device=loss.device), metrics
 
 
 def mask_vocab_padding(logits: torch.Tensor, true_vocab: int) -> torch.Tensor:
@@ -106,23 +126,40 @@ def mask_vocab_padding(logits: torch.Tensor, true_vocab: int) -> torch.Tensor:
     )
 
 
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, true_vocab: Optional[int] = None) -> torch.Tensor:
+def tempered(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """``logits / T``: the distribution the engine sampled from at rollout temperature ``T``.
+
+    The importance ratio pi_theta / pi_old is a ratio of the *sampling* distribution, so old
+    and new logprobs (and the entropy) are computed from the tempered logits.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    return logits if temperature == 1.0 else logits / temperature
+
+
+def token_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, true_vocab: Optional[int] = None, temperature: float = 1.0
+) -> torch.Tensor:
     """Log-probability of each next token, vocab-parallel: logprobs[:, t] = log p(tokens[:, t+1]).
 
-    ``logits`` [b, s, V/tp] (this rank's vocab shard), ``tokens`` [b, s]. Returns [b, s-1].
-    The full vocabulary is never gathered (megatron's vocab-parallel cross entropy).
+    ``logits`` [b, s, V/tp] (this rank's vocab shard), ``tokens`` [b, s]. Returns [b, s-1],
+    from ``softmax(logits / temperature)``. The full vocabulary is never gathered (megatron's
+    vocab-parallel cross entropy).
     """
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
     if true_vocab is not None:
         logits = mask_vocab_padding(logits, true_vocab)
-    lg = logits[:, :-1].transpose(0, 1).contiguous().float()  # [s-1, b, v/tp]
+    lg = tempered(logits[:, :-1].transpose(0, 1).contiguous().float(), temperature)  # [s-1, b, v/tp]
     target = tokens[:, 1:].transpose(0, 1).contiguous()
     return -vocab_parallel_cross_entropy(lg, target).transpose(0, 1)
 
 
-def vocab_parallel_entropy(logits: torch.Tensor, true_vocab: Optional[int] = None, chunk_size: int = 1024) -> torch.Tensor:
-    """Entropy of the softmax over vocab-parallel logits, H = logsumexp(z) - sum_v p_v z_v.
+def vocab_parallel_entropy(
+    logits: torch.Tensor, true_vocab: Optional[int] = None, chunk_size: int = 1024, temperature: float = 1.0
+) -> torch.Tensor:
+    """Entropy of the softmax over vocab-parallel logits, H = logsumexp(z) - sum_v p_v z_v,
+    with z = logits / ``temperature`` (the sampling distribution).
 
     ``logits`` [..., V/tp]: this TP rank's shard. The max, the partition function and the
     expectation of z are all-reduced over the TP group, so the full vocabulary is never
@@ -140,7 +177,7 @@ def vocab_parallel_entropy(logits: torch.Tensor, true_vocab: Optional[int] = Non
     tp_group = ps.get_tensor_model_parallel_group()
     outs = []
     for i in range(0, flat.shape[0], chunk_size):
-        z = flat[i : i + chunk_size].float()
+        z = tempered(flat[i : i + chunk_size].float(), temperature)
         zmax = z.detach().max(dim=-1, keepdim=True).values
         if dist.get_world_size(tp_group) > 1:
             dist.all_reduce(zmax, op=dist.ReduceOp.MAX, group=tp_group)

@@ -116,7 +116,8 @@ class PolicyWorker:
         from .dapo_step import compute_logprobs
 
         o = self.cfg.optim
-        return compute_logprobs(self._ref, samples, self.arch.vocab_size, o.micro_batch_size, o.max_tokens_per_gpu)
+        return compute_logprobs(self._ref, samples, self.arch.vocab_size, o.micro_batch_size, o.max_tokens_per_gpu,
+                                self.cfg.rollout.temperature)
 
     def full_weights(self) -> dict:
         """TP-gathered weights of this PP stage by megatron global name (tests, replay)."""
@@ -142,7 +143,17 @@ class PolicyWorker:
         from .dapo_step import compute_logprobs
 
         o = self.cfg.optim
-        return compute_logprobs(self.policy, samples, self.arch.vocab_size, o.micro_batch_size, o.max_tokens_per_gpu)
+        return compute_logprobs(self.policy, samples, self.arch.vocab_size, o.micro_batch_size, o.max_tokens_per_gpu,
+                                self.cfg.rollout.temperature)
+
+    def probe_logprobs(self, sequences: list) -> Optional[list]:
+        """The weight-sync probe's megatron half: logprobs of tokens 1.. of each sequence at
+        temperature 1 (what ``RolloutEngine.score(sequences, [1] * n)`` returns)."""
+        from .dapo_step import compute_logprobs
+
+        o = self.cfg.optim
+        items = [{"tokens": list(s), "prompt_len": 1} for s in sequences]
+        return compute_logprobs(self.policy, items, self.arch.vocab_size, o.micro_batch_size, o.max_tokens_per_gpu)
 
     def train(self, shards: list, inject_nan: bool = False) -> list:
         """``shards[k]`` is this rank's DP shard of mini-batch k: one optimizer step each."""
@@ -154,7 +165,7 @@ class PolicyWorker:
             out.append(
                 train_on_minibatch(
                     self.policy, shard, self.cfg.algo, self.arch.vocab_size, o.micro_batch_size,
-                    o.max_tokens_per_gpu, nan_loss=inject_nan,
+                    o.max_tokens_per_gpu, nan_loss=inject_nan, temperature=self.cfg.rollout.temperature,
                 )
             )
         return out

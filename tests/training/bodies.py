@@ -1,0 +1,57 @@
+"""Gloo-rank bodies for the trainer's GPU-first-contact tests (module-level: they pickle by name)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def tempered_logprobs_vs_hf(hf_cfg: dict, tp: int, temperature: float):
+    """compute_logprobs / entropy at ``temperature`` vs log_softmax(HF logits / T) (last stage)."""
+    from megatron.core import parallel_state as ps
+
+    from megatron_dapo.training.dapo_step import compute_logprobs
+    from megatron_dapo.training.forward import forward_backward, vocab_parallel_entropy
+    from tests.foundation.bodies import build_from_hf
+
+    hf, model, arch, _ = build_from_hf(hf_cfg, tp, 1)
+    g = torch.Generator().manual_seed(3)
+    seqs = [torch.randint(0, arch.vocab_size, (n,), generator=g).tolist() for n in (9, 6)]
+    samples = [{"tokens": s, "prompt_len": 3} for s in seqs]
+    got = compute_logprobs(model, samples, arch.vocab_size, micro_batch_size=2, temperature=temperature)
+    ents = []
+
+    def loss_fn(batch, logits):
+        ents.append(vocab_parallel_entropy(logits, arch.vocab_size, temperature=temperature).detach())
+        return logits.sum() * 0, {}
+
+    with torch.no_grad():
+        forward_backward(model, [{"tokens": torch.tensor([seqs[0]])}], loss_fn, forward_only=True)
+    if not ps.is_pipeline_last_stage():
+        return None
+    lp_err, ent_err = 0.0, 0.0
+    with torch.no_grad():
+        for s, mine in zip(seqs, got):
+            logits = hf(torch.tensor([s])).logits[0].double() / temperature
+            ref = torch.log_softmax(logits, -1)
+            want = [float(ref[t - 1, s[t]]) for t in range(3, len(s))]
+            lp_err = max(lp_err, max(abs(a - b) for a, b in zip(mine, want)))
+        logits = hf(torch.tensor([seqs[0]])).logits[0].double() / temperature
+        p = torch.softmax(logits, -1)
+        ent_ref = -(p * torch.log_softmax(logits, -1)).sum(-1)
+        ent_err = float((ents[0][0].double() - ent_ref).abs().max())
+    return {"logprob": lp_err, "entropy": ent_err, "n": [len(x) for x in got]}
+
+
+def sequence_parallel_padding(hf_cfg: dict, tp: int):
+    """Micro-batches of a model whose config says sequence_parallel are padded to a multiple of TP."""
+    from megatron_dapo.checkpoint.model_io import unwrap
+    from megatron_dapo.training.dapo_step import make_microbatches, sequence_pad_multiple
+    from tests.foundation.bodies import build_from_hf
+
+    _, model, _, _ = build_from_hf(hf_cfg, tp, 1)
+    plain = sequence_pad_multiple(model)
+    unwrap(model).config.sequence_parallel = True
+    sp = sequence_pad_multiple(model)
+    samples = [{"tokens": list(range(1, n + 1)), "prompt_len": 2} for n in (5, 7, 9)]
+    lens = [mb["tokens"].shape[1] for mb in make_microbatches(samples, 2, None, sp)]
+    return {"plain": plain, "sp": sp, "lens": lens}
