@@ -152,11 +152,15 @@ def _config_from_arch(arch: ModelArch) -> dict:
 
 
 class ShardWriter:
-    """Write (name, tensor) pairs into ``model-XXXXX-of-YYYYY.safetensors`` shards + index."""
+    """Write (name, tensor) pairs into ``model-XXXXX-of-YYYYY.safetensors`` shards + index.
 
-    def __init__(self, directory: str, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES):
+    ``part_prefix`` names the temporary part files, so that several writers (one per pipeline
+    stage) can share a directory; :func:`finalize_shards` then names all parts at once."""
+
+    def __init__(self, directory: str, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, part_prefix: str = "_part"):
         self.directory = directory
         self.max_shard_bytes = max_shard_bytes
+        self.part_prefix = part_prefix
         self._buf: dict[str, torch.Tensor] = {}
         self._buf_bytes = 0
         self._files: list[list[str]] = []
@@ -175,25 +179,39 @@ class ShardWriter:
         from safetensors.torch import save_file
 
         i = len(self._files)
-        save_file(self._buf, os.path.join(self.directory, f"_part{i:05d}.safetensors"), metadata={"format": "pt"})
+        save_file(self._buf, os.path.join(self.directory, self._part_name(i)), metadata={"format": "pt"})
         self._files.append(list(self._buf))
         self._buf, self._buf_bytes = {}, 0
 
-    def close(self) -> list[str]:
-        if self._buf or not self._files:
+    def _part_name(self, i: int) -> str:
+        return f"{self.part_prefix}{i:05d}.safetensors"
+
+    def flush_parts(self) -> list[tuple[str, list[str]]]:
+        """Write what is buffered; returns ``[(part file, tensor names)]`` of this writer."""
+        if self._buf:
             self._flush()
-        n = len(self._files)
-        weight_map = {}
-        names = []
-        for i, keys in enumerate(self._files):
-            final = "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-            os.replace(os.path.join(self.directory, f"_part{i:05d}.safetensors"), os.path.join(self.directory, final))
-            names.append(final)
-            weight_map.update({k: final for k in keys})
-        if n > 1:
-            with open(os.path.join(self.directory, "model.safetensors.index.json"), "w") as f:
-                json.dump({"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}, f, indent=2)
-        return names
+        return [(self._part_name(i), keys) for i, keys in enumerate(self._files)]
+
+    def close(self) -> list[str]:
+        if not self._files and not self._buf:
+            self._flush()  # an empty model still gets its (empty) model.safetensors
+        return finalize_shards(self.directory, self.flush_parts(), self.total_bytes)
+
+
+def finalize_shards(directory: str, parts: list, total_bytes: int) -> list[str]:
+    """Rename part files ``[(file, names)]`` to ``model[-XXXXX-of-YYYYY].safetensors`` and write
+    the index when there is more than one. Returns the final file names."""
+    n = len(parts)
+    weight_map, names = {}, []
+    for i, (part, keys) in enumerate(parts):
+        final = "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+        os.replace(os.path.join(directory, part), os.path.join(directory, final))
+        names.append(final)
+        weight_map.update({k: final for k in keys})
+    if n > 1:
+        with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total_bytes}, "weight_map": weight_map}, f, indent=2)
+    return names
 
 
 def copy_tokenizer(src, dst) -> list[str]:
@@ -242,6 +260,63 @@ def torch_dist_to_hf(
             for hf_name, t in mapping.megatron_to_hf(arch, name, full):
                 writer.add(hf_name, t.to(out_dtype))
         written = writer.close()
+        with open(os.path.join(save_dir, "config.json"), "w") as f:
+            json.dump(cfg, f, indent=2, sort_keys=True)
+        written.append("config.json")
+        if tokenizer_dir is not None:
+            written += copy_tokenizer(tokenizer_dir, save_dir)
+    dist.barrier()
+    return written
+
+
+@torch.no_grad()
+def export_model_to_hf(
+    model,
+    arch: ModelArch,
+    save_dir: str,
+    hf_config_dir=None,
+    tokenizer_dir=None,
+    dtype: Optional[torch.dtype] = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+) -> list[str]:
+    """Write a live (trained) megatron model as an HF checkpoint: the trainer's own weights,
+    through the one mapping (``mapping.megatron_to_hf``), never through an engine.
+
+    Collective over the world: TP shards are all-gathered inside each model-parallel group;
+    on every pipeline stage the rank with TP rank 0 and DP rank 0 writes that stage's tensors
+    (no PP traffic); global rank 0 then names the shards, writes the index, config.json
+    (``hf_config_dir``'s, with the written dtype) and the tokenizer files. ``dtype``: the
+    tensors' dtype in the files (default: the parameters' dtype). Returns the files written
+    (on rank 0; [] elsewhere).
+    """
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from .model_io import gather_full_weights
+
+    save_dir = os.fspath(save_dir)
+    writer_rank = ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
+    stage = ps.get_pipeline_model_parallel_rank()
+    os.makedirs(save_dir, exist_ok=True)
+    writer = ShardWriter(save_dir, max_shard_bytes, part_prefix=f"_pp{stage:03d}_part") if writer_rank else None
+    out_dtype = dtype
+    for name, full in gather_full_weights(model, arch):
+        out_dtype = out_dtype or full.dtype
+        for hf_name, t in mapping.megatron_to_hf(arch, name, full):
+            if writer is not None:
+                writer.add(hf_name, t.to(dtype or t.dtype).cpu())
+    mine = (writer.flush_parts(), writer.total_bytes) if writer is not None else ([], 0)
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (stage, mine))
+    written: list[str] = []
+    if dist.get_rank() == 0:
+        parts = [p for _, (ps_, _) in sorted(everyone, key=lambda x: x[0]) for p in ps_]
+        total = sum(b for _, (_, b) in everyone)
+        written = finalize_shards(save_dir, parts, total)
+        cfg = load_hf_config(hf_config_dir) if hf_config_dir else _config_from_arch(arch)
+        cfg = dict(cfg)
+        cfg.pop("torch_dtype", None)
+        cfg["dtype"] = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(out_dtype, "float32")
         with open(os.path.join(save_dir, "config.json"), "w") as f:
             json.dump(cfg, f, indent=2, sort_keys=True)
         written.append("config.json")

@@ -55,3 +55,24 @@ def sequence_parallel_padding(hf_cfg: dict, tp: int):
     samples = [{"tokens": list(range(1, n + 1)), "prompt_len": 2} for n in (5, 7, 9)]
     lens = [mb["tokens"].shape[1] for mb in make_microbatches(samples, 2, None, sp)]
     return {"plain": plain, "sp": sp, "lens": lens}
+
+
+def export_hf_roundtrip(hf_cfg: dict, tp: int, pp: int, out_dir: str, max_shard_bytes: int):
+    """Export the megatron model (loaded from random HF weights) and compare with those weights."""
+    import torch.distributed as dist
+
+    from megatron_dapo.checkpoint.hf_export import export_model_to_hf
+    from tests.foundation.bodies import build_from_hf
+
+    hf, model, arch, _ = build_from_hf(hf_cfg, tp, pp)
+    written = export_model_to_hf(model, arch, out_dir, hf_config_dir=hf_cfg, max_shard_bytes=max_shard_bytes)
+    if dist.get_rank() != 0:
+        return None
+    from transformers import AutoModelForCausalLM
+
+    back = AutoModelForCausalLM.from_pretrained(out_dir, torch_dtype=torch.float32)
+    ref = hf.state_dict()
+    got = back.state_dict()
+    diffs = {n: float((got[n] - t).abs().max()) for n, t in ref.items() if n in got}
+    return {"written": written, "missing": sorted(set(ref) - set(got)), "max_diff": max(diffs.values()),
+            "n": len(diffs)}
