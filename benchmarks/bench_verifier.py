@@ -1,9 +1,14 @@
 """Verifier benchmark: our `dapo` and `math` modes against the math-verify package.
 
-On ../shared/data/verifier/equivalence-cases.jsonl (251 unique gold/pred/expected pairs from
-the Math-Verify and lighteval test suites: 218 equal, 33 not equal) this prints, for each
-verifier, how many equal pairs it recognises and how many non-equal pairs it accepts, and
-the throughput of each on the same inputs in the same run (single process, one core).
+For each case file (gold/pred/expected pairs, optionally a `split` field) this prints, for each
+verifier, how many equal pairs it recognises and how many non-equal pairs it accepts, and the
+throughput of each on the same inputs in the same run (single process, one core). Case files:
+
+* ../shared/data/verifier/equivalence-cases.jsonl: 251 unique pairs from the Math-Verify and
+  lighteval test suites (218 equal, 33 not equal); the `math` rules were developed on it.
+* benchmarks/data/verifier/hardverify-math-pairs.jsonl (when converted, see the README there):
+  470 pairs from HardVerify-Math (model answers that rule-based checkers miss, with a wrong
+  answer each), reported per split (`dev`, `heldout`).
 
 * `dapo`: ``is_equivalent(gold, pred, mode="dapo")`` - Minerva-normalised exact strings
   (the official DAPO comparison applied to the bare texts).
@@ -15,8 +20,10 @@ the throughput of each on the same inputs in the same run (single process, one c
 
 Usage::
 
-    .venv/bin/pip install -r benchmarks/requirements-verifier.txt
-    .venv/bin/python benchmarks/bench_verifier.py [--repeats 3] [--show-disagreements]
+    python -m venv /tmp/mvenv && /tmp/mvenv/bin/pip install -r benchmarks/requirements-verifier.txt
+    /tmp/mvenv/bin/python benchmarks/bench_verifier.py [--repeats 3] [--show-disagreements] [--cases FILE ...]
+
+(math-verify is a benchmark-only dependency: keep it out of the project's virtual environment.)
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 CASES_PATH = ROOT.parent / "shared" / "data" / "verifier" / "equivalence-cases.jsonl"
+UNSEEN_PATH = ROOT / "benchmarks" / "data" / "verifier" / "hardverify-math-pairs.jsonl"
 
 
 def load_cases(path: Path = CASES_PATH) -> list[dict]:
@@ -75,17 +83,65 @@ def run(check, cases: list[dict]) -> tuple[list[bool], float]:
     return verdicts, time.perf_counter() - start
 
 
+def case_sets(paths: list[Path]) -> dict[str, list[dict]]:
+    """Named case lists: one per file, and one per `split` value inside a file."""
+    sets: dict[str, list[dict]] = {}
+    for path in paths:
+        if not path.exists():
+            print(f"skipped {path} (absent)", file=sys.stderr)
+            continue
+        cases = load_cases(path)
+        splits = sorted({c.get("split") for c in cases if c.get("split")})
+        if not splits:
+            sets[path.name] = cases
+        for split in splits:
+            sets[f"{path.name} [{split}]"] = [c for c in cases if c.get("split") == split]
+    return sets
+
+
+def report(name: str, cases: list[dict], verifiers: dict, variants: dict, repeats: int, show: bool) -> None:
+    n_eq = sum(c["expected"] == 1 for c in cases)
+    n_ne = len(cases) - n_eq
+    verdicts: dict[str, list[bool]] = {}
+    times: dict[str, list[float]] = {v: [] for v in verifiers}
+    for _ in range(repeats):  # interleaved passes: machine noise hits all verifiers alike
+        for vname, check in verifiers.items():
+            result, seconds = run(check, cases)
+            verdicts.setdefault(vname, result)
+            times[vname].append(seconds)
+    print(f"\ncases: {name}: {len(cases)} ({n_eq} equal, {n_ne} not equal)\n")
+    print("| verifier | equal pairs recognised | non-equal pairs accepted | pairs/s (median of %d) | throughput vs math-verify |" % repeats)
+    print("|---|---|---|---|---|")
+    rate = {v: len(cases) / statistics.median(ts) for v, ts in times.items()}
+    for vname in verifiers:
+        eq_ok = sum(v and c["expected"] == 1 for v, c in zip(verdicts[vname], cases))
+        ne_ok = sum(v and c["expected"] == 0 for v, c in zip(verdicts[vname], cases))
+        rel = f"{rate[vname] / rate['math-verify']:.1f}x" if "math-verify" in rate else "n/a"
+        print(f"| {vname} | {eq_ok}/{n_eq} | {ne_ok}/{n_ne} | {rate[vname]:.0f} | {rel} |")
+    for vname, check in variants.items():  # accuracy only
+        result, _ = run(check, cases)
+        verdicts[vname] = result
+        eq_ok = sum(v and c["expected"] == 1 for v, c in zip(result, cases))
+        ne_ok = sum(v and c["expected"] == 0 for v, c in zip(result, cases))
+        print(f"| {vname} | {eq_ok}/{n_eq} | {ne_ok}/{n_ne} | - | - |")
+    if show:
+        print()
+        for i, c in enumerate(cases):
+            wrong = [v for v in ("math", "math-verify") if v in verdicts and verdicts[v][i] != bool(c["expected"])]
+            if wrong:
+                tag = c.get("source", f"#{i}")
+                print(f"- {tag} expected={c['expected']} wrong: {', '.join(wrong)} | gold={c['gold'][-70:]!r} | pred={c['pred'][-70:]!r}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per verifier (median reported)")
     parser.add_argument("--show-disagreements", action="store_true", help="list pairs where verifiers differ from the label")
+    parser.add_argument("--cases", type=Path, action="append", help="case file(s) (default: the shared cases and the HardVerify-Math pairs)")
     args = parser.parse_args(argv)
 
     from megatron_dapo.reward import is_equivalent
 
-    cases = load_cases()
-    n_eq = sum(c["expected"] == 1 for c in cases)
-    n_ne = len(cases) - n_eq
     verifiers = {
         "dapo": lambda g, p: is_equivalent(g, p, mode="dapo"),
         "math": lambda g, p: is_equivalent(g, p, mode="math"),
@@ -97,43 +153,16 @@ def main(argv: list[str] | None = None) -> int:
     else:
         variants = {}
         print("math-verify not installed: pip install -r benchmarks/requirements-verifier.txt", file=sys.stderr)
+    if versions:
+        print("math-verify stack: " + ", ".join(f"{k}=={v}" for k, v in versions.items()))
+    import sympy
+
+    print(f"sympy=={sympy.__version__}, python {sys.version.split()[0]}")
 
     for check in verifiers.values():  # warm-up: imports and first-call caches
         check("1", "1")
-    verdicts: dict[str, list[bool]] = {}
-    times: dict[str, list[float]] = {name: [] for name in verifiers}
-    for _ in range(args.repeats):  # interleaved passes: machine noise hits all verifiers alike
-        for name, check in verifiers.items():
-            result, seconds = run(check, cases)
-            verdicts.setdefault(name, result)
-            times[name].append(seconds)
-
-    print(f"cases: {len(cases)} ({n_eq} equal, {n_ne} not equal) from {CASES_PATH.name}")
-    if versions:
-        print("math-verify stack: " + ", ".join(f"{k}=={v}" for k, v in versions.items()))
-    print()
-    print("| verifier | equal pairs recognised | non-equal pairs accepted | pairs/s (median of %d) | throughput vs math-verify |" % args.repeats)
-    print("|---|---|---|---|---|")
-    rate = {name: len(cases) / statistics.median(ts) for name, ts in times.items()}
-    for name in verifiers:
-        eq_ok = sum(v and c["expected"] == 1 for v, c in zip(verdicts[name], cases))
-        ne_ok = sum(v and c["expected"] == 0 for v, c in zip(verdicts[name], cases))
-        rel = f"{rate[name] / rate['math-verify']:.1f}x" if "math-verify" in rate else "n/a"
-        print(f"| {name} | {eq_ok}/{n_eq} | {ne_ok}/{n_ne} | {rate[name]:.0f} | {rel} |")
-
-    for name, check in variants.items():  # accuracy only
-        result, _ = run(check, cases)
-        verdicts[name] = result
-        eq_ok = sum(v and c["expected"] == 1 for v, c in zip(result, cases))
-        ne_ok = sum(v and c["expected"] == 0 for v, c in zip(result, cases))
-        print(f"| {name} | {eq_ok}/{n_eq} | {ne_ok}/{n_ne} | - | - |")
-
-    if args.show_disagreements:
-        print()
-        for i, c in enumerate(cases):
-            wrong = [name for name in ("math", "math-verify") if name in verdicts and verdicts[name][i] != bool(c["expected"])]
-            if wrong:
-                print(f"- #{i} expected={c['expected']} wrong: {', '.join(wrong)} | gold={c['gold'][-70:]!r} | pred={c['pred'][-70:]!r}")
+    for name, cases in case_sets(args.cases or [CASES_PATH, UNSEEN_PATH]).items():
+        report(name, cases, verifiers, variants, args.repeats, args.show_disagreements)
     return 0
 
 
