@@ -24,7 +24,8 @@ LOGPROBS_MODES = ("raw", "processed")
 
 WEIGHTS = "weights"
 KV_CACHE = "kv_cache"
-MEMORY_TAGS = (WEIGHTS, KV_CACHE)
+CUDA_GRAPH = "cuda_graph"  # SGLang's captured CUDA graphs; a no-op tag for engines without any
+MEMORY_TAGS = (WEIGHTS, KV_CACHE, CUDA_GRAPH)
 
 
 @dataclass
@@ -102,17 +103,19 @@ def format_name_mismatch(missing: Iterable[str], unexpected: Iterable[str]) -> s
 
 
 class RolloutEngine(abc.ABC):
-    """One rollout engine. Memory tags: "weights" and "kv_cache".
+    """One rollout engine. Memory tags: "weights", "kv_cache" and "cuda_graph".
 
-    Weight updates: call ``update_weights(bucket)`` any number of times (each bucket a list
-    of (HF parameter name, tensor)), then ``finish_weight_update()``, which flushes the
-    cache and checks that every expected parameter name arrived since the last finish
-    (raising ``WeightUpdateError`` listing missing names otherwise).
+    Weight updates run in a session: ``begin_weight_update()`` (optional: the first
+    ``update_weights`` opens the session when the engine needs one), ``update_weights(bucket)``
+    any number of times (each bucket a list of (HF parameter name, tensor)), then
+    ``finish_weight_update()``, which ends the session, flushes the cache and checks that
+    every expected parameter name arrived since the last finish (raising
+    ``WeightUpdateError`` listing missing names otherwise; the session is ended either way).
 
     While "weights" is released, ``generate``, ``score`` and ``update_weights`` raise
     ``EngineReleasedError``; while "kv_cache" is released, ``generate`` and ``score`` raise.
-    The colocation order is: release both -> train -> resume "weights" -> update_weights ...
-    -> finish_weight_update -> resume "kv_cache" -> generate.
+    The colocation order is: release all -> train -> resume "weights" -> update_weights ...
+    -> finish_weight_update -> resume "kv_cache" and "cuda_graph" -> generate.
     """
 
     def __init__(self) -> None:
@@ -142,6 +145,12 @@ class RolloutEngine(abc.ABC):
     def _load_bucket(self, bucket: List[Tuple[str, torch.Tensor]]) -> List[str]:
         """Load one validated bucket, return the canonical names it covered."""
 
+    def begin_weight_update(self) -> None:
+        """Open a weight-update session (no-op for engines without one; SGLang needs one)."""
+
+    def _end_weight_update(self) -> None:
+        """Close the session ``begin_weight_update`` (or the first bucket) opened; no-op here."""
+
     def update_weights(self, bucket: List[Tuple[str, torch.Tensor]]) -> None:
         self._check_not_released(WEIGHTS, "update_weights")
         names = self._load_bucket(list(bucket))
@@ -153,6 +162,7 @@ class RolloutEngine(abc.ABC):
         missing = expected - self._received
         unexpected = self._received - expected
         self._received = set()
+        self._end_weight_update()
         self.flush_cache()
         if missing or unexpected:
             raise WeightUpdateError(
