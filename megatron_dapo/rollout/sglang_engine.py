@@ -4,8 +4,8 @@ sglang is imported lazily (constructor / methods only). Everything that translat
 our types and SGLang's lives in pure functions below, exercised by CPU tests without sglang:
 ``build_engine_kwargs``, ``to_sglang_sampling_params``, ``build_generate_requests``,
 ``from_sglang_output``, ``group_outputs``, ``build_score_requests``,
-``from_sglang_score_output``, ``flatten_bucket`` / ``serialize_bucket``,
-``checkpoint_weight_shapes``.
+``from_sglang_score_output``, ``checkpoint_weight_shapes``; the payload functions
+(``flatten_bucket`` / ``serialize_bucket``) live in ``megatron_dapo.rollout.payload``, shared with HFEngine.
 
 Every SGLang entry point, keyword argument, server-arg field, sampling-param name, meta_info
 key, constant and environment variable the adapter uses is listed in ``USED_API``;
@@ -25,17 +25,12 @@ raw logits.
 
 from __future__ import annotations
 
-import base64
 import functools
-import io
 import json
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
-
-import torch
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from megatron_dapo.rollout.base import (
     KV_CACHE,
@@ -46,6 +41,14 @@ from megatron_dapo.rollout.base import (
     SamplingParams,
     WeightUpdateError,
     derive_seed,
+)
+from megatron_dapo.rollout.payload import (  # noqa: F401  (re-exported: one serializer for every engine)
+    BUCKET_ALIGN_BYTES,
+    BucketEntry,
+    default_serializer,
+    flatten_bucket,
+    reconstruct_bucket,
+    serialize_bucket,
 )
 
 logger = logging.getLogger(__name__)
@@ -60,7 +63,6 @@ INSTALL_HINT = (
 
 RAW_LOGPROB_ENV = "SGLANG_RETURN_ORIGINAL_LOGPROB"
 FLATTENED_BUCKET = "flattened_bucket"
-BUCKET_ALIGN_BYTES = 64
 
 # Single source of truth for what the adapter uses of SGLang. Checked against the pinned
 # wheel by tests/rollout/test_sglang_api.py. Modules are dotted paths inside the wheel.
@@ -289,82 +291,6 @@ def from_sglang_score_output(out: Dict[str, Any], sequence: List[int], prompt_le
             raise ValueError(f"bad input logprob entry {entry!r} for token {tok} at {prompt_len + k}")
         res.append(float(lp))
     return res
-
-
-@dataclass
-class BucketEntry:
-    """Our description of one tensor in a flattened bucket (mirrors SGLang's
-    FlattenedTensorMetadata: byte offsets into a uint8 buffer; ``numel`` is in bytes)."""
-
-    name: str
-    shape: torch.Size
-    dtype: torch.dtype
-    start_idx: int
-    end_idx: int
-    numel: int
-
-
-def flatten_bucket(
-    named_tensors: List[Tuple[str, torch.Tensor]], align: int = BUCKET_ALIGN_BYTES
-) -> Tuple[torch.Tensor, List[BucketEntry]]:
-    """Pack tensors (any dtypes) into one uint8 buffer on their device.
-
-    Each tensor starts at a multiple of ``align`` bytes so that SGLang's
-    ``flat[start:end].view(dtype)`` is legal for every dtype (SGLang's own
-    FlattenedTensorBucket packs without padding).
-    """
-    if not named_tensors:
-        raise ValueError("cannot flatten an empty bucket")
-    device = named_tensors[0][1].device
-    entries, offset = [], 0
-    for name, t in named_tensors:
-        if t.device != device:
-            raise ValueError(f"bucket mixes devices: {name!r} on {t.device}, first on {device}")
-        nbytes = t.numel() * t.element_size()
-        entries.append(BucketEntry(name, torch.Size(t.shape), t.dtype, offset, offset + nbytes, nbytes))
-        offset += -(-nbytes // align) * align if nbytes else 0
-    flat = torch.zeros(max(offset, 1), dtype=torch.uint8, device=device)
-    for e, (_, t) in zip(entries, named_tensors):
-        if e.numel:
-            flat[e.start_idx:e.end_idx].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
-    return flat, entries
-
-
-def reconstruct_bucket(flat: torch.Tensor, metadata) -> List[Tuple[str, torch.Tensor]]:
-    """What SGLang's FlattenedTensorBucket.reconstruct_tensors does (for tests)."""
-    return [(m.name, flat[m.start_idx:m.end_idx].view(m.dtype).reshape(m.shape)) for m in metadata]
-
-
-def default_serializer(obj, output_str: bool = True):
-    """Same bytes as SGLang's MultiprocessingSerializer.serialize (ForkingPickler [+ base64])."""
-    from multiprocessing.reduction import ForkingPickler
-
-    buf = io.BytesIO()
-    ForkingPickler(buf).dump(obj)
-    data = buf.getvalue()
-    return base64.b64encode(data).decode("utf-8") if output_str else data
-
-
-def serialize_bucket(
-    named_tensors: List[Tuple[str, torch.Tensor]],
-    tp_size: int,
-    *,
-    metadata_cls: Optional[Callable[..., Any]] = None,
-    serializer: Callable[..., Any] = default_serializer,
-) -> Tuple[List[Any], torch.Tensor]:
-    """One payload per TP rank for ``update_weights_from_tensor(load_format="flattened_bucket")``.
-
-    Each payload is ``serializer({"flattened_tensor": flat, "metadata": [metadata_cls(...)]})``.
-    SGLang's unpickler only admits its own FlattenedTensorMetadata, so the adapter passes that
-    class; tests pass a stand-in. Returns (payloads, flat): keep ``flat`` alive until SGLang
-    has loaded the bucket (CUDA IPC handles point into it).
-    """
-    flat, entries = flatten_bucket(named_tensors)
-    make = metadata_cls or BucketEntry
-    metadata = [make(name=e.name, shape=e.shape, dtype=e.dtype, start_idx=e.start_idx,
-                     end_idx=e.end_idx, numel=e.numel) for e in entries]
-    payload = {"flattened_tensor": flat, "metadata": metadata}
-    return [serializer(payload, output_str=True) for _ in range(int(tp_size))], flat
 
 
 def checkpoint_weight_shapes(model_dir) -> Dict[str, Tuple[int, ...]]:

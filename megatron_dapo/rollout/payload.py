@@ -1,0 +1,220 @@
+"""Weight-update payloads: ONE serializer for every engine (SGLang's ``flattened_bucket`` form).
+
+A payload is ``serializer({"flattened_tensor": flat, "metadata": [entry, ...]})`` where
+``flat`` is a 1-D ``uint8`` tensor and each entry names a tensor inside it by byte offsets
+(``name, shape, dtype, start_idx, end_idx, numel``; ``numel`` counts bytes), which is what
+SGLang 0.5.23's ``update_weights_from_tensor(load_format="flattened_bucket")`` reads: one
+payload per engine TP rank. The serializer is ``ForkingPickler`` (+ base64), so a tensor is
+pickled through torch's multiprocessing reductions: a CUDA tensor becomes a CUDA IPC handle,
+a CPU tensor a handle to shared memory. No tensor bytes are in the payload; the receiver maps
+the sender's memory, so the sender must keep ``flat`` alive and untouched until the receiver
+has copied from it (see docs/hybrid.md, "when a buffer may be reused").
+
+Sender side: :func:`serialize_bucket` (copies the tensors into a new flat buffer) or
+:func:`entries_in` + :func:`serialize_flat` (the tensors already are views of one flat buffer:
+no copy; what the trainer's weight sync does). Receiver side (HFEngine; SGLang has its own):
+:func:`load_payload` (a restricted unpickler: tensors, storages and the metadata class only)
+and :func:`reconstruct_bucket`.
+
+CPU shared memory: torch's default sharing strategy passes file descriptors, which only a
+child process can receive; :func:`use_shared_memory_files` switches the sending process to
+the ``file_system`` strategy (named shared-memory files), which any process of the node can
+open. GPU: SGLang's ``monkey_patch_torch_reductions`` must run in the sending process (CUDA
+IPC handles then carry the device UUID, not the sender's device index); see
+:func:`sglang_codec`.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import pickle
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import torch
+
+BUCKET_ALIGN_BYTES = 64
+
+
+@dataclass
+class BucketEntry:
+    """Our description of one tensor in a flattened bucket (mirrors SGLang's
+    FlattenedTensorMetadata: byte offsets into a uint8 buffer; ``numel`` is in bytes)."""
+
+    name: str
+    shape: torch.Size
+    dtype: torch.dtype
+    start_idx: int
+    end_idx: int
+    numel: int
+
+
+def flatten_bucket(
+    named_tensors: List[Tuple[str, torch.Tensor]], align: int = BUCKET_ALIGN_BYTES
+) -> Tuple[torch.Tensor, List[BucketEntry]]:
+    """Pack tensors (any dtypes) into one uint8 buffer on their device.
+
+    Each tensor starts at a multiple of ``align`` bytes so that SGLang's
+    ``flat[start:end].view(dtype)`` is legal for every dtype (SGLang's own
+    FlattenedTensorBucket packs without padding).
+    """
+    if not named_tensors:
+        raise ValueError("cannot flatten an empty bucket")
+    device = named_tensors[0][1].device
+    entries, offset = [], 0
+    for name, t in named_tensors:
+        if t.device != device:
+            raise ValueError(f"bucket mixes devices: {name!r} on {t.device}, first on {device}")
+        nbytes = t.numel() * t.element_size()
+        entries.append(BucketEntry(name, torch.Size(t.shape), t.dtype, offset, offset + nbytes, nbytes))
+        offset += -(-nbytes // align) * align if nbytes else 0
+    flat = torch.zeros(max(offset, 1), dtype=torch.uint8, device=device)
+    for e, (_, t) in zip(entries, named_tensors):
+        if e.numel:
+            flat[e.start_idx:e.end_idx].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
+    return flat, entries
+
+
+def entries_in(flat: torch.Tensor, named_views: Sequence[Tuple[str, torch.Tensor]],
+               align: int = BUCKET_ALIGN_BYTES) -> List[BucketEntry]:
+    """Entries describing ``named_views``, contiguous views that already live inside ``flat``
+    (a 1-D uint8 tensor): no copy. Raises ValueError for a view outside ``flat``, a
+    non-contiguous view or a start not aligned to ``align`` bytes."""
+    if flat.dim() != 1 or flat.dtype != torch.uint8:
+        raise ValueError(f"flat must be a 1-D uint8 tensor, got {flat.dtype} of shape {tuple(flat.shape)}")
+    base, size = flat.data_ptr(), flat.numel()
+    out = []
+    for name, t in named_views:
+        nbytes = t.numel() * t.element_size()
+        start = t.data_ptr() - base
+        if t.device != flat.device or not t.is_contiguous() or start < 0 or start + nbytes > size:
+            raise ValueError(f"{name!r} is not a contiguous view inside the flat buffer")
+        if start % align:
+            raise ValueError(f"{name!r} starts at byte {start}, not a multiple of {align}")
+        out.append(BucketEntry(name, torch.Size(t.shape), t.dtype, start, start + nbytes, nbytes))
+    return out
+
+
+def reconstruct_bucket(flat: torch.Tensor, metadata) -> List[Tuple[str, torch.Tensor]]:
+    """What SGLang's FlattenedTensorBucket.reconstruct_tensors does: views of ``flat``."""
+    return [(m.name, flat[m.start_idx:m.end_idx].view(m.dtype).reshape(m.shape)) for m in metadata]
+
+
+def default_serializer(obj, output_str: bool = True):
+    """Same bytes as SGLang's MultiprocessingSerializer.serialize (ForkingPickler [+ base64])."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (registers torch's reductions with ForkingPickler)
+
+    buf = io.BytesIO()
+    ForkingPickler(buf).dump(obj)
+    data = buf.getvalue()
+    return base64.b64encode(data).decode("utf-8") if output_str else data
+
+
+def serialize_flat(
+    flat: torch.Tensor,
+    entries: Sequence[Any],
+    copies: int,
+    *,
+    metadata_cls: Optional[Callable[..., Any]] = None,
+    serializer: Callable[..., Any] = default_serializer,
+) -> List[Any]:
+    """``copies`` payloads (one per engine TP rank) of one flat buffer and its entries."""
+    make = metadata_cls or BucketEntry
+    metadata = [make(name=e.name, shape=e.shape, dtype=e.dtype, start_idx=e.start_idx,
+                     end_idx=e.end_idx, numel=e.numel) for e in entries]
+    payload = {"flattened_tensor": flat, "metadata": metadata}
+    return [serializer(payload, output_str=True) for _ in range(int(copies))]
+
+
+def serialize_bucket(
+    named_tensors: List[Tuple[str, torch.Tensor]],
+    tp_size: int,
+    *,
+    metadata_cls: Optional[Callable[..., Any]] = None,
+    serializer: Callable[..., Any] = default_serializer,
+) -> Tuple[List[Any], torch.Tensor]:
+    """One payload per TP rank for ``update_weights_from_tensor(load_format="flattened_bucket")``.
+
+    Each payload is ``serializer({"flattened_tensor": flat, "metadata": [metadata_cls(...)]})``.
+    SGLang's unpickler only admits its own FlattenedTensorMetadata, so the adapter passes that
+    class; tests pass a stand-in. Returns (payloads, flat): keep ``flat`` alive until SGLang
+    has loaded the bucket (CUDA IPC handles point into it).
+    """
+    flat, entries = flatten_bucket(named_tensors)
+    payloads = serialize_flat(flat, entries, tp_size, metadata_cls=metadata_cls, serializer=serializer)
+    return payloads, flat
+
+
+# ------------------------------------------------------------------ receiver side ----
+# What a payload of ours may reference: torch's tensor/storage rebuild functions, storage and
+# dtype classes, and the metadata class. Anything else is refused (a payload is code).
+_ALLOWED = {
+    "torch.multiprocessing.reductions": {
+        "rebuild_tensor", "rebuild_storage_filename", "rebuild_storage_fd", "rebuild_storage_empty",
+        "rebuild_typed_storage", "rebuild_typed_storage_child", "rebuild_cuda_tensor", "rebuild_event",
+        "rebuild_nested_tensor",
+    },
+    "torch._utils": {"_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_parameter"},
+    "torch.storage": {"UntypedStorage", "TypedStorage", "_LegacyStorage"},
+    "torch": {"Size", "UntypedStorage", "TypedStorage", "Tensor", "device"},
+    "torch._tensor": {"Tensor"},
+    "collections": {"OrderedDict"},
+    "builtins": {"slice"},
+    __name__: {"BucketEntry"},
+}
+
+
+class _PayloadUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if name in _ALLOWED.get(module, ()) or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"weight payload refers to {module}.{name}, which is not allowed")
+
+
+def load_payload(payload) -> Tuple[torch.Tensor, list]:
+    """A payload (base64 str or raw bytes) -> (flat tensor mapped from the sender, metadata)."""
+    import torch.multiprocessing  # noqa: F401  (the rebuild functions live there)
+
+    data = base64.b64decode(payload) if isinstance(payload, str) else bytes(payload)
+    obj = _PayloadUnpickler(io.BytesIO(data)).load()
+    if not isinstance(obj, dict) or set(obj) != {"flattened_tensor", "metadata"}:
+        raise ValueError("weight payload is not a {'flattened_tensor', 'metadata'} dict")
+    flat = obj["flattened_tensor"]
+    if not isinstance(flat, torch.Tensor) or flat.dtype != torch.uint8 or flat.dim() != 1:
+        raise ValueError("weight payload's flattened_tensor is not a 1-D uint8 tensor")
+    for m in obj["metadata"]:
+        if not (0 <= m.start_idx <= m.end_idx <= flat.numel()) or m.end_idx - m.start_idx != m.numel:
+            raise ValueError(f"weight payload entry {m.name!r} lies outside the flat buffer")
+    return flat, list(obj["metadata"])
+
+
+def use_shared_memory_files() -> None:
+    """Make CPU tensors pickle as named shared-memory files (any process of the node can open
+    them), not as file descriptors (only a child process can receive those). Process-wide."""
+    import torch.multiprocessing as tmp
+
+    if tmp.get_sharing_strategy() != "file_system":
+        tmp.set_sharing_strategy("file_system")
+
+
+def sglang_codec():
+    """(serializer, metadata class) of the pinned SGLang, for payloads SGLang will accept; also
+    patches this process's CUDA reductions the way SGLang's receiving side expects."""
+    from sglang.srt.utils.common import MultiprocessingSerializer
+    from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
+
+    monkey_patch_torch_reductions()
+    return MultiprocessingSerializer.serialize, FlattenedTensorMetadata
+
+
+def codec_for(engine_kind: str):
+    """(serializer, metadata class) for payloads into an engine of ``engine_kind``."""
+    if engine_kind == "sglang":
+        return sglang_codec()
+    if engine_kind == "hf":
+        return default_serializer, BucketEntry
+    raise ValueError(f"--rollout-engine: unknown engine kind {engine_kind!r}")
