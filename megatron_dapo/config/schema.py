@@ -99,7 +99,15 @@ class RolloutConfig:
 @dataclass
 class RewardConfig:
     mode: str = _f("dapo", "Verifier: dapo (official Answer: check) or math (sympy equivalence).", "--reward-mode", choices=("dapo", "math"))
-    reward_fn: Optional[str] = _f(None, "Custom reward 'package.module:function' (see docs/reward.md).")
+    reward_fn: Optional[str] = _f(
+        None, "Default reward instead of --reward-mode: 'package.module:function' or the http(s) URL of a remote "
+        "reward model (see docs/reward.md).")
+    reward_source: list = _f(
+        [], "Reward per data source, DATA_SOURCE=SPEC (repeatable); SPEC is dapo, math, 'package.module:function' "
+        "or an http(s) URL of a remote reward model. Other sources use --reward-fn or --reward-mode.", nargs="*")
+    remote_timeout_s: float = _f(30.0, "Budget of one request to a remote reward model, seconds.", "--reward-remote-timeout")
+    remote_max_retries: int = _f(3, "Retries of a failed request to a remote reward model.", "--reward-remote-max-retries")
+    remote_batch_size: int = _f(64, "Samples per request to a remote reward model.", "--reward-remote-batch-size")
     num_workers: int = _f(2, "Verifier processes.", "--reward-num-workers")
     timeout_s: float = _f(10.0, "Per-item verifier timeout.", "--reward-timeout")
 

@@ -1,16 +1,20 @@
 """Prompt datasets in the verl schema (DAPO-Math-17K, aime-2024.parquet) and a resumable sampler.
 
 A row: ``prompt`` (a list of chat messages ``{"role", "content"}`` or a string),
-``reward_model.ground_truth`` (str), ``data_source`` (str, optional). Parquet (pyarrow) or
-jsonl. Loading:
+``reward_model.ground_truth`` (the label, str), ``data_source`` (str, optional),
+``extra_info`` (a dict of metadata, optional). Parquet (pyarrow) or jsonl. Each row becomes
+a `PromptRecord` that carries everything the reward sees besides the response (prompt
+text, label, data source, metadata). Loading:
 
 * renders the prompt with the tokenizer's chat template (``apply_chat_template``) or as raw
   text (message contents joined by newlines);
 * removes duplicate prompts (the public DAPO-Math-17K repeats each prompt ~100 times);
 * prompts over ``max_prompt_length`` tokens are skipped and counted (``skip``) or
   left-truncated (``truncate-left``, as the official recipe does);
-* a row without a prompt or ground truth is an error naming the row and field, or is
-  skipped and counted with ``skip_bad_rows``.
+* a row without a prompt, or without a label where its reward needs one
+  (``needs_label(data_source)``; the built-in math checkers do), is an error naming the
+  row and field, or is skipped and counted with ``skip_bad_rows``; a row whose reward
+  needs no label gets ``ground_truth = ""``.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import dataclasses
 import hashlib
 import json
 import os
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -33,8 +37,9 @@ class PromptRecord:
     index: int  # position in the de-duplicated dataset
     prompt_ids: list
     prompt_text: str
-    ground_truth: str
+    ground_truth: str  # the label; "" when the row has none and its reward needs none
     data_source: str = ""
+    metadata: dict = dataclasses.field(default_factory=dict)  # the row's extra_info
 
 
 @dataclasses.dataclass
@@ -107,7 +112,14 @@ def load_prompt_dataset(
     prompt_overflow: str = "skip",
     apply_chat_template: bool = True,
     skip_bad_rows: bool = False,
+    needs_label: Optional[Callable[[str], bool]] = None,
 ) -> PromptDataset:
+    """Load, render, de-duplicate and tokenize the prompts of `path` (see the module doc).
+
+    ``needs_label(data_source)`` says whether rows of a data source must have a
+    ``reward_model.ground_truth`` (default: all must; the trainer passes its reward
+    router's answer, `megatron_dapo.reward.reward_needs_label`).
+    """
     if prompt_overflow not in ("skip", "truncate-left"):
         raise DataError(f"--prompt-overflow must be skip or truncate-left, got {prompt_overflow!r}")
     rows = read_rows(path)
@@ -119,16 +131,23 @@ def load_prompt_dataset(
         prompt = row.get("prompt")
         rm = row.get("reward_model") or {}
         gt = rm.get("ground_truth") if isinstance(rm, dict) else None
+        source = str(row.get("data_source") or "")
         problem = None
         if prompt is None or (isinstance(prompt, (str, list)) and len(prompt) == 0):
             problem = "prompt"
         elif gt is None or (isinstance(gt, str) and not gt.strip()):
-            problem = "reward_model.ground_truth"
+            if needs_label is None or needs_label(source):
+                problem = "reward_model.ground_truth"
+            gt = ""
+        meta = row.get("extra_info")
+        if meta is not None and not isinstance(meta, dict):
+            raise DataError(f"{path}: row {i} field 'extra_info' must be an object, got {type(meta).__name__}")
         if problem:
             if skip_bad_rows:
                 stats.bad_rows += 1
                 continue
-            raise DataError(f"{path}: row {i} has no '{problem}' (use --skip-bad-rows to skip such rows)")
+            why = f"; the reward of data source {source!r} needs a label" if problem != "prompt" else ""
+            raise DataError(f"{path}: row {i} has no '{problem}'{why} (use --skip-bad-rows to skip such rows)")
         msgs = _messages(prompt, path, i)
         text = render_prompt(msgs, tokenizer, apply_chat_template)
         key = (text, str(gt))
@@ -147,7 +166,7 @@ def load_prompt_dataset(
         h.update(b"\0")
         h.update(str(gt).encode())
         h.update(b"\1")
-        records.append(PromptRecord(len(records), list(ids), text, str(gt), str(row.get("data_source", ""))))
+        records.append(PromptRecord(len(records), list(ids), text, str(gt), source, dict(meta or {})))
     if not records:
         raise DataError(f"{path}: no usable prompts ({dataclasses.asdict(stats)})")
     return PromptDataset(records, stats, h.hexdigest()[:16], path)

@@ -29,6 +29,7 @@ from typing import Callable, Optional
 import torch
 
 from ..algo import dynamic_sampling_mask
+from ..reward.api import RewardInput
 from ..rollout.base import SamplingParams
 from .batch import Group, Sample, shape_rewards
 
@@ -243,9 +244,14 @@ class RolloutManager:
             groups.append(Group(pi, ss))
         return groups
 
+    def reward_input(self, s: Sample) -> RewardInput:
+        """The record the reward sees: the response and its prompt's text, label, data source and metadata."""
+        rec = self.dataset[s.prompt_index]
+        return RewardInput(s.response_text, s.ground_truth, rec.prompt_text, rec.data_source, rec.metadata)
+
     def _verify(self, groups: list) -> None:
         samples = [s for g in groups for s in g.samples]
-        results = self.scorer.score([(s.response_text, s.ground_truth) for s in samples])
+        results = self.scorer.score([self.reward_input(s) for s in samples])
         for s, res in zip(samples, results):
             s.score, s.acc, s.pred, s.reason = float(res.score), bool(res.acc), res.pred, res.reason
         shape_rewards(samples, self.cfg.algo)

@@ -12,7 +12,9 @@
   problem gives k);
 * renders the prompt in one of :data:`PROMPT_STYLES`; caps the new tokens of each prompt at
   the model's context length minus the prompt;
-* scores every response with the reward (``BatchScorer`` by default) and summarises with
+* scores every response with the reward (``BatchScorer`` by default), which sees the
+  sample's whole record (prompt, response, label, data source, the row's ``extra_info``), and
+  summarises with
   :func:`megatron_dapo.eval.metrics.summarize`: avg@k, unbiased pass@k, maj@k, mean response
   length, truncation ratio, no-answer rate;
 * writes ``out_dir/samples.jsonl`` (one line per sample) and ``out_dir/summary.json``.
@@ -43,6 +45,7 @@ from typing import Any, Optional
 
 from megatron_dapo.data.dataset import DataError, read_rows, render_prompt
 from megatron_dapo.eval.metrics import summarize
+from megatron_dapo.reward.api import RewardInput
 from megatron_dapo.rollout.base import SamplingParams, derive_seed
 
 __all__ = [
@@ -119,6 +122,7 @@ class EvalProblem:
     copies: int = 1  # rows of the file holding this very prompt
     data_source: str = ""
     row: int = 0  # first row of the file with this problem
+    metadata: dict = dataclasses.field(default_factory=dict)  # the first row's extra_info
 
 
 def extract_problem(text: str) -> str:
@@ -176,12 +180,15 @@ def _row_problem(row: Mapping[str, Any], path: str, i: int) -> tuple[list, str, 
     )
 
 
-def load_eval_problems(path: str, limit: Optional[int] = None) -> list[EvalProblem]:
+def load_eval_problems(
+    path: str, limit: Optional[int] = None, needs_label: Optional[Callable[[str], bool]] = None
+) -> list[EvalProblem]:
     """The problems of ``path`` in order of first appearance, identical prompts grouped as copies.
 
     Two rows are copies when their prompt messages and ground truth are identical.
-    ``limit`` keeps the first ``limit`` problems. Rows without a prompt or ground truth are
-    an error naming the row.
+    ``limit`` keeps the first ``limit`` problems. A row without a prompt is an error naming
+    the row; so is a row without a ground truth, unless ``needs_label(data_source)`` says
+    its reward needs none (then its label is ``""``).
     """
     rows = read_rows(path)
     problems: dict[str, EvalProblem] = {}
@@ -192,7 +199,10 @@ def load_eval_problems(path: str, limit: Optional[int] = None) -> list[EvalProbl
         if not any(str(m["content"]).strip() for m in msgs):
             raise DataError(f"{path}: row {i} has an empty prompt")
         if gt is None or not gt.strip():
-            raise DataError(f"{path}: row {i} has no ground truth")
+            if needs_label is None or needs_label(source):
+                raise DataError(f"{path}: row {i} has no ground truth")
+            gt = ""
+        meta = row.get("extra_info")
         key = json.dumps([msgs, gt], sort_keys=True, ensure_ascii=False, default=str)
         p = problems.get(key)
         if p is not None:
@@ -200,7 +210,7 @@ def load_eval_problems(path: str, limit: Optional[int] = None) -> list[EvalProbl
             continue
         if limit is not None and len(problems) >= limit:
             continue  # still count copies of kept problems
-        problems[key] = EvalProblem(str(len(problems)), msgs, bare, gt, 1, source, i)
+        problems[key] = EvalProblem(str(len(problems)), msgs, bare, gt, 1, source, i, dict(meta) if isinstance(meta, Mapping) else {})
     if not problems:
         raise DataError(f"{path}: no problems")
     return list(problems.values())
@@ -285,7 +295,7 @@ class _InlineScorer:
         self.fn = fn
 
     def score(self, items):
-        return [self.fn(r, g) for r, g in items]
+        return [self.fn(inp.response, inp.label) for inp in items]
 
 
 def _batches(order: list[int], sizes: Sequence[int], batch_size: Optional[int]) -> list[list[int]]:
@@ -345,10 +355,10 @@ def evaluate(
     Prompts over ``max_prompt_length`` tokens are left-truncated (counted).
     ``stop``: extra stop strings (added to the style's own); ``stop_token_ids``: extra stop
     tokens (the tokenizer's EOS is always one).
-    ``scorer``: an object with ``.score([(response, ground_truth)]) -> [RewardResult]`` (e.g. a
-    :class:`~megatron_dapo.reward.BatchScorer`, left open) or a callable
-    ``(response, ground_truth) -> RewardResult``; ``None`` starts a ``BatchScorer(mode=reward_mode)``
-    for the call.
+    ``scorer``: an object with ``.score([RewardInput]) -> [RewardResult]`` (e.g. a
+    :class:`~megatron_dapo.reward.BatchScorer`, left open; its ``needs_label`` decides which
+    rows may lack a ground truth) or a callable ``(response, ground_truth) -> RewardResult``;
+    ``None`` starts a ``BatchScorer(mode=reward_mode)`` for the call.
     ``seed``: one seeded generate call per problem (see the module doc); ``None`` batches.
     ``limit``: only the first ``limit`` problems. ``batch_size``: samples per generate call
     (whole problems; ``None``: all at once; unused with ``seed``). ``out_dir``: where ``samples.jsonl`` and
@@ -367,12 +377,12 @@ def evaluate(
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     name = name or dataset_name(dataset_path)
-    problems = load_eval_problems(dataset_path, limit=limit)
+    problems = load_eval_problems(dataset_path, limit=limit, needs_label=getattr(scorer, "needs_label", None))
     if context_length is None:
         context_length = _engine_context_length(engine)
 
     # Prompts, their token ids and generation caps.
-    prompts, stops, prefixes, caps, sizes = [], [], [], [], []
+    prompts, prompt_texts, stops, prefixes, caps, sizes = [], [], [], [], [], []
     truncated = 0
     for p in problems:
         text, style_stops, prefix = build_prompt(p, tokenizer, style)
@@ -391,6 +401,7 @@ def evaluate(
                     f"leaves no room in the {context_length}-token context; lower max_prompt_length"
                 )
         prompts.append(ids)
+        prompt_texts.append(text)
         stops.append(tuple(style_stops) + tuple(stop or ()))
         prefixes.append(prefix)
         caps.append(cap)
@@ -451,7 +462,8 @@ def evaluate(
             for i, group in zip(idx, outs):
                 for j, out in enumerate(group):
                     text = _response_text(out, tokenizer, specials)
-                    batch.append((prefixes[i] + text, problems[i].ground_truth))
+                    p = problems[i]
+                    batch.append(RewardInput(prefixes[i] + text, p.ground_truth, prompt_texts[i], p.data_source, p.metadata))
                     where.append((i, j, out, text))
             results = scorer.score(batch)
             for (i, j, out, text), res in zip(where, results):

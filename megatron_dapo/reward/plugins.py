@@ -1,21 +1,27 @@
-"""Pluggable rewards: ``--reward-fn package.module:function``.
+"""Pluggable rewards: ``--reward-fn package.module:function`` and ``--reward-source SOURCE=SPEC``.
 
 A reward function has the signature::
 
     def my_reward(response: str, ground_truth: str, **extra) -> RewardResult | float | bool | dict
 
 `response` is the decoded completion (end-of-sequence text already removed by the caller
-when it knows it), `ground_truth` the dataset's gold answer (a non-empty string), and
-`extra` holds optional keyword arguments (e.g. `data_source`, `extra_info`); a function
-should accept and ignore keys it does not know. Whatever it returns is normalised by
-`to_reward_result`: a float is the score (acc = score > 0), a bool means +1/-1, a dict
-needs "score" and may carry "acc", "pred" and "reason".
+when it knows it), `ground_truth` the dataset's label (an empty string when the row has none: a
+function that needs no label accepts that), and `extra` the rest of the sample's record:
+``prompt`` (the prompt text), ``data_source`` and ``extra_info`` (the row's metadata dict);
+a function should accept and ignore keys it does not know. Whatever it returns is
+normalised by `to_reward_result`: a float is the score (acc = score > 0), a bool means
++1/-1, a dict needs "score" and may carry "acc", "pred" and "reason".
+
+`RewardRouter` picks the reward of each sample by its data source: a reward spec is a
+built-in checker (``dapo``, ``math``), a ``package.module:function`` or the URL of a remote
+reward model (``http://...``, scored in batches by `megatron_dapo.reward.remote`).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Mapping
+from typing import Any, Callable, Iterable, Optional
 
 from .result import RewardResult, to_reward_result
 
@@ -58,3 +64,105 @@ def wrap_reward_fn(fn: RewardFn) -> Callable[..., RewardResult]:
     reward.__doc__ = getattr(fn, "__doc__", None)
     reward.__wrapped__ = fn  # type: ignore[attr-defined]
     return reward
+
+
+BUILTIN_CHECKERS = ("dapo", "math")
+
+
+def spec_kind(spec: Any) -> str:
+    """``"builtin"`` (dapo / math), ``"remote"`` (an http(s) URL) or ``"function"``."""
+    if isinstance(spec, str):
+        if spec in BUILTIN_CHECKERS:
+            return "builtin"
+        if spec.startswith(("http://", "https://")):
+            return "remote"
+    return "function"
+
+
+def parse_reward_sources(entries: Optional[Iterable[str] | Mapping[str, Any]]) -> dict:
+    """``["SOURCE=SPEC", ...]`` (the ``--reward-source`` flag) or a mapping -> ``{source: spec}``.
+
+    A spec is ``dapo``, ``math``, ``package.module:function`` or ``http(s)://host[:port]/path``.
+    Raises ValueError naming ``--reward-source`` and the entry for a malformed one or a
+    source given twice.
+    """
+    if not entries:
+        return {}
+    if isinstance(entries, Mapping):
+        pairs = list(entries.items())
+    else:
+        pairs = []
+        for entry in entries:
+            if not isinstance(entry, str) or "=" not in entry:
+                raise ValueError(f"--reward-source must look like DATA_SOURCE=SPEC, got {entry!r}")
+            source, spec = (part.strip() for part in entry.split("=", 1))
+            pairs.append((source, spec))
+    out: dict = {}
+    for source, spec in pairs:
+        if not source or not spec:
+            raise ValueError(f"--reward-source must look like DATA_SOURCE=SPEC, got {source!r}={spec!r}")
+        if source in out:
+            raise ValueError(f"--reward-source: data source {source!r} is given twice")
+        if spec_kind(spec) == "remote":
+            from .remote import check_url
+
+            check_url(spec)
+        elif spec_kind(spec) == "function" and isinstance(spec, str):
+            load_reward_fn(spec)  # fail at start-up, naming the spec, not in every worker
+        out[source] = spec
+    return out
+
+
+class RewardRouter:
+    """Which reward scores a sample: ``sources[data_source]``, else the default.
+
+    The default is `reward_fn` when given, else the built-in checker `mode` (the math
+    checkers stay the default). Specs are kept as given (strings, or a picklable callable
+    for `reward_fn`); `key(data_source)` names the spec in the scorer's tables.
+    """
+
+    def __init__(self, mode: str = "dapo", reward_fn: Any = None, sources: Any = None) -> None:
+        if mode not in BUILTIN_CHECKERS:
+            raise ValueError(f"mode must be one of {BUILTIN_CHECKERS}, got {mode!r}")
+        if isinstance(reward_fn, str):
+            if spec_kind(reward_fn) == "remote":
+                from .remote import check_url
+
+                check_url(reward_fn)
+            elif spec_kind(reward_fn) == "function":
+                load_reward_fn(reward_fn)
+        self.default = reward_fn if reward_fn is not None else mode
+        self.sources = parse_reward_sources(sources)
+        self.specs: dict = {}  # key -> spec
+        for spec in [self.default, *self.sources.values()]:
+            self.specs.setdefault(self._key(spec), spec)
+
+    @staticmethod
+    def _key(spec: Any) -> str:
+        if isinstance(spec, str):
+            return spec
+        return f"callable:{getattr(spec, '__module__', '?')}.{getattr(spec, '__qualname__', repr(spec))}"
+
+    def key(self, data_source: str) -> str:
+        return self._key(self.sources.get(data_source, self.default))
+
+    def kind(self, data_source: str) -> str:
+        return spec_kind(self.sources.get(data_source, self.default))
+
+    def needs_label(self, data_source: str) -> bool:
+        """Whether samples of `data_source` need a non-empty label (the built-in checkers do)."""
+        return self.kind(data_source) == "builtin"
+
+    def local_specs(self) -> dict:
+        """``{key: spec}`` of the rewards that run in the scorer's worker processes."""
+        return {k: s for k, s in self.specs.items() if spec_kind(s) != "remote"}
+
+    def remote_specs(self) -> dict:
+        """``{key: url}`` of the remote reward models."""
+        return {k: s for k, s in self.specs.items() if spec_kind(s) == "remote"}
+
+
+def reward_needs_label(reward_cfg: Any) -> Callable[[str], bool]:
+    """``needs_label(data_source)`` for a run's reward config (``--reward-mode``, ``--reward-fn``,
+    ``--reward-source``): what the data loader asks before refusing a row without a label."""
+    return RewardRouter(reward_cfg.mode, reward_cfg.reward_fn, reward_cfg.reward_source).needs_label

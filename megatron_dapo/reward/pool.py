@@ -7,6 +7,13 @@ dies (e.g. it hit its memory cap inside C code) is replaced too; its item gets "
 Workers run under RLIMIT_AS so a runaway expression cannot eat the machine before the
 timeout fires; a MemoryError inside a worker is reported as reason "error".
 
+Each item is a `RewardInput` (prompt, response, label, data source, metadata) or a
+``(response, label)`` pair; a `RewardRouter` picks its reward by data source. Rewards that
+are Python functions (the built-in checkers, ``package.module:function``) run in the
+workers; remote reward models (``http(s)://...``) are scored in batches by
+`megatron_dapo.reward.remote` on a thread of the calling process, while the workers score
+the rest.
+
 Processes use the "spawn" start method by default (the trainer holds torch and threads;
 forking it is unsafe). As with any spawn pool, a script that creates a BatchScorer must
 guard its entry point with ``if __name__ == "__main__":``.
@@ -22,6 +29,8 @@ from collections import deque
 from multiprocessing.connection import wait
 from typing import Any, Callable, Sequence
 
+from .api import RewardInput, as_reward_input
+from .plugins import RewardRouter
 from .result import RewardResult, check_ground_truth, incorrect
 
 _READY = "__ready__"
@@ -39,23 +48,26 @@ def _apply_memory_limit(memory_limit_mb: int | None) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
 
 
-def _build_scorer(mode: str, reward_fn: Any, eos_text: str | None) -> Callable[[str, str], RewardResult]:
-    if reward_fn is None:
+def _build_scorer(spec: Any, eos_text: str | None) -> Callable[[RewardInput], RewardResult]:
+    """The scoring function of one local reward spec (a built-in checker or a function)."""
+    if spec in ("dapo", "math"):
         from .api import compute_score
 
-        if mode == "math":  # import sympy and warm caches before the first timed item
+        if spec == "math":  # import sympy and warm caches before the first timed item
             compute_score("Answer: \\frac{1}{2}", "0.5", mode="math")
-        return lambda response, gt: compute_score(response, gt, mode=mode, eos_text=eos_text)
+        return lambda inp: compute_score(inp.response, inp.label, mode=spec, eos_text=eos_text)
     from .plugins import load_reward_fn, wrap_reward_fn
 
-    fn = load_reward_fn(reward_fn) if isinstance(reward_fn, str) else wrap_reward_fn(reward_fn)
-    return lambda response, gt: fn(response, gt)
+    fn = load_reward_fn(spec) if isinstance(spec, str) else wrap_reward_fn(spec)
+    return lambda inp: fn(
+        inp.response, inp.label, prompt=inp.prompt, data_source=inp.data_source, extra_info=dict(inp.metadata)
+    )
 
 
-def _worker_main(conn, mode: str, reward_fn: Any, eos_text: str | None, memory_limit_mb: int | None) -> None:
-    """Worker loop: receive (index, response, ground_truth), send (index, RewardResult)."""
+def _worker_main(conn, specs: dict, eos_text: str | None, memory_limit_mb: int | None) -> None:
+    """Worker loop: receive (index, spec key, RewardInput), send (index, RewardResult)."""
     try:
-        score = _build_scorer(mode, reward_fn, eos_text)
+        scorers = {key: _build_scorer(spec, eos_text) for key, spec in specs.items()}
         _apply_memory_limit(memory_limit_mb)
     except BaseException as exc:  # report the failure to start, then exit
         conn.send(("__failed__", f"{type(exc).__name__}: {exc}"))
@@ -68,9 +80,9 @@ def _worker_main(conn, mode: str, reward_fn: Any, eos_text: str | None, memory_l
             return
         if msg is None:
             return
-        index, response, ground_truth = msg
+        index, key, inp = msg
         try:
-            result = score(response, ground_truth)
+            result = scorers[key](inp)
         except MemoryError:
             result = incorrect("error", error="MemoryError (worker memory cap reached)")
         except RecursionError:
@@ -104,7 +116,8 @@ class _Worker:
 
 
 class BatchScorer:
-    """Score (response, ground_truth) pairs on a pool of worker processes.
+    """Score samples (`RewardInput` records or (response, ground_truth) pairs) on a pool of
+    worker processes, each with the reward of its data source.
 
     Args:
         num_workers: pool size (default: min(4, cpu count)).
@@ -112,8 +125,14 @@ class BatchScorer:
             scored -1 with reason "timeout" and its worker is killed and replaced.
         memory_limit_mb: RLIMIT_AS cap of each worker in MiB (None/0: no cap).
         mode: built-in scoring mode ("dapo" or "math") when `reward_fn` is None.
-        reward_fn: a "package.module:function" spec (or a picklable callable) with the
-            signature documented in `megatron_dapo.reward.plugins`.
+        reward_fn: the default reward instead of `mode`: a "package.module:function" spec
+            (or a picklable callable) with the signature documented in
+            `megatron_dapo.reward.plugins`, or the URL of a remote reward model.
+        sources: per data source rewards, ``{source: spec}`` or ``["SOURCE=SPEC", ...]``;
+            a spec is "dapo", "math", "package.module:function" or an http(s) URL.
+        remote_timeout_s, remote_max_retries, remote_batch_size: the remote reward
+            models' request budget, retries and records per request
+            (`megatron_dapo.reward.remote.RemoteRewardModel`).
         eos_text: end-of-sequence text to strip in the built-in modes.
         start_method: "spawn" (default) or "forkserver".
         startup_timeout_s: how long a (re)started worker may take to become ready.
@@ -132,23 +151,30 @@ class BatchScorer:
         eos_text: str | None = None,
         start_method: str = "spawn",
         startup_timeout_s: float = 120.0,
+        sources: Any = None,
+        remote_timeout_s: float = 30.0,
+        remote_max_retries: int = 3,
+        remote_batch_size: int = 64,
     ) -> None:
-        if mode not in ("dapo", "math"):
-            raise ValueError(f"mode must be 'dapo' or 'math', got {mode!r}")
         if start_method not in ("spawn", "forkserver"):
             raise ValueError("start_method must be 'spawn' or 'forkserver' (fork is unsafe in the trainer)")
         if timeout_s is None or timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
-        if isinstance(reward_fn, str):
-            from .plugins import load_reward_fn
+        # validates mode, specs and URLs, and imports every function spec once (fail fast)
+        self.router = RewardRouter(mode, reward_fn, sources)
+        from .remote import RemoteRewardModel
 
-            load_reward_fn(reward_fn)  # fail fast here rather than in every worker
+        self._remote = {
+            key: RemoteRewardModel(url, timeout_s=remote_timeout_s, max_retries=remote_max_retries,
+                                   batch_size=remote_batch_size)
+            for key, url in self.router.remote_specs().items()
+        }
         self.num_workers = int(num_workers or min(4, os.cpu_count() or 1))
         if self.num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers!r}")
         self.timeout_s = float(timeout_s)
         self.startup_timeout_s = float(startup_timeout_s)
-        self._args = (mode, reward_fn, eos_text, memory_limit_mb)
+        self._args = (self.router.local_specs(), eos_text, memory_limit_mb)
         self._ctx = mp.get_context(start_method)
         self._lock = threading.Lock()
         self._closed = False
@@ -158,6 +184,20 @@ class BatchScorer:
         self._workers = [_Worker(self._ctx, self._args) for _ in range(self.num_workers)]
 
     # -- lifecycle ---------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, reward_cfg: Any, **kwargs: Any) -> "BatchScorer":
+        """The scorer of a run's reward config (`megatron_dapo.config.schema.RewardConfig`)."""
+        c = reward_cfg
+        return cls(
+            num_workers=c.num_workers, timeout_s=c.timeout_s, mode=c.mode, reward_fn=c.reward_fn,
+            sources=c.reward_source, remote_timeout_s=c.remote_timeout_s, remote_max_retries=c.remote_max_retries,
+            remote_batch_size=c.remote_batch_size, **kwargs,
+        )
+
+    def needs_label(self, data_source: str) -> bool:
+        """Whether samples of `data_source` need a non-empty label (see `RewardRouter`)."""
+        return self.router.needs_label(data_source)
+
     def __enter__(self) -> "BatchScorer":
         return self
 
@@ -199,40 +239,77 @@ class BatchScorer:
         self._workers[self._workers.index(worker)] = _Worker(self._ctx, self._args)
 
     # -- scoring -----------------------------------------------------------------------
-    def score(self, items: Sequence[tuple[str, str]]) -> list[RewardResult]:
-        """Score every (response, ground_truth) pair; results come back in input order.
+    def score(self, items: Sequence[Any]) -> list[RewardResult]:
+        """Score every item (`RewardInput` or (response, ground_truth)); results come back
+        in input order.
 
-        Every ground truth is validated first (ValueError naming `ground_truth` for an
-        empty, None or non-string one), so a bad batch fails loudly before any work.
+        Items are validated first, so a bad batch fails loudly before any work: a label
+        that is not a string is a ValueError naming `ground_truth`; so is an empty label
+        of a sample whose reward is a built-in checker (which needs one). A remote reward
+        model that fails for good raises `RemoteRewardError` naming its URL.
         """
         if self._closed:
             raise RuntimeError("BatchScorer is closed")
-        items = list(items)
-        for i, item in enumerate(items):
-            if not isinstance(item, (tuple, list)) or len(item) != 2:
-                raise ValueError(f"item {i} must be a (response, ground_truth) pair, got {item!r:.80}")
-            try:
-                check_ground_truth(item[1])
-            except ValueError as exc:
-                raise ValueError(f"item {i}: {exc}") from None
+        inputs = [as_reward_input(item, i) for i, item in enumerate(items)]
+        keys = [self.router.key(inp.data_source) for inp in inputs]
+        for i, inp in enumerate(inputs):
+            if self.router.needs_label(inp.data_source):
+                try:
+                    check_ground_truth(inp.label)
+                except ValueError as exc:
+                    where = f" (data_source {inp.data_source!r})" if inp.data_source else ""
+                    raise ValueError(f"item {i}{where}: {exc}") from None
         with self._lock:
-            return self._run(items)
+            return self._run(inputs, keys)
 
-    def _run(self, items: list) -> list[RewardResult]:
-        results: list[RewardResult | None] = [None] * len(items)
-        pending = deque(range(len(items)))
+    def _run(self, inputs: list, keys: list) -> list[RewardResult]:
+        results: list[RewardResult | None] = [None] * len(inputs)
+        remote = self._start_remote(inputs, keys, results)
+        try:
+            self._run_local(inputs, keys, results)
+        finally:
+            for thread, _ in remote:
+                thread.join()
+        for _, box in remote:
+            if box:
+                raise box[0]
+        return results  # type: ignore[return-value]
+
+    def _start_remote(self, inputs: list, keys: list, results: list) -> list:
+        """One thread per remote reward model scoring its samples; returns (thread, error box)."""
+        started = []
+        for key, model in self._remote.items():
+            idx = [i for i, k in enumerate(keys) if k == key]
+            if not idx:
+                continue
+            box: list = []
+
+            def run(model=model, idx=idx, box=box):
+                try:
+                    for i, res in zip(idx, model.score([inputs[i] for i in idx])):
+                        results[i] = res
+                except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+                    box.append(exc)
+
+            thread = threading.Thread(target=run, name=f"reward-remote-{key}", daemon=True)
+            thread.start()
+            started.append((thread, box))
+        return started
+
+    def _run_local(self, inputs: list, keys: list, results: list) -> None:
+        pending = deque(i for i, k in enumerate(keys) if k not in self._remote)
         busy: dict[_Worker, tuple[int, float]] = {}
         while pending or busy:
             now = time.monotonic()
             for worker in list(self._workers):
                 if worker.ready and worker not in busy and pending:
                     index = pending.popleft()
-                    response = items[index][0]
+                    response = inputs[index].response
                     if not isinstance(response, str):
                         results[index] = incorrect("error", error=f"response is {type(response).__name__}, not str")
                         continue
                     try:
-                        worker.conn.send((index, response, items[index][1]))
+                        worker.conn.send((index, keys[index], inputs[index]))
                     except (OSError, ValueError):
                         pending.appendleft(index)
                         self.crashes += 1
@@ -273,7 +350,6 @@ class BatchScorer:
                 if not worker.ready and now - worker.started_at > self.startup_timeout_s:
                     self.close()
                     raise RuntimeError(f"reward worker did not start within {self.startup_timeout_s:g} s")
-        return results  # type: ignore[return-value]
 
     def _on_death(self, worker: _Worker, busy: dict, results: list, pending: deque) -> None:
         """A worker's pipe closed: score its item as an error and start a replacement."""

@@ -57,6 +57,26 @@ def test_bad_rows_named_or_skipped(tmp_path):
     assert len(d) == 1 and d.stats.bad_rows == 2
 
 
+def test_records_carry_source_and_metadata_and_labels_only_where_needed(tmp_path):
+    rows = [
+        {**_row("judge me", gt=""), "data_source": "rm", "extra_info": {"rubric": "polite"}},
+        {**_row("add", gt="3"), "data_source": "math", "extra_info": {"index": 7}},
+        {"data_source": "math", "prompt": "no label", "reward_model": {}},
+    ]
+    p = _write(tmp_path, rows)
+    needs = lambda source: source != "rm"  # noqa: E731 - the reward router's answer
+    with pytest.raises(DataError, match=r"row 2 has no 'reward_model.ground_truth'; the reward of data source 'math'"):
+        load_prompt_dataset(p, CharTok(), 100, apply_chat_template=False, needs_label=needs)
+    d = load_prompt_dataset(p, CharTok(), 100, apply_chat_template=False, needs_label=needs, skip_bad_rows=True)
+    assert [(r.prompt_text, r.ground_truth, r.data_source, r.metadata) for r in d.records] == [
+        ("judge me", "", "rm", {"rubric": "polite"}), ("add", "3", "math", {"index": 7})]
+    with pytest.raises(DataError, match="row 0 has no 'reward_model.ground_truth'"):  # by default every row needs one
+        load_prompt_dataset(p, CharTok(), 100, apply_chat_template=False)
+    bad = _write(tmp_path, [{**_row("x"), "extra_info": "not a dict"}], "bad.jsonl")
+    with pytest.raises(DataError, match="row 0 field 'extra_info' must be an object"):
+        load_prompt_dataset(bad, CharTok(), 100, apply_chat_template=False)
+
+
 def test_missing_and_unsupported_files(tmp_path):
     with pytest.raises(DataError, match="not found"):
         load_prompt_dataset(str(tmp_path / "nope.jsonl"), CharTok(), 10)

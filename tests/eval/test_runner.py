@@ -135,6 +135,35 @@ def test_copies_are_grouped_and_k_not_multiplied(tok, copies_file, tmp_path):
     assert all(isinstance(v, (int, float)) for v in s.values())
 
 
+class RecordingScorer:
+    """A scorer that sees the whole record: a row of source "judged" needs no label."""
+
+    def __init__(self):
+        self.seen = []
+
+    def needs_label(self, data_source):
+        return data_source != "judged"
+
+    def score(self, items):
+        self.seen.extend(items)
+        return [compute_score(inp.response, inp.metadata["want"]) if inp.data_source == "judged"
+                else compute_score(inp.response, inp.label) for inp in items]
+
+
+def test_scorer_sees_prompt_source_and_metadata(tok, tmp_path):
+    judged = {**_verl_row("What is 2 + 3?", ""), "data_source": "judged", "extra_info": {"want": "5"}}
+    path = _write_jsonl(tmp_path / "mixed.jsonl", [judged, _verl_row("What is 3 + 4?", "7")])
+    scorer = RecordingScorer()
+    s = evaluate(ScriptedEngine(tok, _script), tok, path, k=2, scorer=scorer, progress=False, apply_chat_template=False)
+    assert s["avg@2"] == pytest.approx(0.5)  # "5": right, wrong; "7": always wrong
+    first = scorer.seen[0]
+    assert (first.label, first.data_source, first.metadata) == ("", "judged", {"want": "5"})
+    assert first.prompt == DAPO_TEMPLATE.format(problem="What is 2 + 3?")
+    assert {(i.label, i.data_source) for i in scorer.seen[2:]} == {("7", "toy")}
+    with pytest.raises(DataError, match="row 0 has no ground truth"):  # the default reward needs a label
+        evaluate(ScriptedEngine(tok, _script), tok, path, k=2, scorer=compute_score, progress=False)
+
+
 def test_copies_define_n_when_k_is_smaller(tok, copies_file):
     eng = ScriptedEngine(tok, _script)
     s = evaluate(eng, tok, copies_file, k=2, scorer=compute_score, progress=False)

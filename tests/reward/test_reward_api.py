@@ -5,12 +5,14 @@ from __future__ import annotations
 import pytest
 
 from megatron_dapo import reward
-from megatron_dapo.reward import RewardResult, compute_score, is_equivalent, load_reward_fn
+from megatron_dapo.reward import RewardInput, RewardResult, RewardRouter, compute_score, is_equivalent, load_reward_fn
+from megatron_dapo.reward.api import as_reward_input
 from megatron_dapo.reward.result import to_reward_result
 
 
 def test_public_names():
-    for name in ("is_equivalent", "compute_score", "RewardResult", "BatchScorer", "load_reward_fn"):
+    for name in ("is_equivalent", "compute_score", "RewardResult", "BatchScorer", "load_reward_fn", "RewardInput",
+                 "RewardRouter", "RemoteRewardModel"):
         assert hasattr(reward, name)
 
 
@@ -85,3 +87,54 @@ def test_load_reward_fn():
 def test_load_reward_fn_errors(spec, error):
     with pytest.raises(error):
         load_reward_fn(spec)
+
+
+def test_reward_fn_gets_the_whole_record_as_keywords():
+    fn = load_reward_fn("reward_test_plugins:echo_record")
+    r = fn("resp", "", prompt="the prompt", data_source="src", extra_info={"k": 1})
+    assert r.pred == "resp||the prompt|src|{'k': 1}"
+
+
+def test_router_picks_the_reward_by_data_source():
+    router = RewardRouter("math", None, ["code=reward_test_plugins:exact", "rm=http://127.0.0.1:9/score", "gsm8k=dapo"])
+    assert [router.key(s) for s in ("code", "rm", "gsm8k", "other", "")] == [
+        "reward_test_plugins:exact", "http://127.0.0.1:9/score", "dapo", "math", "math"]
+    assert [router.needs_label(s) for s in ("code", "rm", "gsm8k", "other")] == [False, False, True, True]
+    assert set(router.local_specs()) == {"reward_test_plugins:exact", "dapo", "math"}
+    assert router.remote_specs() == {"http://127.0.0.1:9/score": "http://127.0.0.1:9/score"}
+    # --reward-fn replaces the built-in checker as the default
+    fn_router = RewardRouter("dapo", "reward_test_plugins:exact", {"gsm8k": "math"})
+    assert (fn_router.key("x"), fn_router.needs_label("x"), fn_router.needs_label("gsm8k")) == (
+        "reward_test_plugins:exact", False, True)
+
+
+@pytest.mark.parametrize("entries,error,match", [
+    (["no-equals"], ValueError, "DATA_SOURCE=SPEC"),
+    (["=math"], ValueError, "DATA_SOURCE=SPEC"),
+    (["a=math", "a=dapo"], ValueError, "'a' is given twice"),
+    (["a=reward_test_plugins:missing"], AttributeError, "reward_test_plugins:missing"),
+    (["a=http://"], ValueError, "URL"),
+])
+def test_router_errors_name_the_entry(entries, error, match):
+    with pytest.raises(error, match=match):
+        RewardRouter("dapo", None, entries)
+
+
+def test_needs_label_from_a_run_config():
+    from megatron_dapo.config import parse_args
+    from megatron_dapo.reward import reward_needs_label
+
+    cfg, _ = parse_args(["--reward-source", "judge=http://127.0.0.1:9/rm", "--reward-mode", "math"])
+    needs = reward_needs_label(cfg.reward)
+    assert (needs("judge"), needs("aime")) == (False, True)
+
+
+@pytest.mark.parametrize("item,match", [
+    (("r", None), "ground_truth must be a str"),
+    (("r",), "RewardInput or a"),
+    (RewardInput("r", "1", metadata=["x"]), "metadata must be a mapping"),
+    (RewardInput("r", "1", data_source=3), "data_source must be a str"),
+])
+def test_bad_items_are_named(item, match):
+    with pytest.raises(ValueError, match=match):
+        as_reward_input(item, 0)

@@ -158,3 +158,13 @@ def test_closed_pool_refuses_work():
     pool.close()  # idempotent
     with pytest.raises(RuntimeError, match="closed"):
         pool.score([("a", "a")])
+
+
+def test_plugin_in_the_workers_sees_the_record_and_needs_no_label():
+    from megatron_dapo.reward import RewardInput
+
+    with BatchScorer(num_workers=1, timeout_s=30, sources={"judge": "reward_test_plugins:echo_record"}) as pool:
+        got = pool.score([RewardInput("resp", "", "the prompt", "judge", {"k": 1}), ("Answer: 2", "2")])
+        assert [r.pred for r in got] == ["resp||the prompt|judge|{'k': 1}", "2"]
+        with pytest.raises(ValueError, match="ground_truth is empty"):  # the default dapo checker needs one
+            pool.score([RewardInput("Answer: 2", "", "p", "other")])
