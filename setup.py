@@ -26,6 +26,8 @@ INSTALL_REQUIRES = [
     "pyyaml>=6",
     "matplotlib>=3.8",
     "tensorboard>=2.15",
+    # the remote reward model client (megatron_dapo/reward/remote.py); ray[default] needs it too
+    "aiohttp>=3.9",
 ]
 
 EXTRAS = {
