@@ -4,9 +4,16 @@ Each function quotes its equation from the DAPO paper (arXiv 2503.14476) in its
 docstring; docs/algorithm.md maps every control to its flag and logged metrics.
 """
 
-from .advantages import compute_group_advantages
+from .advantages import (
+    ADVANTAGE_ESTIMATORS,
+    compute_advantages,
+    compute_group_advantages,
+    group_mean_advantages,
+    group_norm_advantages,
+    reinforce_pp_baseline_advantages,
+)
 from .config import PRESETS, AlgorithmConfig, apply_preset
-from .dynamic_sampling import DynamicSamplingResult, dynamic_sampling_mask
+from .dynamic_sampling import DYNAMIC_SAMPLING_METRICS, DynamicSamplingResult, dynamic_sampling_mask
 from .entropy import DEFAULT_ENTROPY_CHUNK_SIZE, entropy_from_logits
 from .kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3, kl_penalty
 from .overlong import TRUNCATED_FINISH_REASONS, overlong_filter_mask, overlong_penalty
@@ -20,8 +27,10 @@ from .policy_loss import (
 )
 
 __all__ = [
+    "ADVANTAGE_ESTIMATORS",
     "AlgorithmConfig",
     "DEFAULT_ENTROPY_CHUNK_SIZE",
+    "DYNAMIC_SAMPLING_METRICS",
     "DynamicSamplingResult",
     "KL_ESTIMATORS",
     "LOG_RATIO_CLAMP",
@@ -30,11 +39,14 @@ __all__ = [
     "TRUNCATED_FINISH_REASONS",
     "aggregate_loss",
     "apply_preset",
+    "compute_advantages",
     "compute_group_advantages",
     "count_valid_sequences",
     "count_valid_tokens",
     "dynamic_sampling_mask",
     "entropy_from_logits",
+    "group_mean_advantages",
+    "group_norm_advantages",
     "kl_k1",
     "kl_k2",
     "kl_k3",
@@ -42,4 +54,5 @@ __all__ = [
     "overlong_filter_mask",
     "overlong_penalty",
     "policy_loss",
+    "reinforce_pp_baseline_advantages",
 ]

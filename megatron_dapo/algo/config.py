@@ -24,6 +24,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Optional
 
+from .advantages import ADVANTAGE_ESTIMATORS
+from .dynamic_sampling import DYNAMIC_SAMPLING_METRICS
 from .kl import KL_ESTIMATORS
 from .policy_loss import LOSS_AGG_MODES
 
@@ -67,12 +69,15 @@ class AlgorithmConfig:
         "--loss-agg-mode",
         choices=LOSS_AGG_MODES,
     )
-    normalize_adv_std: bool = _f(
-        True,
-        "Divide group-centred rewards by the group's std (+ --adv-eps); false = mean-centring only.",
-        "--normalize-adv-std",
+    advantage_estimator: str = _f(
+        "group-norm",
+        "Advantage estimator: 'group-norm' (GRPO/DAPO: (R - group mean) / (group std + eps)), 'group-mean' "
+        "(R - group mean, no std division) or 'reinforce-pp-baseline' (group mean baseline, then normalised by "
+        "the batch std). docs/algorithm.md has the equations.",
+        "--advantage-estimator",
+        choices=ADVANTAGE_ESTIMATORS.names(),
     )
-    adv_eps: float = _f(1e-6, "Epsilon added to the group std in the advantage (>= 0).", "--adv-eps")
+    adv_eps: float = _f(1e-6, "Epsilon added to the std that divides the advantage (>= 0).", "--adv-eps")
     overlong_filter: bool = _f(
         True,
         "Overlong filtering: responses truncated at the length limit get loss mask 0.",
@@ -104,10 +109,11 @@ class AlgorithmConfig:
     )
     dynamic_sampling_metric: str = _f(
         "acc",
-        "Per-sample metric whose within-group std must be > 0 for a group to be kept. 'acc' (raw "
-        "correctness, the DAPO rule) is strongly recommended: filtering on the length-shaped score "
-        "destroys the policy.",
+        "Per-sample metric whose within-group std must be > 0 for a group to be kept: 'acc' (raw "
+        "correctness, the DAPO rule), 'score' (the verifier's score) or 'reward' (score + overlong "
+        "penalty). 'acc' is strongly recommended: filtering on the length-shaped reward destroys the policy.",
         "--dynamic-sampling-metric",
+        choices=DYNAMIC_SAMPLING_METRICS,
     )
     kl_coef: float = _f(0.0, "Coefficient of the KL penalty to the reference model (DAPO: 0 = none).", "--kl-coef")
     kl_estimator: str = _f(
@@ -144,7 +150,7 @@ class AlgorithmConfig:
         fl = self.flag
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"{fl('algorithm')} must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
-        for name in ("normalize_adv_std", "overlong_filter", "overlong_penalty", "dynamic_sampling"):
+        for name in ("overlong_filter", "overlong_penalty", "dynamic_sampling"):
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise ValueError(f"{fl(name)} must be true or false, got {value!r}")
@@ -158,6 +164,11 @@ class AlgorithmConfig:
         if self.loss_agg_mode not in LOSS_AGG_MODES:
             raise ValueError(
                 f"{fl('loss_agg_mode')} must be one of {', '.join(LOSS_AGG_MODES)}, got {self.loss_agg_mode!r}"
+            )
+        if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
+            raise ValueError(
+                f"{fl('advantage_estimator')} must be one of {', '.join(ADVANTAGE_ESTIMATORS.names())}, "
+                f"got {self.advantage_estimator!r}"
             )
         if _real(self.adv_eps, fl("adv_eps")) < 0.0:
             raise ValueError(f"{fl('adv_eps')} must be >= 0, got {self.adv_eps}")
@@ -177,9 +188,9 @@ class AlgorithmConfig:
             )
         if _real(self.overlong_penalty_factor, fl("overlong_penalty_factor")) < 0.0:
             raise ValueError(f"{fl('overlong_penalty_factor')} must be >= 0, got {self.overlong_penalty_factor}")
-        if not isinstance(self.dynamic_sampling_metric, str) or not self.dynamic_sampling_metric.isidentifier():
+        if self.dynamic_sampling_metric not in DYNAMIC_SAMPLING_METRICS:
             raise ValueError(
-                f"{fl('dynamic_sampling_metric')} must be a metric name such as 'acc', "
+                f"{fl('dynamic_sampling_metric')} must be one of {', '.join(DYNAMIC_SAMPLING_METRICS)}, "
                 f"got {self.dynamic_sampling_metric!r}"
             )
         if _real(self.kl_coef, fl("kl_coef")) < 0.0:
@@ -214,7 +225,7 @@ PRESETS: Dict[str, Dict[str, Any]] = {
         eps_clip_high=0.2,
         clip_ratio_c=None,
         loss_agg_mode="seq-mean-token-mean",
-        normalize_adv_std=True,
+        advantage_estimator="group-norm",
         adv_eps=1e-6,
         overlong_filter=False,
         overlong_penalty=False,
@@ -232,7 +243,7 @@ PRESETS: Dict[str, Dict[str, Any]] = {
         eps_clip_high=0.28,
         clip_ratio_c=10.0,
         loss_agg_mode="token-mean",
-        normalize_adv_std=True,
+        advantage_estimator="group-norm",
         adv_eps=1e-6,
         overlong_filter=True,
         overlong_penalty=True,

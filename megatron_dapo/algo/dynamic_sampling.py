@@ -8,6 +8,11 @@ import torch
 
 from ._checks import as_tensor, check_1d_nonempty, check_group_size
 
+#: Per-sample metrics that ``--dynamic-sampling-metric`` may name: ``acc`` (raw correctness,
+#: the DAPO rule), ``score`` (the verifier's score), ``reward`` (score + soft overlong penalty).
+#: The rollout manager reads the sample field of that name.
+DYNAMIC_SAMPLING_METRICS = ("acc", "score", "reward")
+
 
 class DynamicSamplingResult(NamedTuple):
     """Result of :func:`dynamic_sampling_mask` (a tuple: ``keep, kept, all_correct, all_wrong``)."""

@@ -29,6 +29,25 @@ class ConfigError(ValueError):
     """An invalid configuration; the message names the flags and values involved."""
 
 
+#: Flags that existed once and were removed: giving one (flag or YAML key) is an error that
+#: says what to do instead, rather than "unrecognized arguments".
+REMOVED_FLAGS = {
+    "--normalize-adv-std": "use --advantage-estimator group-norm (std-normalised, the default; was true) or "
+    "group-mean (mean-centring only; was false)",
+    "--min-lr": "the learning rate is constant after warm-up, so a minimum learning rate was never used; "
+    "drop the flag",
+}
+
+
+def _removed_message(flag: str) -> str:
+    return f"{flag} was removed: {REMOVED_FLAGS[flag]}"
+
+
+class _RemovedFlag(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(_removed_message(option_string))
+
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -107,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                 kw["choices"] = [c for c in choices if c is not None] + (["none"] if None in choices else [])
             conv = _converter(flag, tp, opt)
             g.add_argument(flag, dest=dest, type=conv if not choices else str, help=helptext + f" (default {f.default})", **kw)
+    for flag in REMOVED_FLAGS:
+        p.add_argument(flag, nargs="?", action=_RemovedFlag, help=argparse.SUPPRESS)
     return p
 
 
@@ -153,7 +174,11 @@ def load_yaml(path: str) -> dict:
     idx = _index()
     out = {}
 
+    removed = {k: flag for flag in REMOVED_FLAGS for k in (flag[2:], flag[2:].replace("-", "_"))}
+
     def put(key, value):
+        if key.rsplit(".", 1)[-1] in removed:
+            raise ConfigError(f"--config {path}: {key!r}: {_removed_message(removed[key.rsplit('.', 1)[-1]])}")
         if key not in idx:
             raise ConfigError(f"--config {path}: unknown setting {key!r}")
         sec, f, flag, tp, opt = idx[key]

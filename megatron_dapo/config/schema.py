@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..algo.config import AlgorithmConfig
+from ..reward.api import MODES as REWARD_MODES
+from ..rollout.base import ENGINES
 
 
 def _f(default: Any, help: str, flag: Optional[str] = None, **extra: Any):
@@ -53,7 +55,6 @@ class ParallelConfig:
 @dataclass
 class OptimConfig:
     lr: float = _f(1e-6, "Learning rate (constant after warm-up).")
-    min_lr: float = _f(0.0, "Minimum learning rate (unused with the constant schedule).")
     lr_warmup_iters: int = _f(0, "Linear warm-up length in optimizer steps.")
     lr_warmup_rollout_steps: Optional[int] = _f(
         None, "Linear warm-up length in rollout steps (converted to optimizer steps; wins over --lr-warmup-iters)."
@@ -72,7 +73,7 @@ class OptimConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = _f("auto", "Rollout engine: sglang (GPU), hf (CPU) or auto.", "--rollout-engine", choices=("auto", "sglang", "hf"))
+    engine: str = _f("auto", "Rollout engine: sglang (GPU), hf (CPU) or auto.", "--rollout-engine", choices=("auto", *ENGINES))
     rollout_batch_size: int = _f(512, "Prompts per rollout step (groups kept after dynamic sampling).")
     n_samples_per_prompt: int = _f(16, "Responses per prompt (group size G).")
     over_sampling_batch_size: Optional[int] = _f(None, "Prompts generated per generation round (default: --rollout-batch-size).")
@@ -98,7 +99,7 @@ class RolloutConfig:
 
 @dataclass
 class RewardConfig:
-    mode: str = _f("dapo", "Verifier: dapo (official Answer: check) or math (sympy equivalence).", "--reward-mode", choices=("dapo", "math"))
+    mode: str = _f("dapo", "Verifier: dapo (official Answer: check) or math (sympy equivalence).", "--reward-mode", choices=REWARD_MODES)
     reward_fn: Optional[str] = _f(
         None, "Default reward instead of --reward-mode: 'package.module:function' or the http(s) URL of a remote "
         "reward model (see docs/reward.md).")

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from ..algo import compute_group_advantages, overlong_filter_mask, overlong_penalty
+from ..algo import compute_advantages, overlong_filter_mask, overlong_penalty
 from ..algo.config import AlgorithmConfig
 
 
@@ -80,7 +80,8 @@ def shape_rewards(samples: list, algo: AlgorithmConfig) -> None:
 
 
 def assign_advantages(groups: list, algo: AlgorithmConfig) -> list:
-    """Group-relative advantages over the shaped rewards; overlong filtering sets ``train``.
+    """Advantages of the shaped rewards by ``--advantage-estimator`` (the registry
+    ``algo.ADVANTAGE_ESTIMATORS``); overlong filtering sets ``train``.
 
     Returns the flat list of samples, group after group (contiguous groups of size G).
     """
@@ -91,7 +92,7 @@ def assign_advantages(groups: list, algo: AlgorithmConfig) -> list:
     if any(len(g.samples) != G for g in groups):
         raise ValueError("assign_advantages: groups of unequal size")
     rewards = torch.tensor([s.reward for s in samples], dtype=torch.float64)
-    adv = compute_group_advantages(rewards, G, eps=algo.adv_eps, normalize_std=algo.normalize_adv_std)
+    adv = compute_advantages(algo.advantage_estimator, rewards, G, eps=algo.adv_eps)
     if algo.overlong_filter:
         keep = overlong_filter_mask([s.finish_reason for s in samples])
         keep = keep.reshape(-1).bool().tolist()

@@ -10,8 +10,8 @@ prompts until it is full:
   chunk of a round finishes so that no timing decides which samples are kept);
 * an engine that dies or does not answer within ``--engine-timeout-s`` is restarted and
   re-synced (``EnginePool``), and its chunk is re-queued;
-* verification runs in the reward process pool; the filter uses ``acc`` only, never the
-  length-shaped reward;
+* verification runs in the reward process pool; the filter uses ``acc`` (or the sample field
+  that ``--dynamic-sampling-metric`` names: a group is kept when that field varies within it);
 * with ``--reuse-surplus-groups``, kept groups beyond the batch are carried to the next step
   (with the old-policy logprobs of the step that generated them).
 
@@ -206,7 +206,7 @@ class RolloutManager:
                 generated.extend(groups)
                 bars.verified(sum(len(g.samples) for g in groups))
                 for g in groups:
-                    res = dynamic_sampling_mask(torch.tensor(g.accs, dtype=torch.float32), G)
+                    res = dynamic_sampling_mask(torch.tensor(g.accs, dtype=torch.float32), G, metric=self._metric(g))
                     stats["all_correct"] += res.num_all_correct
                     stats["all_wrong"] += res.num_all_wrong
                     if res.num_kept or not a.dynamic_sampling:
@@ -226,6 +226,13 @@ class RolloutManager:
         return RolloutResult(
             kept, generated, rounds, stats["kept"], stats["all_correct"], stats["all_wrong"], reused, t_gen, t_ver
         )
+
+    def _metric(self, g: Group) -> Optional[torch.Tensor]:
+        """The per-sample values of ``--dynamic-sampling-metric`` (None for ``acc``: the DAPO rule)."""
+        name = self.cfg.algo.dynamic_sampling_metric
+        if name == "acc":
+            return None
+        return torch.tensor([float(getattr(s, name)) for s in g.samples], dtype=torch.float64)
 
     def _to_groups(self, prompt_indices: list, outs: list, step: int) -> list:
         groups = []

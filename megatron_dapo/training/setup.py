@@ -14,20 +14,26 @@ from typing import Optional
 
 import torch
 
+from ..config.schema import OptimConfig, ParallelConfig
 from ..models.provider import ModelBuildOptions, build_gpt_model
 from .forward import configure_for_step_normalised_loss
+
+_OPTIM, _PARALLEL = OptimConfig(), ParallelConfig()
 
 
 @dataclasses.dataclass
 class OptimizerOptions:
-    lr: float = 1e-6
-    min_lr: float = 0.0
-    weight_decay: float = 0.1
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    clip_grad: float = 1.0
-    use_distributed_optimizer: bool = False
+    """Optimizer and schedule of one rank; the defaults are the command line's
+    (``config.schema.OptimConfig``), so each default lives once."""
+
+    lr: float = _OPTIM.lr
+    min_lr: float = 0.0  # only read by a decaying lr_decay_style; no flag selects one
+    weight_decay: float = _OPTIM.weight_decay
+    adam_beta1: float = _OPTIM.adam_beta1
+    adam_beta2: float = _OPTIM.adam_beta2
+    adam_eps: float = _OPTIM.adam_eps
+    clip_grad: float = _OPTIM.clip_grad
+    use_distributed_optimizer: bool = _PARALLEL.use_distributed_optimizer
     lr_warmup_iters: int = 0
     lr_decay_style: str = "constant"
     train_iters: int = 10**9  # constant LR: only the warm-up matters

@@ -47,7 +47,7 @@ class PolicyWorker:
             deterministic=cfg.run.deterministic,
         )
         opt = OptimizerOptions(
-            lr=o.lr, min_lr=o.min_lr, weight_decay=o.weight_decay, adam_beta1=o.adam_beta1,
+            lr=o.lr, weight_decay=o.weight_decay, adam_beta1=o.adam_beta1,
             adam_beta2=o.adam_beta2, adam_eps=o.adam_eps, clip_grad=o.clip_grad,
             use_distributed_optimizer=p.use_distributed_optimizer,
             lr_warmup_iters=lr_warmup_optimizer_steps(cfg),

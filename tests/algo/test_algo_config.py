@@ -21,7 +21,7 @@ def test_every_field_has_help_and_a_unique_flag():
 
 
 def test_required_controls_exist():
-    for name in ("algorithm", "eps_clip_low", "eps_clip_high", "clip_ratio_c", "loss_agg_mode", "normalize_adv_std",
+    for name in ("algorithm", "eps_clip_low", "eps_clip_high", "clip_ratio_c", "loss_agg_mode", "advantage_estimator",
                  "overlong_filter", "overlong_penalty", "max_response_length", "overlong_buffer_length",
                  "overlong_penalty_factor", "dynamic_sampling", "dynamic_sampling_metric", "kl_coef",
                  "kl_estimator", "entropy_coef"):
@@ -96,7 +96,7 @@ def test_apply_custom_changes_nothing():
         ({"eps_clip_high": -0.01}, "--eps-clip-high"),
         ({"clip_ratio_c": 1.0}, "--clip-ratio-c"),
         ({"loss_agg_mode": "sum"}, "--loss-agg-mode"),
-        ({"normalize_adv_std": "yes"}, "--normalize-adv-std"),
+        ({"advantage_estimator": "gae"}, "--advantage-estimator"),
         ({"adv_eps": -1e-6}, "--adv-eps"),
         ({"overlong_filter": 1}, "--overlong-filter"),
         ({"overlong_penalty": None}, "--overlong-penalty"),
@@ -107,6 +107,7 @@ def test_apply_custom_changes_nothing():
         ({"overlong_penalty_factor": -1.0}, "--overlong-penalty-factor"),
         ({"dynamic_sampling": "true"}, "--dynamic-sampling"),
         ({"dynamic_sampling_metric": ""}, "--dynamic-sampling-metric"),
+        ({"dynamic_sampling_metric": "length"}, "--dynamic-sampling-metric must be one of acc, score, reward"),
         ({"kl_coef": -0.1}, "--kl-coef"),
         ({"kl_coef": float("nan")}, "--kl-coef"),
         ({"kl_estimator": "k4"}, "--kl-estimator"),

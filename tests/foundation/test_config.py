@@ -1,5 +1,7 @@
 """Config tree, Megatron-style CLI, YAML overrides and validation messages."""
 
+import re
+
 import pytest
 
 from megatron_dapo.config import ConfigError, parse_args, validate
@@ -17,7 +19,7 @@ def _cfg(*argv):
 def test_megatron_flag_names_parse():
     cfg, explicit = parse_args(
         ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--sequence-parallel",
-         "--use-distributed-optimizer", "--lr", "1e-6", "--min-lr", "0", "--lr-warmup-iters", "10",
+         "--use-distributed-optimizer", "--lr", "1e-6", "--lr-warmup-iters", "10",
          "--weight-decay", "0.1", "--clip-grad", "1.0", "--adam-beta1", "0.9", "--adam-beta2", "0.98",
          "--micro-batch-size", "2", "--global-batch-size", "512", "--seed", "7", "--save-interval", "5"]
     )
@@ -54,6 +56,44 @@ def test_presets_and_explicit_flags_win():
     mixed = _cfg("--algorithm", "grpo", "--overlong-filter", "--eps-clip-high", "0.28").algo
     assert mixed.overlong_filter is True and mixed.eps_clip_high == 0.28 and mixed.dynamic_sampling is False
     assert _cfg("--no-dynamic-sampling").algo.dynamic_sampling is False
+
+
+@pytest.mark.parametrize("argv, replacement", [
+    (["--normalize-adv-std", "false"], "--advantage-estimator group-norm .* or group-mean"),
+    (["--normalize-adv-std"], "--advantage-estimator"),
+    (["--min-lr", "0"], "constant after warm-up"),
+])
+def test_removed_flags_say_what_replaces_them(argv, replacement, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    err = capsys.readouterr().err
+    assert f"{argv[0]} was removed" in err and re.search(replacement, err)
+
+
+def test_removed_flags_in_yaml_say_what_replaces_them(tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("algo:\n  normalize_adv_std: false\n")
+    with pytest.raises(ConfigError, match="normalize_adv_std.*--normalize-adv-std was removed: use --advantage-estimator"):
+        parse_args(["--config", str(y)])
+    y.write_text("min-lr: 0.0\n")
+    with pytest.raises(ConfigError, match="--min-lr was removed"):
+        parse_args(["--config", str(y)])
+
+
+def test_choices_come_from_the_registries():
+    from megatron_dapo.algo import ADVANTAGE_ESTIMATORS, DYNAMIC_SAMPLING_METRICS
+    from megatron_dapo.config import build_parser
+    from megatron_dapo.reward.api import MODES
+    from megatron_dapo.rollout.base import ENGINES
+
+    choices = {a.option_strings[0]: a.choices for a in build_parser()._actions if a.option_strings}
+    assert choices["--advantage-estimator"] == list(ADVANTAGE_ESTIMATORS.names())
+    assert choices["--dynamic-sampling-metric"] == list(DYNAMIC_SAMPLING_METRICS)
+    assert choices["--reward-mode"] == list(MODES)
+    assert choices["--rollout-engine"] == ["auto", *ENGINES]
+    assert _cfg("--advantage-estimator", "reinforce-pp-baseline").algo.advantage_estimator == "reinforce-pp-baseline"
+    with pytest.raises(SystemExit):
+        _cfg("--advantage-estimator", "gae")
 
 
 def test_bad_bool_value_names_flag(capsys):
