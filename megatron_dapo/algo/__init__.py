@@ -25,6 +25,7 @@ from .policy_loss import (
     count_valid_tokens,
     policy_loss,
 )
+from .tis import TIS_MODES, mismatch_kl, offpolicy_token_weights, tis_weights
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -55,4 +56,8 @@ __all__ = [
     "overlong_penalty",
     "policy_loss",
     "reinforce_pp_baseline_advantages",
+    "TIS_MODES",
+    "mismatch_kl",
+    "offpolicy_token_weights",
+    "tis_weights",
 ]

@@ -28,6 +28,7 @@ from .advantages import ADVANTAGE_ESTIMATORS
 from .dynamic_sampling import DYNAMIC_SAMPLING_METRICS
 from .kl import KL_ESTIMATORS
 from .policy_loss import LOSS_AGG_MODES
+from .tis import TIS_MODES
 
 ALGORITHMS = ("dapo", "grpo", "custom")
 
@@ -122,6 +123,15 @@ class AlgorithmConfig:
     entropy_coef: float = _f(
         0.0, "Coefficient of the entropy bonus (loss -= coef * entropy; DAPO: 0).", "--entropy-coef"
     )
+    tis_mode: str = _f(
+        "none",
+        "Importance-sampling correction of the engine/trainer mismatch (algo/tis.py): 'none', 'token-truncate' "
+        "(weight min(pi_old/pi_engine, C)), 'token-mask' or 'sequence-mask' (tokens or sequences whose ratio leaves "
+        "[1/C, C] get weight 0).",
+        "--tis-mode",
+        choices=TIS_MODES,
+    )
+    tis_cap: float = _f(2.0, "The cap C > 1 of --tis-mode (and of --partial-rollout-offpolicy correct).", "--tis-cap")
 
     # ------------------------------------------------------------------ helpers
     @classmethod
@@ -201,6 +211,10 @@ class AlgorithmConfig:
             )
         if _real(self.entropy_coef, fl("entropy_coef")) < 0.0:
             raise ValueError(f"{fl('entropy_coef')} must be >= 0, got {self.entropy_coef}")
+        if self.tis_mode not in TIS_MODES:
+            raise ValueError(f"{fl('tis_mode')} must be one of {', '.join(TIS_MODES)}, got {self.tis_mode!r}")
+        if _real(self.tis_cap, fl("tis_cap")) <= 1.0:
+            raise ValueError(f"{fl('tis_cap')} must be > 1, got {self.tis_cap}")
         return self
 
 
@@ -237,6 +251,8 @@ PRESETS: Dict[str, Dict[str, Any]] = {
         kl_coef=0.0,
         kl_estimator="k3",
         entropy_coef=0.0,
+        tis_mode="none",
+        tis_cap=2.0,
     ),
     "dapo": dict(
         eps_clip_low=0.2,
@@ -255,6 +271,8 @@ PRESETS: Dict[str, Dict[str, Any]] = {
         kl_coef=0.0,
         kl_estimator="k3",
         entropy_coef=0.0,
+        tis_mode="none",
+        tis_cap=2.0,
     ),
 }
 

@@ -1,0 +1,173 @@
+r"""Importance-sampling correction of the rollout-engine / trainer mismatch.
+
+The responses are sampled by the rollout engine (SGLang, or HF transformers on CPU), whose
+probabilities :math:`\pi_{eng}` differ from the trainer's :math:`\pi_{old}` for the same
+weights (other kernels, other precision; and, with ``--partial-rollout``, tokens generated
+under older weights). The PPO surrogate assumes the tokens were drawn from
+:math:`\pi_{old}`; the per-token importance weight
+
+.. math:: \rho_{i,t} = \frac{\pi_{old}(o_{i,t}\mid q, o_{i,<t})}{\pi_{eng}(o_{i,t}\mid q, o_{i,<t})}
+          = \exp(\log\pi_{old} - \log\pi_{eng})
+
+makes the gradient unbiased again, and multiplies the per-token loss:
+:math:`L^{IS}_{i,t} = w_{i,t}\,L_{i,t}` with a weight :math:`w` derived from :math:`\rho`
+(treated as a constant: no gradient flows through it) by one of the modes of
+:data:`TIS_MODES` (``--tis-mode``; the cap :math:`C > 1` is ``--tis-cap``):
+
+* ``token-truncate`` (truncated importance sampling, TIS; Yao et al. 2025, "Your efficient
+  RL framework secretly brings you off-policy RL training"):
+  :math:`w_{i,t} = \min(\rho_{i,t}, C)`;
+* ``token-mask`` (token-level rejection): :math:`w_{i,t} = \mathbb 1[1/C \le \rho_{i,t} \le C]`;
+* ``sequence-mask`` (sequence-level rejection): :math:`w_{i,t} = \mathbb 1[1/C \le \bar\rho_i \le C]`
+  with the length-normalised (geometric-mean) sequence ratio
+  :math:`\bar\rho_i = \exp\big(\frac{1}{|o_i|}\sum_t (\log\pi_{old} - \log\pi_{eng})\big)`
+  (the plain product :math:`\prod_t\rho_{i,t}` leaves any fixed band for long responses
+  even when every token agrees closely);
+* ``none``: :math:`w = 1`.
+
+The mismatch itself is measured by :func:`mismatch_kl`, the k3 estimate of
+:math:`\mathrm{KL}(\pi_{eng}\,\|\,\pi_{old})` from the engine's samples. All inputs are
+``[batch, seq]``; positions with ``loss_mask == 0`` get weight 1 and count in no metric.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+import torch
+
+from ._checks import as_tensor, check_2d, check_float_tensor, check_real, check_same_shape
+from .kl import kl_k3
+
+TIS_MODES = ("none", "token-truncate", "token-mask", "sequence-mask")
+
+#: The log-ratio is clamped to this range before ``exp`` (like the policy ratio).
+TIS_LOG_RATIO_CLAMP = 20.0
+
+
+def _prepare(old_logprobs, engine_logprobs, loss_mask):
+    old = as_tensor(old_logprobs, "old_logprobs")
+    eng = as_tensor(engine_logprobs, "engine_logprobs")
+    mask = as_tensor(loss_mask, "loss_mask")
+    check_2d(old, "old_logprobs")
+    check_float_tensor(old, "old_logprobs")
+    check_same_shape(eng, "engine_logprobs", old, "old_logprobs")
+    check_same_shape(mask, "loss_mask", old, "old_logprobs")
+    dtype = torch.promote_types(old.dtype, torch.float32)
+    valid = mask.to(device=old.device) != 0
+    zero = torch.zeros((), dtype=dtype, device=old.device)
+    # masked positions get a log-ratio of 0 before any arithmetic (NaN garbage there is harmless)
+    log_ratio = torch.where(valid, old.detach().to(dtype) - eng.detach().to(dtype), zero)
+    return torch.clamp(log_ratio, -TIS_LOG_RATIO_CLAMP, TIS_LOG_RATIO_CLAMP), valid
+
+
+def tis_log_ratio(old_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    r""":math:`\log\rho_{i,t} = \log\pi_{old} - \log\pi_{eng}` per token (0 where ``loss_mask`` is 0,
+    clamped to ``[-20, 20]``), detached."""
+    return _prepare(old_logprobs, engine_logprobs, loss_mask)[0]
+
+
+def tis_weights(
+    old_logprobs: torch.Tensor,
+    engine_logprobs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    mode: str = "token-truncate",
+    cap: float = 2.0,
+) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+    r"""Per-token importance weights :math:`w_{i,t}` of ``mode`` (see the module doc):
+
+    .. math::
+
+        \text{token-truncate: } w = \min(\rho, C);\quad
+        \text{token-mask: } w = \mathbb 1[C^{-1} \le \rho \le C];\quad
+        \text{sequence-mask: } w = \mathbb 1[C^{-1} \le \bar\rho_i \le C]
+
+    with :math:`\rho = \exp(\log\pi_{old} - \log\pi_{eng})` and
+    :math:`\bar\rho_i = \exp(\mathrm{mean}_t \log\rho_{i,t})` over the valid tokens of sequence i.
+
+    Returns ``(weights, metrics)``: ``weights`` ``[batch, seq]`` (detached, float32 or
+    float64; 1 on masked positions); ``metrics`` detached 0-dim tensors over the valid tokens:
+    ``tis_weight_mean`` (mean of ``w``), ``tis_clip_frac`` (share of tokens whose weight was
+    truncated (``rho > C``) or that were masked out), ``mismatch_kl`` (:func:`mismatch_kl`
+    mean). With no valid token every metric is 0.
+
+    Raises:
+        ValueError: naming the argument: unknown ``mode``, ``cap <= 1``, shapes that are not
+            ``[batch, seq]`` or do not match.
+    """
+    if mode not in TIS_MODES:
+        raise ValueError(f"mode must be one of {', '.join(TIS_MODES)}; got {mode!r}")
+    cap = check_real(cap, "cap")
+    if cap <= 1.0:
+        raise ValueError(f"cap must be > 1, got {cap}")
+    log_ratio, valid = _prepare(old_logprobs, engine_logprobs, loss_mask)
+    ratio = torch.exp(log_ratio)
+    one = torch.ones_like(ratio)
+    if mode == "none":
+        w, clipped = one, torch.zeros_like(valid)
+    elif mode == "token-truncate":
+        clipped = ratio > cap
+        w = torch.clamp(ratio, max=cap)
+    elif mode == "token-mask":
+        clipped = (ratio > cap) | (ratio < 1.0 / cap)
+        w = torch.where(clipped, torch.zeros_like(ratio), one)
+    else:  # sequence-mask
+        n = valid.sum(dim=1, keepdim=True).clamp(min=1).to(log_ratio.dtype)
+        seq_ratio = torch.exp(log_ratio.sum(dim=1, keepdim=True) / n)
+        out = (seq_ratio > cap) | (seq_ratio < 1.0 / cap)
+        clipped = out.expand_as(ratio)
+        w = torch.where(clipped, torch.zeros_like(ratio), one)
+    clipped = clipped & valid
+    w = torch.where(valid, w, one)
+    with torch.no_grad():
+        count = valid.sum().to(torch.float32).clamp(min=1.0)
+        f = valid.to(torch.float32)
+        kl = mismatch_kl(old_logprobs, engine_logprobs, loss_mask)
+        metrics = {
+            "tis_weight_mean": (w.to(torch.float32) * f).sum() / count,
+            "tis_clip_frac": clipped.to(torch.float32).sum() / count,
+            "mismatch_kl": (kl.to(torch.float32) * f).sum() / count,
+        }
+    return w, metrics
+
+
+def mismatch_kl(old_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    r"""Per-token k3 estimate of :math:`\mathrm{KL}(\pi_{eng}\,\|\,\pi_{old})` from the engine's samples:
+
+    .. math:: k_3 = \rho - 1 - \log\rho,\qquad \rho = \pi_{old}/\pi_{eng}
+
+    (unbiased, >= 0; 0 where ``loss_mask`` is 0). Detached, ``[batch, seq]``."""
+    log_ratio, valid = _prepare(old_logprobs, engine_logprobs, loss_mask)
+    zero = torch.zeros_like(log_ratio)
+    # kl_k3(lp, ref) uses log rho = ref - lp: lp = 0 (engine, shifted), ref = log rho
+    return torch.where(valid, kl_k3(zero, log_ratio), zero)
+
+
+def offpolicy_token_weights(
+    old_logprobs: torch.Tensor,
+    engine_logprobs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    stale: torch.Tensor,
+    how: str,
+    cap: float,
+) -> torch.Tensor:
+    r"""Weights of the tokens generated under older weights (``stale != 0``, ``--partial-rollout``):
+
+    * ``how="mask"``: :math:`w_{i,t} = 0` on stale tokens (they carry no loss and no gradient);
+    * ``how="correct"``: :math:`w_{i,t} = \min(\rho_{i,t}, C)` on stale tokens (truncated IS
+      between the old weights that generated them and :math:`\pi_{old}`).
+
+    Fresh tokens get 1. Detached ``[batch, seq]``."""
+    if how not in ("mask", "correct"):
+        raise ValueError(f"how must be 'mask' or 'correct'; got {how!r}")
+    stale = as_tensor(stale, "stale")
+    log_ratio, valid = _prepare(old_logprobs, engine_logprobs, loss_mask)
+    check_same_shape(stale, "stale", log_ratio, "old_logprobs")
+    st = (stale.to(device=log_ratio.device) != 0) & valid
+    one = torch.ones_like(log_ratio)
+    if how == "mask":
+        return torch.where(st, torch.zeros_like(one), one)
+    cap = check_real(cap, "cap")
+    if cap <= 1.0:
+        raise ValueError(f"cap must be > 1, got {cap}")
+    return torch.where(st, torch.clamp(torch.exp(log_ratio), max=cap), one)
