@@ -51,7 +51,7 @@ def _mean(xs):
 # ---------------------------------------------------------------------------- the run
 
 class Trainer:
-    def __init__(self, cfg, explicit):
+    def __init__(self, cfg):
         from transformers import AutoTokenizer
 
         from .data import ResumableSampler, load_prompt_dataset
@@ -137,8 +137,7 @@ class Trainer:
                                     cfg.logging.tensorboard, run_id=self.run_id)
         self.engines = EnginePool(self.cluster.make_engine, self.cluster.num_engines, self._sync_into,
                                   cfg.rollout.engine_timeout_s)
-        stop_ids = []
-        self.manager = RolloutManager(cfg, self.dataset, self.sampler, self.engines, self.scorer, self.tokenizer, stop_ids)
+        self.manager = RolloutManager(cfg, self.dataset, self.sampler, self.engines, self.scorer, self.tokenizer)
         if resume_dir:
             self.cluster.call("load", resume_dir)
             self.load_driver_state(state)
@@ -468,7 +467,7 @@ class Trainer:
 
 
 def main(argv=None) -> int:
-    cfg, explicit = parse_args(argv)
+    cfg = parse_args(argv)
     cfg.rollout.stop = [codecs.decode(s, "unicode_escape") for s in cfg.rollout.stop]
     try:
         arch = parse_hf_config(hf_config_source(cfg))
@@ -479,7 +478,7 @@ def main(argv=None) -> int:
             return 0
         for w in validate(cfg, arch):
             print(f"[config] warning: {w}", file=sys.stderr)
-        trainer = Trainer(cfg, explicit)
+        trainer = Trainer(cfg)
         trainer.run()
     except ConfigError as e:
         print(f"megatron_dapo.train: configuration error: {e}", file=sys.stderr)

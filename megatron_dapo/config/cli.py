@@ -193,8 +193,9 @@ def load_yaml(path: str) -> dict:
     return out
 
 
-def parse_args(argv=None) -> tuple[DAPOConfig, set[str]]:
-    """Parse flags (and ``--config``) into a DAPOConfig; returns (config, explicitly set keys)."""
+def parse_args(argv=None) -> DAPOConfig:
+    """Parse flags (and ``--config``) into a DAPOConfig; the ``--algorithm`` preset fills the
+    controls that were not given explicitly."""
     ns = vars(build_parser().parse_args(argv))
     values = {}
     if "config" in ns:
@@ -211,4 +212,4 @@ def parse_args(argv=None) -> tuple[DAPOConfig, set[str]]:
         setattr(getattr(cfg, sec), name, v)
     explicit = {k.split(".", 1)[1] for k in values if k.startswith("algo.")}
     cfg.algo = apply_preset(cfg.algo, cfg.algo.algorithm, explicit)
-    return cfg, set(values)
+    return cfg

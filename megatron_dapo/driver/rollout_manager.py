@@ -149,17 +149,16 @@ class RolloutResult:
 
 
 class RolloutManager:
-    def __init__(self, cfg, dataset, sampler, engines: EnginePool, scorer, tokenizer, stop_token_ids=()):
+    def __init__(self, cfg, dataset, sampler, engines: EnginePool, scorer, tokenizer):
         self.cfg, self.dataset, self.sampler, self.engines = cfg, dataset, sampler, engines
         self.scorer, self.tokenizer = scorer, tokenizer
-        self.stop_token_ids = list(stop_token_ids)
         self.surplus: list = []
 
     def sampling_params(self, seed: Optional[int]) -> SamplingParams:
         r, a = self.cfg.rollout, self.cfg.algo
         return SamplingParams(
             temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=a.max_response_length,
-            n=r.n_samples_per_prompt, stop_token_ids=self.stop_token_ids, stop=list(r.stop), seed=seed,
+            n=r.n_samples_per_prompt, stop=list(r.stop), seed=seed,
         )
 
     def _seed(self, step: int, rnd: int, chunk: int) -> Optional[int]:

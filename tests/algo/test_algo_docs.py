@@ -91,5 +91,5 @@ def test_project_cli_agrees_on_the_ablation_lines():
     """The project's CLI (megatron_dapo.config.cli) resolves the documented lines the same way."""
     cli = pytest.importorskip("megatron_dapo.config.cli")
     for argv in _ablation_lines():
-        cfg, _ = cli.parse_args(argv)
+        cfg = cli.parse_args(argv)
         assert cfg.algo == _parse(argv), argv

@@ -51,7 +51,7 @@ class Scorer:
 
 
 def _mgr(pattern, argv=(), lengths=None, n_prompts=40):
-    cfg, _ = parse_args(["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--global-batch-size", "16",
+    cfg = parse_args(["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--global-batch-size", "16",
                          "--max-response-length", "8", "--overlong-buffer-length", "4", *argv])
     ds = [PromptRecord(i, [i, 7], f"p{i}", "x") for i in range(n_prompts)]
     sampler = ResumableSampler(len(ds), seed=0, shuffle=False)
@@ -133,7 +133,7 @@ def test_reward_sees_the_whole_record_and_is_chosen_by_data_source():
     prompt, data source and metadata; rows of other sources keep the built-in dapo checker."""
     from megatron_dapo.reward import BatchScorer
 
-    cfg, _ = parse_args(["--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4",
+    cfg = parse_args(["--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4",
                          "--max-response-length", "8", "--overlong-buffer-length", "4", "--dynamic-sampling", "false",
                          "--over-sampling-batch-size", "2"])
     ds = [PromptRecord(0, [0, 7], "prompt zero", "", "judged", {"want": "Answer: 1"}),

@@ -19,7 +19,7 @@ def main(argv):
     if argv[:2] != ["-m", "megatron_dapo.train"]:
         print(f"report_only.py: expected '-m megatron_dapo.train ...', got {argv[:2]}", file=sys.stderr)
         return 3
-    cfg, _ = parse_args(argv[2:])
+    cfg = parse_args(argv[2:])
     if not cfg.run.dry_run:
         print("report_only.py: the script did not pass --dry-run", file=sys.stderr)
         return 4

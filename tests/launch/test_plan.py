@@ -34,7 +34,7 @@ def arch():
 
 
 def _cfg(*extra):
-    cfg, _ = parse_args(CLUSTER + list(extra))
+    cfg = parse_args(CLUSTER + list(extra))
     return cfg
 
 
@@ -145,7 +145,7 @@ def test_cpu_target_report():
     from tests.tiny import tiny_qwen2_config
 
     arch = parse_hf_config(tiny_qwen2_config())
-    cfg, _ = parse_args(["--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2",
+    cfg = parse_args(["--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2",
                          "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--global-batch-size", "8",
                          "--rollout-engine", "hf", "--max-tokens-per-gpu", "512", "--max-prompt-length", "64",
                          "--max-response-length", "64", "--overlong-buffer-length", "16"])

@@ -67,7 +67,7 @@ def test_run_qwen32b_passes_the_paper_hyperparameters(tmp_path, shim):
     p = _run(["bash", str(RUN), "--dry-run"], _env(tmp_path, shim))
     assert p.returncode == 0, p.stdout + p.stderr
     assert "config.json not found: dry run with the public config in examples/qwen2.5-32b" in p.stderr
-    cfg, _ = parse_args(_driver_argv(p.stderr))  # every flag the script passes parses
+    cfg = parse_args(_driver_argv(p.stderr))  # every flag the script passes parses
     o, r, a, d, par = cfg.optim, cfg.rollout, cfg.algo, cfg.data, cfg.parallel
     assert cfg.model.hf_checkpoint == str(ROOT / "examples" / "qwen2.5-32b") and cfg.model.bf16
     assert (o.lr, o.lr_warmup_rollout_steps, o.weight_decay, o.clip_grad, o.global_batch_size) == (1e-6, 10, 0.1, 1.0, 512)
@@ -92,7 +92,7 @@ def test_run_qwen32b_uses_a_present_checkpoint_and_passes_extra_args(tmp_path, s
     p = _run(["bash", str(RUN), "--dry-run", "--num-rollout", "7"], _env(tmp_path, shim, HF_CKPT=str(ckpt)))
     assert p.returncode == 0, p.stdout + p.stderr
     assert "not found: dry run with the public config" not in p.stderr
-    cfg, _ = parse_args(_driver_argv(p.stderr))
+    cfg = parse_args(_driver_argv(p.stderr))
     assert cfg.model.hf_checkpoint == str(ckpt) and cfg.run.num_rollout_steps == 7  # "$@" wins
 
 

@@ -124,7 +124,7 @@ def test_needs_label_from_a_run_config():
     from megatron_dapo.config import parse_args
     from megatron_dapo.reward import reward_needs_label
 
-    cfg, _ = parse_args(["--reward-source", "judge=http://127.0.0.1:9/rm", "--reward-mode", "math"])
+    cfg = parse_args(["--reward-source", "judge=http://127.0.0.1:9/rm", "--reward-mode", "math"])
     needs = reward_needs_label(cfg.reward)
     assert (needs("judge"), needs("aime")) == (False, True)
 

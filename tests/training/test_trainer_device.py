@@ -100,7 +100,7 @@ def test_logprobs_and_entropy_use_the_rollout_temperature(gloo, tp):
 
 
 def _cfg(*extra):
-    cfg, _ = parse_args(["--actor-num-gpus-per-node", "2", "--global-batch-size", "16", "--rollout-batch-size", "8",
+    cfg = parse_args(["--actor-num-gpus-per-node", "2", "--global-batch-size", "16", "--rollout-batch-size", "8",
                          "--n-samples-per-prompt", "2", *extra])
     return cfg
 
