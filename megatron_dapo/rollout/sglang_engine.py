@@ -12,15 +12,23 @@ key, constant and environment variable the adapter uses is listed in ``USED_API`
 tests/rollout/test_sglang_api.py checks each against the source of the pinned wheel (read
 with ``ast``, never imported). Add to USED_API whenever you add a use of SGLang here.
 
-Logprobs: with ``logprobs_mode="raw"`` (default) the adapter sets
-``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` in the environment before SGLang starts its scheduler
-processes, so ``meta_info["output_token_logprobs"]`` are log_softmax(logits) at temperature
-1.0 (SGLang's sampler; greedy requests are raw in either mode). With
-``logprobs_mode="processed"`` the variable is not set (an existing value must then be
-falsy) and SGLang returns log_softmax(logits / T), computed before top-k / top-p
-truncation. The variable is process-wide: all SGLangEngines started by one process must use
-the same mode. ``score`` uses prompt ("input") logprobs, which SGLang always computes from
-raw logits.
+Logprobs: with ``logprobs_mode="processed"`` (default) ``SGLANG_RETURN_ORIGINAL_LOGPROB`` is
+left unset (an existing value must be falsy) and SGLang's sampler returns
+``log_softmax(logits / T)`` at the request's temperature T, computed before top-k / top-p
+truncation: the distribution the token was sampled from, which is what the trainer
+recomputes (it divides its logits by the rollout temperature). With ``logprobs_mode="raw"``
+the adapter sets the variable to 1 before SGLang starts its scheduler processes and gets
+``log_softmax(logits)`` at temperature 1. Greedy requests are raw in either mode. The
+variable is process-wide: all SGLangEngines started by one process must use the same mode.
+``score`` uses prompt ("input") logprobs, which SGLang 0.5.23 always computes from raw logits
+(the adapter asks at temperature 1.0 anyway).
+
+Weight updates (0.5.23's protocol): ``update_weights_from_tensor`` is refused outside a
+session, so the adapter opens one (``Engine.begin_weight_update``) explicitly or at the first
+bucket and ends it (``Engine.end_weight_update``) in ``finish_weight_update``. The call
+returns once SGLang has enqueued the copies, so a bucket's flat buffer is kept until the next
+SGLang call has returned or the session ends, then freed (and the CUDA allocator's cache
+emptied). Every control call's result is checked. See docs/rollout.md.
 """
 
 from __future__ import annotations
@@ -29,13 +37,18 @@ import functools
 import json
 import logging
 import os
+import random
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import torch
+
 from megatron_dapo.rollout.base import (
+    CUDA_GRAPH,
     KV_CACHE,
     LOGPROBS_MODES,
     WEIGHTS,
+    EngineReleasedError,
     GenerationOutput,
     RolloutEngine,
     SamplingParams,
@@ -73,6 +86,8 @@ USED_API: Dict[str, Any] = {
          ("input_ids", "sampling_params", "return_logprob", "logprob_start_len")),
         ("sglang.srt.entrypoints.engine", "Engine.update_weights_from_tensor",
          ("named_tensors", "load_format", "flush_cache")),
+        ("sglang.srt.entrypoints.engine", "Engine.begin_weight_update", ()),
+        ("sglang.srt.entrypoints.engine", "Engine.end_weight_update", ()),
         ("sglang.srt.entrypoints.engine", "Engine.release_memory_occupation", ("tags",)),
         ("sglang.srt.entrypoints.engine", "Engine.resume_memory_occupation", ("tags",)),
         ("sglang.srt.entrypoints.engine", "Engine.flush_cache", ()),
@@ -99,6 +114,7 @@ USED_API: Dict[str, Any] = {
         "model_path", "tokenizer_path", "tp_size", "mem_fraction_static", "base_gpu_id",
         "enable_memory_saver", "dtype", "random_seed", "enable_deterministic_inference",
         "trust_remote_code", "log_level", "disable_cuda_graph", "context_length", "port",
+        "load_format",
     ),
     # keys of the sampling_params dicts we send (sglang.srt.sampling.sampling_params.SamplingParams)
     "sampling_params": (
@@ -119,11 +135,17 @@ USED_API: Dict[str, Any] = {
         ("sglang.srt.managers.tokenizer_manager",
          ("meta_info", "finish_reason", "output_token_logprobs", "input_token_logprobs", "output_ids")),
         ("sglang.srt.managers.schedule_batch", ("type", "stop", "length", "abort")),
+        # the session rule we follow (refusal messages of the scheduler's weight updater)
+        ("sglang.srt.managers.scheduler_components.weight_updater",
+         ("update_weights_from_tensor must run between begin_weight_update() and end_weight_update()",)),
+        # load_format="dummy": random weights at launch, the first sync fills them
+        ("sglang.srt.configs.load_config", ("dummy",)),
     ],
     # module-level constants: (module, name, value)
     "constants": [
         ("sglang.srt.constants", "GPU_MEMORY_TYPE_WEIGHTS", WEIGHTS),
         ("sglang.srt.constants", "GPU_MEMORY_TYPE_KV_CACHE", KV_CACHE),
+        ("sglang.srt.constants", "GPU_MEMORY_TYPE_CUDA_GRAPH", CUDA_GRAPH),
     ],
     # environment variables we set: (module that declares/reads it, name)
     "env_vars": [
@@ -150,10 +172,16 @@ def build_engine_kwargs(
     context_length: Optional[int] = None,
     port: Optional[int] = None,
     tokenizer_path: Optional[str] = None,
+    load_format: Optional[str] = "dummy",
 ) -> Dict[str, Any]:
-    """Keyword arguments of ``sglang.Engine`` (ServerArgs fields; all in USED_API)."""
+    """Keyword arguments of ``sglang.Engine`` (ServerArgs fields; all in USED_API).
+
+    ``load_format="dummy"`` (default): SGLang starts with random weights instead of reading the
+    checkpoint (the first weight sync fills them); ``tokenizer_path`` defaults to ``model_path``.
+    """
     kw: Dict[str, Any] = dict(
         model_path=str(model_path),
+        tokenizer_path=str(tokenizer_path if tokenizer_path is not None else model_path),
         tp_size=int(tp_size),
         mem_fraction_static=float(mem_fraction_static),
         base_gpu_id=int(base_gpu_id),
@@ -165,7 +193,7 @@ def build_engine_kwargs(
         enable_deterministic_inference=bool(enable_deterministic_inference),
     )
     for k, v in (("random_seed", random_seed), ("context_length", context_length),
-                 ("port", port), ("tokenizer_path", tokenizer_path)):
+                 ("port", port), ("load_format", load_format)):
         if v is not None:
             kw[k] = v
     return kw
@@ -193,15 +221,24 @@ def to_sglang_sampling_params(params: SamplingParams, seed: Optional[int] = None
 
 
 def build_generate_requests(
-    prompts: List[List[int]], params: SamplingParams
+    prompts: List[List[int]], params: SamplingParams, default_seed: int
 ) -> Tuple[List[List[int]], List[Dict[str, Any]], List[Tuple[int, int]]]:
-    """Expand prompts x n into flat SGLang requests: (input_ids, sampling_params, (i, j))."""
+    """Expand prompts x n into flat SGLang requests: (input_ids, sampling_params, (i, j)).
+
+    Every request gets its own ``sampling_seed``: request k (prompt-major, k = i * n + j) uses
+    ``derive_seed(base, k)`` with base ``params.seed``, or ``default_seed`` when the call has
+    none. SGLang honours per-request seeds only with ``enable_deterministic_inference``, and
+    then gives every unseeded request the same seed (42), so the samples of a prompt (and
+    equal prompts) would coincide; its seeded sampler hashes (seed, position), so two
+    requests sharing a seed would share their random numbers.
+    """
+    base = params.seed if params.seed is not None else default_seed
     input_ids, sps, index = [], [], []
     for i, p in enumerate(prompts):
         if len(p) == 0:
             raise ValueError("empty prompt")
         for j in range(params.n):
-            seed = derive_seed(params.seed, j) if params.seed is not None else None
+            seed = derive_seed(base, i * params.n + j)
             input_ids.append([int(t) for t in p])
             sps.append(to_sglang_sampling_params(params, seed))
             index.append((i, j))
@@ -276,7 +313,21 @@ def build_score_requests(
     return ids, sps, starts
 
 
-def from_sglang_score_output(out: Dict[str, Any], sequence: List[int], prompt_len: int) -> List[float]:
+def _is_reported_id(reported: int, token: int, vocab_size: Optional[int]) -> bool:
+    """SGLang 0.5.23 reports input ids ``>= vocab_size - 1`` as 0 in input_token_logprobs
+    (its logprob_result_processor clips "padded hash values"); the logprob itself is the
+    real token's (the gather clamps ids to ``vocab_size - 1`` only, a no-op for real ids)."""
+    if reported == token:
+        return True
+    return reported == 0 and (vocab_size is None or token >= vocab_size - 1)
+
+
+def from_sglang_score_output(
+    out: Dict[str, Any], sequence: List[int], prompt_len: int, vocab_size: Optional[int] = None
+) -> List[float]:
+    """Logprobs of ``sequence[prompt_len:]`` from a scoring output. ``vocab_size`` is the
+    model config's (SGLang's ``model_config.vocab_size``): ids at its end come back as 0 and are
+    accepted there only; without it a 0 is accepted for any id."""
     entries = out["meta_info"].get("input_token_logprobs") or []
     want = len(sequence) - prompt_len
     if want == 0:
@@ -287,7 +338,7 @@ def from_sglang_score_output(out: Dict[str, Any], sequence: List[int], prompt_le
     res = []
     for k, (entry, tok) in enumerate(zip(tail, sequence[prompt_len:])):
         lp, tid = entry[0], entry[1]
-        if lp is None or int(tid) != int(tok):
+        if lp is None or not _is_reported_id(int(tid), int(tok), vocab_size):
             raise ValueError(f"bad input logprob entry {entry!r} for token {tok} at {prompt_len + k}")
         res.append(float(lp))
     return res
@@ -318,6 +369,23 @@ def tied_embeddings(model_dir) -> bool:
     return bool(cfg.get("tie_word_embeddings", cfg.get("text_config", {}).get("tie_word_embeddings", False)))
 
 
+def config_vocab_size(model_dir) -> Optional[int]:
+    """``vocab_size`` of a local checkpoint's config.json (text config for multimodal ones)."""
+    cfg_path = Path(model_dir) / "config.json"
+    if not cfg_path.exists():
+        return None
+    cfg = json.loads(cfg_path.read_text())
+    v = cfg.get("vocab_size", cfg.get("text_config", {}).get("vocab_size"))
+    return int(v) if v is not None else None
+
+
+def release_cached_memory(devices) -> None:
+    """Return the CUDA caching allocator's free blocks to the driver after buffers on these
+    devices were freed (the colocated trainer needs the memory back); nothing for CPU ones."""
+    if any(torch.device(d).type == "cuda" for d in devices):
+        torch.cuda.empty_cache()
+
+
 # --------------------------------------------------------------------- the adapter ----
 def _import_sglang():
     try:
@@ -335,6 +403,10 @@ class SGLangEngine(RolloutEngine):
     With tied embeddings (config.json) a ``lm_head.weight`` in a bucket is accepted, checked
     against the embedding's shape and not sent (the engine's head is its embedding). ``None`` and a non-local path:
     names and shapes are not checked (a warning is logged).
+
+    Launched with ``load_format="dummy"`` (random weights): ``generate`` and ``score`` raise
+    until the first complete weight update, and again after ``resume_memory(["weights"])``
+    until the next one (the resumed memory's contents are undefined), like HFEngine.
     """
 
     def __init__(
@@ -348,8 +420,10 @@ class SGLangEngine(RolloutEngine):
         dtype: str = "bfloat16",
         random_seed: Optional[int] = None,
         enable_deterministic_inference: bool = False,
-        logprobs_mode: str = "raw",
+        logprobs_mode: str = "processed",
         expected_shapes: Optional[Dict[str, Tuple[int, ...]]] = None,
+        load_format: str = "dummy",
+        tokenizer_path: Optional[str] = None,
         **server_args,
     ) -> None:
         super().__init__()
@@ -371,24 +445,43 @@ class SGLangEngine(RolloutEngine):
         self._metadata_cls = FlattenedTensorMetadata
 
         self.tied = False
-        if expected_shapes is None and Path(model_path).is_dir():
-            expected_shapes = checkpoint_weight_shapes(model_path)
+        self.vocab_size: Optional[int] = None
+        if Path(model_path).is_dir():
+            if expected_shapes is None:
+                expected_shapes = checkpoint_weight_shapes(model_path)
             self.tied = tied_embeddings(model_path)
+            self.vocab_size = config_vocab_size(model_path)
         if expected_shapes is None:
             logger.warning("SGLangEngine: no expected weight names for %s; updates are not checked", model_path)
         self._shapes = expected_shapes
+        # per-call seeds when a request brings none (see build_generate_requests)
+        self._seed_rng = random.Random(random_seed)
+        self._session_open = False
+        self._held: List[torch.Tensor] = []  # flat buffers SGLang may still be copying from
+        # load_format="dummy": nothing valid until the first complete sync
+        self._weights_valid = load_format != "dummy"
         kwargs = build_engine_kwargs(
             model_path, tp_size=tp_size, mem_fraction_static=mem_fraction_static,
             base_gpu_id=base_gpu_id, enable_memory_saver=enable_memory_saver, dtype=dtype,
             random_seed=random_seed, enable_deterministic_inference=enable_deterministic_inference,
-            **server_args,
+            load_format=load_format, tokenizer_path=tokenizer_path, **server_args,
         )
         self._engine = sglang.Engine(**kwargs)
 
     # generation
+    def _check_can_generate(self, what: str) -> None:
+        super()._check_can_generate(what)
+        self._check_not_released(CUDA_GRAPH, what)  # SGLang would replay graphs on freed memory
+        if not self._weights_valid:
+            raise EngineReleasedError(
+                f"SGLangEngine.{what}() called before a complete weight update (update_weights ... "
+                "finish_weight_update) since launch (load_format='dummy') or resume_memory(['weights']): "
+                "weights are undefined"
+            )
+
     def generate(self, prompts, params: SamplingParams):
         self._check_can_generate("generate")
-        ids, sps, index = build_generate_requests(prompts, params)
+        ids, sps, index = build_generate_requests(prompts, params, self._seed_rng.getrandbits(63))
         if not ids:
             return [[] for _ in prompts]
         outs = self._engine.generate(input_ids=ids, sampling_params=sps, return_logprob=True)
@@ -403,7 +496,7 @@ class SGLangEngine(RolloutEngine):
         outs = self._engine.generate(
             input_ids=ids, sampling_params=sps, return_logprob=True, logprob_start_len=starts
         )
-        return [from_sglang_score_output(o, s, p) for o, s, p in zip(outs, ids, prompt_lens)]
+        return [from_sglang_score_output(o, s, p, self.vocab_size) for o, s, p in zip(outs, ids, prompt_lens)]
 
     # weights
     def expected_weight_names(self) -> List[str]:
@@ -414,48 +507,124 @@ class SGLangEngine(RolloutEngine):
             names.discard("lm_head.weight")
         return sorted(names)
 
-    def _load_bucket(self, bucket):
-        if self.tied:
-            # The tied head is the embedding: the engine gets embed_tokens, lm_head is dropped.
-            for name, t in bucket:
-                emb = (self._shapes or {}).get("model.embed_tokens.weight")
-                if name == "lm_head.weight" and emb is not None and tuple(t.shape) != tuple(emb):
+    def _check_entries(self, named_shapes) -> List[str]:
+        """Names (and shapes, where given) of a bucket against the checkpoint; returns the
+        names that count for completeness (a tied lm_head does not)."""
+        out = []
+        emb = (self._shapes or {}).get("model.embed_tokens.weight")
+        for name, shape in named_shapes:
+            if self.tied and name == "lm_head.weight":
+                if shape is not None and emb is not None and tuple(shape) != tuple(emb):
                     raise WeightUpdateError(
-                        f"shape mismatch for 'lm_head.weight': bucket has {tuple(t.shape)}, "
+                        f"shape mismatch for 'lm_head.weight': bucket has {tuple(shape)}, "
                         f"tied embedding has {tuple(emb)}"
                     )
+                continue
+            if self._shapes is not None:
+                if name not in self._shapes:
+                    raise WeightUpdateError(f"unknown parameter name {name!r} in weight bucket")
+                if shape is not None and tuple(shape) != tuple(self._shapes[name]):
+                    raise WeightUpdateError(
+                        f"shape mismatch for {name!r}: bucket has {tuple(shape)}, "
+                        f"checkpoint has {tuple(self._shapes[name])}"
+                    )
+            out.append(name)
+        return out
+
+    def begin_weight_update(self) -> None:
+        """Open SGLang's weight-update session (``update_weights`` opens it when needed)."""
+        self._check_not_released(WEIGHTS, "begin_weight_update")
+        if not self._session_open:
+            _check_result(self._engine.begin_weight_update(), "begin_weight_update")
+            self._session_open = True
+
+    def _load_bucket(self, bucket):
+        names = self._check_entries([(n, tuple(t.shape)) for n, t in bucket])
+        if self.tied:
+            # The tied head is the embedding: the engine gets embed_tokens, lm_head is dropped.
             bucket = [(n, t) for n, t in bucket if n != "lm_head.weight"]
         if not bucket:
             return []
-        if self._shapes is not None:
-            for name, t in bucket:
-                if name not in self._shapes:
-                    raise WeightUpdateError(f"unknown parameter name {name!r} in weight bucket")
-                if tuple(t.shape) != tuple(self._shapes[name]):
-                    raise WeightUpdateError(
-                        f"shape mismatch for {name!r}: bucket has {tuple(t.shape)}, "
-                        f"checkpoint has {tuple(self._shapes[name])}"
-                    )
         payloads, flat = serialize_bucket(
             bucket, self.tp_size, metadata_cls=self._metadata_cls, serializer=self._serializer
         )
-        result = self._engine.update_weights_from_tensor(
-            named_tensors=payloads, load_format=FLATTENED_BUCKET, flush_cache=False
-        )
-        del flat
-        _check_result(result, "update_weights_from_tensor")
-        return [n for n, _ in bucket]
+        self._send(payloads, hold=flat)
+        return names
+
+    def update_weights_from_payloads(self, payloads: Sequence[Any], names: Sequence[str]) -> None:
+        """Load a bucket that is already serialized: ``payloads[k]`` is TP rank k's
+        ``{"flattened_tensor", "metadata"}`` payload (SGLang's FlattenedTensorMetadata entries),
+        referring to memory its sender keeps untouched until this call returns and the next
+        call to this engine has returned (or ``finish_weight_update`` has). ``names``: the HF
+        names the bucket carries (checked against the checkpoint, counted for completeness)."""
+        self._check_not_released(WEIGHTS, "update_weights_from_payloads")
+        if len(payloads) != self.tp_size:
+            raise ValueError(
+                f"update_weights_from_payloads needs one payload per TP rank: got {len(payloads)}, "
+                f"tp_size is {self.tp_size}"
+            )
+        checked = self._check_entries([(n, None) for n in names])
+        self._send(list(payloads), hold=None)
+        self._received.update(checked)
+
+    def _send(self, payloads, hold: Optional[torch.Tensor]) -> None:
+        self.begin_weight_update()
+        try:
+            result = self._engine.update_weights_from_tensor(
+                named_tensors=payloads, load_format=FLATTENED_BUCKET, flush_cache=False
+            )
+            _check_result(result, "update_weights_from_tensor")
+        except BaseException:
+            if hold is not None:
+                self._held.append(hold)
+            self._close_session(failed=True)
+            raise
+        # SGLang has now run everything enqueued before this call: the buffers of earlier
+        # buckets are free; this bucket's stays held until the next call returns.
+        self._free_held()
+        if hold is not None:
+            self._held.append(hold)
+
+    def _end_weight_update(self) -> None:
+        self._close_session(failed=False)
+
+    def _close_session(self, failed: bool) -> None:
+        try:
+            if self._session_open:
+                self._session_open = False
+                result = self._engine.end_weight_update()
+                if not failed:
+                    _check_result(result, "end_weight_update")
+        finally:
+            self._free_held()
+
+    def _free_held(self) -> None:
+        devices = {t.device for t in self._held}
+        self._held = []
+        release_cached_memory(devices)
+
+    def finish_weight_update(self) -> None:
+        self._weights_valid = False
+        super().finish_weight_update()  # ends the session, flushes, raises on missing names
+        self._weights_valid = True
 
     # memory
     def _release(self, tags):
-        _check_result(self._engine.release_memory_occupation(tags=list(tags)), "release_memory_occupation")
+        result = self._engine.release_memory_occupation(tags=list(tags))
+        _check_result(result, "release_memory_occupation")
+        if WEIGHTS in tags:
+            self._weights_valid = False
 
     def _resume(self, tags):
-        _check_result(self._engine.resume_memory_occupation(tags=list(tags)), "resume_memory_occupation")
+        result = self._engine.resume_memory_occupation(tags=list(tags))
+        _check_result(result, "resume_memory_occupation")
+        if WEIGHTS in tags:
+            self._weights_valid = False  # contents undefined until a complete update
+            self._received = set()
 
     # misc
     def flush_cache(self) -> None:
-        self._engine.flush_cache()
+        _check_result(self._engine.flush_cache(), "flush_cache")
 
     def abort(self) -> None:
         tm = self._engine.tokenizer_manager
@@ -477,6 +646,7 @@ class SGLangEngine(RolloutEngine):
 
     def shutdown(self) -> None:
         if self._engine is not None:
+            self._held = []
             self._engine.shutdown()
             self._engine = None
 
@@ -492,11 +662,15 @@ def _set_logprob_env(mode: str) -> None:
 
 
 def _check_result(result, what: str) -> None:
-    """SGLang control calls return (success, message[, ...]) tuples or objects with .success."""
+    """SGLang control calls return (success, message[, ...]) tuples (begin/end_weight_update,
+    update_weights_from_tensor), objects with .success (flush_cache) or None
+    (release/resume_memory_occupation, whose failures raise in SGLang)."""
     ok, msg = True, ""
     if isinstance(result, tuple) and result and isinstance(result[0], bool):
         ok, msg = result[0], (result[1] if len(result) > 1 else "")
     elif hasattr(result, "success"):
         ok, msg = bool(result.success), getattr(result, "message", "")
+    elif result is not None:
+        raise RuntimeError(f"SGLang {what} returned an unexpected result {result!r}")
     if not ok:
         raise RuntimeError(f"SGLang {what} failed: {msg}")

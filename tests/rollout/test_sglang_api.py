@@ -252,6 +252,21 @@ def test_constants(src, module, name, value):
     raise AssertionError(f"{module}.{name} not found")
 
 
+def test_memory_tags_are_sglangs_full_set(src):
+    # release_memory(MEMORY_TAGS) must free everything SGLang can release (GPU_MEMORY_ALL_TYPES)
+    from megatron_dapo.rollout.base import MEMORY_TAGS
+
+    values, all_types = {}, None
+    for n in src.tree("sglang.srt.constants").body:
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
+            if isinstance(n.value, ast.Constant):
+                values[n.targets[0].id] = n.value.value
+            elif n.targets[0].id == "GPU_MEMORY_ALL_TYPES":
+                all_types = [values[e.id] if isinstance(e, ast.Name) else e.value for e in n.value.elts]
+    assert all_types, "sglang.srt.constants.GPU_MEMORY_ALL_TYPES not found"
+    assert sorted(MEMORY_TAGS) == sorted(all_types)
+
+
 @pytest.mark.parametrize("module,name", USED_API["env_vars"])
 def test_env_vars(src, module, name):
     assert name in _all_identifiers_and_strings(src.tree(module)), f"{module} does not use {name}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import pickle
 import sys
 import types
@@ -36,16 +37,16 @@ def test_sampling_params_translation():
 
 
 def test_generate_requests_expand_n_prompt_major_with_seeds():
-    ids, sps, index = se.build_generate_requests([[1, 2], [3]], SamplingParams(n=3, seed=5))
+    ids, sps, index = se.build_generate_requests([[1, 2], [3]], SamplingParams(n=3, seed=5), default_seed=0)
     assert ids == [[1, 2]] * 3 + [[3]] * 3
     assert index == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
     seeds = [sp["sampling_seed"] for sp in sps]
-    assert seeds == [derive_seed(5, j) for j in range(3)] * 2
-    assert len(set(seeds[:3])) == 3 and all(sp["n"] == 1 for sp in sps)
-    _, sps, _ = se.build_generate_requests([[1]], SamplingParams(n=2))
-    assert all("sampling_seed" not in sp for sp in sps)
+    assert seeds == [derive_seed(5, k) for k in range(6)]  # request k = i * n + j
+    assert len(set(seeds)) == 6 and all(sp["n"] == 1 for sp in sps)
+    _, sps, _ = se.build_generate_requests([[1]], SamplingParams(n=2), default_seed=9)
+    assert [sp["sampling_seed"] for sp in sps] == [derive_seed(9, 0), derive_seed(9, 1)]
     with pytest.raises(ValueError):
-        se.build_generate_requests([[]], SamplingParams())
+        se.build_generate_requests([[]], SamplingParams(), default_seed=0)
 
 
 def _sgl_out(ids, lps, finish):
@@ -154,7 +155,10 @@ def test_engine_kwargs():
     kw = se.build_engine_kwargs("/m", tp_size=2, mem_fraction_static=0.4, base_gpu_id=3)
     assert kw["model_path"] == "/m" and kw["tp_size"] == 2 and kw["mem_fraction_static"] == 0.4
     assert kw["base_gpu_id"] == 3 and kw["enable_memory_saver"] is True
+    assert kw["load_format"] == "dummy" and kw["tokenizer_path"] == "/m"
     assert "random_seed" not in kw and "port" not in kw
+    kw = se.build_engine_kwargs("/m", tokenizer_path="/t", load_format=None)
+    assert kw["tokenizer_path"] == "/t" and "load_format" not in kw
 
 
 def test_missing_sglang_gives_install_hint(monkeypatch, tmp_path):
@@ -181,7 +185,9 @@ class FakeSGLEngine:
     def __init__(self, **kwargs):
         self.kwargs = kwargs
         self.calls = []
-        self.hf = HFEngine(kwargs["model_path"])
+        # SGLang's sampler: log_softmax(logits / T) unless SGLANG_RETURN_ORIGINAL_LOGPROB is set
+        raw = os.environ.get(se.RAW_LOGPROB_ENV) == "1"
+        self.hf = HFEngine(kwargs["model_path"], logprobs_mode="raw" if raw else "processed")
         self.tokenizer_manager = FakeTokenizerManager(self)
         self.loop = asyncio.new_event_loop()
         FakeSGLEngine.instances.append(self)
@@ -208,6 +214,14 @@ class FakeSGLEngine:
                          "meta_info": {"finish_reason": fr,
                                        "output_token_logprobs": [(lp, t, None) for lp, t in zip(o.logprobs, o.output_ids)]}})
         return outs
+
+    def begin_weight_update(self):
+        self.calls.append(("begin_weight_update",))
+        return True, "Success"
+
+    def end_weight_update(self):
+        self.calls.append(("end_weight_update",))
+        return True, "Success"
 
     def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
         self.calls.append(("update_weights_from_tensor", load_format, flush_cache, len(named_tensors)))
@@ -268,19 +282,20 @@ def model_dir(tmp_path):
 
 
 def test_adapter_start_generate_score(fake_sglang, model_dir):
-    import os
-
-    eng = se.SGLangEngine(str(model_dir), tp_size=1, mem_fraction_static=0.3, base_gpu_id=2, random_seed=4)
+    eng = se.SGLangEngine(str(model_dir), tp_size=1, mem_fraction_static=0.3, base_gpu_id=2, random_seed=4,
+                          load_format="auto")  # the checkpoint's weights: generate at once
     fake = FakeSGLEngine.instances[0]
     assert fake.kwargs["enable_memory_saver"] is True and fake.kwargs["base_gpu_id"] == 2
     assert fake.kwargs["mem_fraction_static"] == 0.3 and fake.kwargs["random_seed"] == 4
-    assert os.environ[se.RAW_LOGPROB_ENV] == "1" and fake_sglang == [1]
-    ref = HFEngine(str(model_dir))
-    sp = SamplingParams(temperature=1.0, max_new_tokens=6, n=3, seed=8, ignore_eos=True)
-    got, want = eng.generate(PROMPTS, sp), ref.generate(PROMPTS, sp)
-    assert [[o.output_ids for o in g] for g in got] == [[o.output_ids for o in g] for g in want]
-    for g, w in zip(got, want):  # one request at a time vs one batch: fp32 noise only
-        for a, b in zip(g, w):
+    assert se.RAW_LOGPROB_ENV not in os.environ and fake_sglang == [1]  # processed: tempered logprobs
+    ref = HFEngine(str(model_dir), logprobs_mode="processed")
+    sp = SamplingParams(temperature=0.8, max_new_tokens=6, n=3, seed=8, ignore_eos=True)
+    got = eng.generate(PROMPTS, sp)
+    for i, g in enumerate(got):  # request k = i * n + j was seeded with derive_seed(8, k)
+        for j, a in enumerate(g):
+            one = SamplingParams(temperature=0.8, max_new_tokens=6, seed=derive_seed(8, i * 3 + j), ignore_eos=True)
+            b = ref.generate([PROMPTS[i]], one)[0][0]
+            assert a.output_ids == b.output_ids
             assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
     assert all(o.prompt_ids == p for p, g in zip(PROMPTS, got) for o in g)
     seqs = [p + [1, 2, 3] for p in PROMPTS]
@@ -302,7 +317,7 @@ def test_adapter_weight_update_and_memory_order(fake_sglang, model_dir):
     sp = SamplingParams(temperature=0, max_new_tokens=6, ignore_eos=True)
 
     eng.release_memory()
-    assert fake.calls[-1] == ("release", ("weights", "kv_cache"))
+    assert fake.calls[-1] == ("release", ("weights", "kv_cache", "cuda_graph"))
     with pytest.raises(EngineReleasedError):
         eng.generate(PROMPTS, sp)
     with pytest.raises(EngineReleasedError):
@@ -315,8 +330,9 @@ def test_adapter_weight_update_and_memory_order(fake_sglang, model_dir):
     eng.finish_weight_update()
     ups = [c for c in fake.calls if c[0] == "update_weights_from_tensor"]
     assert ups == [("update_weights_from_tensor", "flattened_bucket", False, 1)] * 2
-    assert fake.calls[-1] == ("flush_cache",)
-    eng.resume_memory(["kv_cache"])
+    assert [c[0] for c in fake.calls[-5:]] == ["begin_weight_update", "update_weights_from_tensor",
+                                               "update_weights_from_tensor", "end_weight_update", "flush_cache"]
+    eng.resume_memory(["kv_cache", "cuda_graph"])
     ref = HFEngine(new.config, new.state_dict())
     assert [g[0].output_ids for g in eng.generate(PROMPTS, sp)] == [g[0].output_ids for g in ref.generate(PROMPTS, sp)]
 
@@ -339,8 +355,9 @@ def test_adapter_weight_update_checks(fake_sglang, model_dir):
 def test_adapter_logprob_env_conflict(fake_sglang, model_dir, monkeypatch):
     monkeypatch.setenv(se.RAW_LOGPROB_ENV, "1")
     with pytest.raises(RuntimeError, match="processed"):
-        se.SGLangEngine(str(model_dir), logprobs_mode="processed")
+        se.SGLangEngine(str(model_dir))  # the default mode: tempered logprobs
+    se.SGLangEngine(str(model_dir), logprobs_mode="raw")
     monkeypatch.setenv(se.RAW_LOGPROB_ENV, "0")
     with pytest.raises(RuntimeError, match="raw"):
-        se.SGLangEngine(str(model_dir))
+        se.SGLangEngine(str(model_dir), logprobs_mode="raw")
     se.SGLangEngine(str(model_dir), logprobs_mode="processed")
