@@ -1,7 +1,10 @@
 #!/usr/bin/env python
 """Convert a Hugging Face checkpoint (Qwen2/Qwen2.5, Llama) into a megatron-core torch_dist checkpoint.
 
-    python tools/convert_hf_to_megatron.py --hf-checkpoint DIR --save DIR [--dtype bf16|fp32]
+    python tools/convert_hf_to_megatron.py --hf-checkpoint DIR --save DIR [--dtype bf16|fp16|fp32]
+
+The stored weights keep the source checkpoint's dtype (read from its safetensors headers), so a
+round trip is lossless, unless --dtype asks for another one.
 
 Runs as one process (a gloo world of one, no torchrun). The trainer loads the result at any
 TP/PP (dist_checkpointing reshards on load). Under torchrun, --tensor-model-parallel-size /
@@ -21,11 +24,43 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 
+#: safetensors dtype names -> our dtype names (megatron_dapo.checkpoint.dist_ckpt).
+SAFETENSORS_DTYPES = {"BF16": "bf16", "F16": "fp16", "F32": "fp32"}
+
+
+def source_dtype(hf_dir: str) -> str:
+    """The dtype of the floating-point tensors of the HF checkpoint in ``hf_dir``, from the
+    safetensors headers (no tensor is read). A checkpoint that mixes dtypes gets the widest one
+    present (fp32; bf16 and fp16 together also give fp32), so that nothing is rounded."""
+    from safetensors import safe_open
+
+    from megatron_dapo.checkpoint.model_io import HFWeights
+
+    weights = HFWeights(hf_dir)
+    found = {}
+    for fname in sorted(set(weights.weight_map.values())):
+        with safe_open(os.path.join(hf_dir, fname), "pt") as f:
+            for name in f.keys():
+                found.setdefault(f.get_slice(name).get_dtype(), name)
+    floats = {d: n for d, n in found.items() if d.startswith(("F", "BF"))}
+    unknown = sorted(d for d in floats if d not in SAFETENSORS_DTYPES)
+    if unknown:
+        raise SystemExit(
+            f"--hf-checkpoint {hf_dir}: tensors of dtype {', '.join(unknown)} (e.g. {floats[unknown[0]]!r}) have no "
+            f"lossless megatron dtype; pass --dtype {'|'.join(SAFETENSORS_DTYPES.values())} to choose one"
+        )
+    kinds = {SAFETENSORS_DTYPES[d] for d in floats}
+    if not kinds:
+        raise SystemExit(f"--hf-checkpoint {hf_dir}: no floating-point tensors; pass --dtype")
+    return kinds.pop() if len(kinds) == 1 else "fp32"
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--hf-checkpoint", required=True, help="HF checkpoint directory (config.json + safetensors)")
     p.add_argument("--save", required=True, help="output directory of the torch_dist checkpoint")
-    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="dtype of the saved weights")
+    p.add_argument("--dtype", choices=tuple(SAFETENSORS_DTYPES.values()), default=None,
+                   help="dtype of the saved weights (default: the source checkpoint's, so nothing is rounded)")
     p.add_argument("--tensor-model-parallel-size", type=int, default=1)
     p.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     p.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
@@ -37,10 +72,11 @@ def main(argv=None) -> int:
     from megatron_dapo.checkpoint.hf_export import hf_to_torch_dist
 
     t0 = time.time()
+    dtype = args.dtype or source_dtype(args.hf_checkpoint)
     meta = hf_to_torch_dist(
         args.hf_checkpoint,
         args.save,
-        dtype=args.dtype,
+        dtype=dtype,
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
@@ -51,7 +87,7 @@ def main(argv=None) -> int:
         a = meta["arch"]
         print(
             f"converted {args.hf_checkpoint} ({a['model_type']}, {a['num_layers']} layers, hidden {a['hidden_size']}) "
-            f"-> {args.save} [{args.dtype}, torch_dist] in {time.time() - t0:.1f}s"
+            f"-> {args.save} [{dtype}{'' if args.dtype else ' (the source dtype)'}, torch_dist] in {time.time() - t0:.1f}s"
         )
     return 0
 

@@ -22,14 +22,19 @@ def run_tool(name, *args):
 
 
 def test_cli_round_trip(tiny_hf, tmp_path):
+    """No --dtype: the fp32 source stays fp32, and the round trip is bit-for-bit lossless."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     ck, out = str(tmp_path / "ck"), str(tmp_path / "hf")
-    assert "torch_dist" in run_tool("convert_hf_to_megatron", "--hf-checkpoint", tiny_hf["llama"], "--save", ck, "--dtype", "fp32")
+    src = load_file(f"{tiny_hf['llama']}/model.safetensors")
+    assert {t.dtype for t in src.values()} == {torch.float32}
+    assert "[fp32 (the source dtype), torch_dist]" in run_tool(
+        "convert_hf_to_megatron", "--hf-checkpoint", tiny_hf["llama"], "--save", ck)
     run_tool("convert_megatron_to_hf", "--load", ck, "--save", out)
-    src, got = load_file(f"{tiny_hf['llama']}/model.safetensors"), load_file(f"{out}/model.safetensors")
-    assert set(got) == set(src) and all(torch.equal(got[k], src[k]) for k in got)
+    got = load_file(f"{out}/model.safetensors")
+    assert set(got) == set(src)
+    assert all(got[k].dtype == torch.float32 and torch.equal(got[k], src[k]) for k in got)
     tokens = torch.arange(12).view(1, 12)
     a = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
     b = AutoModelForCausalLM.from_pretrained(tiny_hf["llama"], local_files_only=True).eval()
