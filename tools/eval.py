@@ -181,6 +181,7 @@ def build_engine(args, model_dir: str, tokenizer):
         enable_memory_saver=False,
         dtype=dtype,
         random_seed=args.seed,
+        load_format="auto",  # the checkpoint's own weights (the adapter's default, "dummy", waits for a sync)
     )
 
 
