@@ -93,7 +93,9 @@ class RolloutConfig:
         None, "Offload trainer params, grads and optimizer state while the engine generates "
         "(default: on with GPUs, off on CPU)."
     )
-    reuse_surplus_groups: bool = _f(False, "Keep surplus mixed groups for the next step (off in the dapo preset).")
+    reuse_surplus_groups: bool = _f(
+        False, "Carry mixed groups generated beyond --rollout-batch-size over to the next step (with their old-policy "
+        "logprobs) instead of dropping them. Not part of any --algorithm preset; the paper drops them.")
     engine_timeout_s: float = _f(600.0, "A generation call slower than this restarts the engine.")
 
 
