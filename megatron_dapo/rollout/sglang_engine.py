@@ -33,10 +33,13 @@ emptied). Every control call's result is checked. See docs/rollout.md.
 
 from __future__ import annotations
 
+import base64
 import functools
+import io
 import json
 import logging
 import os
+import pickle
 import random
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -379,6 +382,44 @@ def config_vocab_size(model_dir) -> Optional[int]:
     return int(v) if v is not None else None
 
 
+class _Opaque:
+    """Stands in for every global a metadata-only decode does not need (tensor rebuilders,
+    storages, fd/IPC handles): constructing or calling it touches no memory."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __call__(self, *args, **kwargs):
+        return self
+
+    def __setstate__(self, state):
+        pass
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    _KEEP = {("torch", "Size"), ("torch", "dtype"), ("copyreg", "__newobj__"), ("copyreg", "_reconstructor"),
+             ("builtins", "object"), ("collections", "OrderedDict")}
+
+    def find_class(self, module, name):
+        if (module, name) in self._KEEP or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        if name in ("FlattenedTensorMetadata", "BucketEntry") and module in (
+                "sglang.srt.weight_sync.tensor_bucket", "megatron_dapo.rollout.payload"):
+            return super().find_class(module, name)
+        return _Opaque
+
+
+def payload_entries(payload) -> List[Tuple[str, Tuple[int, ...]]]:
+    """(name, shape) of every tensor a serialized flattened-bucket payload describes, read
+    from its metadata without rebuilding any tensor (no CUDA IPC handle or shared memory is
+    opened)."""
+    data = base64.b64decode(payload, validate=True) if isinstance(payload, str) else bytes(payload)
+    obj = _MetadataUnpickler(io.BytesIO(data)).load()
+    if not isinstance(obj, dict) or "metadata" not in obj:
+        raise WeightUpdateError("not a flattened-bucket payload (a dict with 'flattened_tensor' and 'metadata')")
+    return [(m.name, tuple(m.shape)) for m in obj["metadata"]]
+
+
 def release_cached_memory(devices) -> None:
     """Return the CUDA caching allocator's free blocks to the driver after buffers on these
     devices were freed (the colocated trainer needs the memory back); nothing for CPU ones."""
@@ -551,19 +592,24 @@ class SGLangEngine(RolloutEngine):
         self._send(payloads, hold=flat)
         return names
 
-    def update_weights_from_payloads(self, payloads: Sequence[Any], names: Sequence[str]) -> None:
+    def update_weights_from_payloads(self, payloads: Sequence[Any], names: Optional[Sequence[str]] = None) -> None:
         """Load a bucket that is already serialized: ``payloads[k]`` is TP rank k's
         ``{"flattened_tensor", "metadata"}`` payload (SGLang's FlattenedTensorMetadata entries),
-        referring to memory its sender keeps untouched until this call returns and the next
-        call to this engine has returned (or ``finish_weight_update`` has). ``names``: the HF
-        names the bucket carries (checked against the checkpoint, counted for completeness)."""
+        referring to memory on rank k's GPU that its sender keeps untouched until this call
+        returns and the next call to this engine has returned (or ``finish_weight_update``
+        has). The names and shapes are read from payload 0's metadata (no tensor is rebuilt
+        here), checked against the checkpoint and counted for completeness; ``names``, if
+        given, must be the same names."""
         self._check_not_released(WEIGHTS, "update_weights_from_payloads")
         if len(payloads) != self.tp_size:
             raise ValueError(
                 f"update_weights_from_payloads needs one payload per TP rank: got {len(payloads)}, "
                 f"tp_size is {self.tp_size}"
             )
-        checked = self._check_entries([(n, None) for n in names])
+        entries = payload_entries(payloads[0])
+        if names is not None and list(names) != [n for n, _ in entries]:
+            raise WeightUpdateError(f"names {list(names)} differ from the payload's {[n for n, _ in entries]}")
+        checked = self._check_entries(entries)
         self._send(list(payloads), hold=None)
         self._received.update(checked)
 

@@ -466,19 +466,43 @@ def test_update_from_ready_payloads(wheel_sglang, model_dir):
     for k in range(0, len(sd), 4):
         payloads, flat = se.serialize_bucket(sd[k:k + 4], 2, metadata_cls=meta)
         keep.append(flat)  # the feeder owns its buffers
-        eng.update_weights_from_payloads(payloads, [n for n, _ in sd[k:k + 4]])
+        eng.update_weights_from_payloads(payloads)  # names and shapes come from the metadata
     eng.finish_weight_update()
     assert fake.model.garbage_reads == 0
     _assert_engine_has(fake, new)
     payloads, flat = se.serialize_bucket(sd[:1], 2, metadata_cls=meta)
     with pytest.raises(ValueError, match="one payload per TP rank"):
-        eng.update_weights_from_payloads(payloads[:1], [sd[0][0]])
+        eng.update_weights_from_payloads(payloads[:1])
+    with pytest.raises(WeightUpdateError, match="differ"):
+        eng.update_weights_from_payloads(payloads, ["model.norm.weight"])
+    bogus, bflat = se.serialize_bucket([("model.bogus", torch.ones(2))], 2, metadata_cls=meta)
     with pytest.raises(WeightUpdateError, match="model.bogus"):
-        eng.update_weights_from_payloads(payloads, ["model.bogus"])
+        eng.update_weights_from_payloads(bogus)
+    wrong, wflat = se.serialize_bucket([("model.norm.weight", torch.ones(3))], 2, metadata_cls=meta)
+    with pytest.raises(WeightUpdateError, match="shape mismatch"):
+        eng.update_weights_from_payloads(wrong)
+    assert not any(c[0] == "update_weights_from_tensor" for c in fake.calls[-3:])
     eng.update_weights_from_payloads(payloads, [sd[0][0]])
     with pytest.raises(WeightUpdateError, match="missing"):
         eng.finish_weight_update()
-    del flat, keep
+    del flat, keep, bflat, wflat
+
+
+class _Boom:
+    def __reduce__(self):
+        return (sys.exit, ("a tensor was rebuilt",))
+
+
+def test_payload_metadata_is_read_without_rebuilding_tensors(wheel_modules):
+    import base64
+    import pickle
+
+    meta = wheel_modules.tensor_bucket.FlattenedTensorMetadata
+    entry = meta(name="w", shape=torch.Size([2, 3]), dtype=torch.bfloat16, start_idx=0, end_idx=12, numel=12)
+    payload = base64.b64encode(pickle.dumps({"flattened_tensor": _Boom(), "metadata": [entry]})).decode()
+    assert se.payload_entries(payload) == [("w", (2, 3))]
+    with pytest.raises(WeightUpdateError, match="flattened-bucket payload"):
+        se.payload_entries(pickle.dumps([1, 2]))
 
 
 def test_release_cached_memory_only_for_device_buffers(monkeypatch):
