@@ -499,6 +499,7 @@ class SGLangEngine(RolloutEngine):
         self._seed_rng = random.Random(random_seed)
         self._session_open = False
         self._held: List[torch.Tensor] = []  # flat buffers SGLang may still be copying from
+        self._session_devices: set = set()  # devices of the buffers freed in this session
         # load_format="dummy": nothing valid until the first complete sync
         self._weights_valid = load_format != "dummy"
         kwargs = build_engine_kwargs(
@@ -643,11 +644,13 @@ class SGLangEngine(RolloutEngine):
                     _check_result(result, "end_weight_update")
         finally:
             self._free_held()
+            # the buffers' memory goes back to the driver once per session, not per bucket
+            release_cached_memory(self._session_devices)
+            self._session_devices = set()
 
     def _free_held(self) -> None:
-        devices = {t.device for t in self._held}
+        self._session_devices.update(t.device for t in self._held)
         self._held = []
-        release_cached_memory(devices)
 
     def finish_weight_update(self) -> None:
         self._weights_valid = False

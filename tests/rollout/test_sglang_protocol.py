@@ -354,13 +354,17 @@ def test_adapter_runs_every_update_in_a_session(wheel_sglang, model_dir):
     assert [c[0] for c in fake.calls].count("begin_weight_update") == 2
 
 
-def test_adapter_keeps_buffers_until_sglang_loaded_them(wheel_sglang, model_dir):
+def test_adapter_keeps_buffers_until_sglang_loaded_them(wheel_sglang, model_dir, monkeypatch):
+    released = []
+    monkeypatch.setattr(se, "release_cached_memory", lambda devices: released.append(set(devices)))
     eng = se.SGLangEngine(str(model_dir))
     fake = WheelEngine.instances[0]
     new, sd = _new_weights()
     for k in range(0, len(sd), 3):  # several buckets: each copy runs during the next call
         eng.update_weights(sd[k:k + 3])
+    assert released == []  # the allocator cache is emptied once per session, at its end
     eng.finish_weight_update()
+    assert released == [{torch.device("cpu")}]
     assert fake.model.garbage_reads == 0, "a bucket's buffer was freed before SGLang copied from it"
     _assert_engine_has(fake, new)
     # ... and none is kept after the session ended
