@@ -97,6 +97,16 @@ class RolloutConfig:
         False, "Carry mixed groups generated beyond --rollout-batch-size over to the next step (with their old-policy "
         "logprobs) instead of dropping them. Not part of any --algorithm preset; the paper drops them.")
     engine_timeout_s: float = _f(600.0, "A generation call slower than this restarts the engine.")
+    partial_rollout: bool = _f(
+        False, "Partial rollout: when a step's batch is full, in-flight generations are stopped and their prefixes "
+        "kept (tokens, engine logprobs, weight version); the next step continues them with the new weights before "
+        "starting new prompts. A group is scored only when all its samples finished.")
+    partial_rollout_offpolicy: str = _f(
+        "mask", "Tokens of a continued prefix generated under older weights: 'mask' (no loss) or 'correct' "
+        "(weighted by min(pi_old / pi_engine, --tis-cap)).", choices=("mask", "correct"))
+    partial_rollout_max_staleness: int = _f(
+        2, "A kept prefix whose oldest token is more than this many steps old is dropped and its sample "
+        "regenerated from the prompt (>= 1).")
 
 
 @dataclass

@@ -94,6 +94,8 @@ def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[
         )
     if r.over_sampling_batch_size is not None and r.over_sampling_batch_size < 1:
         raise ConfigError(f"--over-sampling-batch-size must be >= 1, got {r.over_sampling_batch_size}")
+    if r.partial_rollout and r.partial_rollout_max_staleness < 1:
+        raise ConfigError(f"--partial-rollout-max-staleness must be >= 1, got {r.partial_rollout_max_staleness}")
     if r.max_num_gen_batches < 0:
         raise ConfigError(f"--max-num-gen-batches must be >= 0 (0 = unbounded), got {r.max_num_gen_batches}")
     if a.dynamic_sampling and r.n_samples_per_prompt < 2:

@@ -38,6 +38,11 @@ class Sample:
     ref_logprobs: Optional[list] = None
     step_generated: int = 0
     seed: Optional[int] = None
+    # --partial-rollout: the weight version (rollout step) under which each response token was
+    # generated (None: all under step_generated), and how many leading tokens are older than
+    # the weights the old logprobs come from (masked or corrected, --partial-rollout-offpolicy)
+    token_versions: Optional[list] = None
+    stale_len: int = 0
 
     @property
     def truncated(self) -> bool:
@@ -52,6 +57,8 @@ class Sample:
             "train": bool(self.train),
             "old_logprobs": self.old_logprobs,
             "ref_logprobs": self.ref_logprobs,
+            "engine_logprobs": list(self.engine_logprobs),
+            "stale_len": int(self.stale_len),
         }
 
 

@@ -170,7 +170,9 @@ def pack_samples(samples: Sequence[dict], multiple: int = 1) -> dict:
       within the same sequence, 0 at a sequence's last position and on padding);
     * label-aligned fields: ``loss_mask`` (1 where the label is a trained response token),
       ``resp_mask`` (1 where it is any response token), ``old_logprobs`` and
-      ``ref_logprobs`` (of the label token), ``advantages`` (the sample's advantage);
+      ``ref_logprobs`` (of the label token), ``engine_logprobs`` (the rollout engine's, else
+      the old ones), ``stale`` (1 on the ``stale_len`` leading response tokens generated
+      under older weights), ``advantages`` (the sample's advantage);
 
     and ``cu_seqlens`` (padded boundaries, int32 [n+1]), ``seqlens`` (true lengths),
     ``seqlens_padded``, ``max_seqlen`` (the longest padded sequence).
@@ -190,6 +192,7 @@ def pack_samples(samples: Sequence[dict], multiple: int = 1) -> dict:
     old = torch.zeros(1, T)
     ref = torch.zeros(1, T)
     adv = torch.zeros(1, T)
+    eng, stale = torch.zeros(1, T), torch.zeros(1, T)
     has_ref = all(s.get("ref_logprobs") is not None for s in samples)
     off = 0
     for s, n, pn in zip(samples, lens, plens):
@@ -208,11 +211,17 @@ def pack_samples(samples: Sequence[dict], multiple: int = 1) -> dict:
             old[0, off + p - 1 : off + n - 1] = torch.as_tensor(s["old_logprobs"], dtype=torch.float32)
         if has_ref:
             ref[0, off + p - 1 : off + n - 1] = torch.as_tensor(s["ref_logprobs"], dtype=torch.float32)
+        e = s.get("engine_logprobs")  # the engine's logprobs (else the old ones: importance ratio 1)
+        eng[0, off + p - 1 : off + n - 1] = (
+            torch.as_tensor(e, dtype=torch.float32) if e is not None and len(e) == n - p else old[0, off + p - 1 : off + n - 1]
+        )
+        stale[0, off + p - 1 : off + p - 1 + min(int(s.get("stale_len", 0)), n - p)] = 1
         adv[0, off : off + pn] = float(s.get("advantage", 0.0))
         off += pn
     out = {
         "tokens": tokens, "labels": labels, "position_ids": pos, "loss_mask": loss_mask, "resp_mask": resp_mask,
         "old_logprobs": old, "advantages": adv, "cu_seqlens": cu_seqlens(plens), "seqlens": lens,
+        "engine_logprobs": eng, "stale": stale,
         "seqlens_padded": plens, "max_seqlen": max(plens),
     }
     if has_ref:
