@@ -84,7 +84,13 @@ def transformer_config_from_arch(arch: ModelArch, opts: ModelBuildOptions):
 
 
 def layer_spec(use_te: Optional[bool] = None):
-    """TE spec when transformer_engine imports (GPU), local spec otherwise."""
+    """TE spec when transformer_engine imports (GPU), local spec otherwise.
+
+    TE's attention handles packed (THD) micro-batches and context parallelism itself. The
+    local spec's core attention is replaced by :class:`~.attention.PackedDotProductAttention`,
+    megatron's ``DotProductAttention`` plus THD segments and CP (K/V all-gather with the
+    zigzag causal mask), so the CPU runs the same packed and CP paths.
+    """
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
     from ..platform import te_available
@@ -93,7 +99,11 @@ def layer_spec(use_te: Optional[bool] = None):
         use_te = te_available()
     if use_te:
         return specs.get_gpt_layer_with_transformer_engine_spec()
-    return specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+    from .attention import PackedDotProductAttention
+
+    spec = specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.core_attention = PackedDotProductAttention
+    return spec
 
 
 def build_gpt_model(hf_config, opts: Optional[ModelBuildOptions] = None, *, pre_process=None, post_process=None):

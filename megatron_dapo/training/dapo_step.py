@@ -20,7 +20,9 @@ import torch.distributed as dist
 
 from ..algo import aggregate_loss, kl_penalty, policy_loss
 from ..algo.config import AlgorithmConfig
-from .forward import forward_backward, token_logprobs, vocab_parallel_entropy
+from . import packing as pk
+from .forward import forward_backward
+from .logprobs import chunked_logprobs_entropy
 from .setup import Policy, optimizer_step
 
 METRIC_KEYS = (
@@ -103,9 +105,73 @@ def sequence_pad_multiple(model) -> int:
     return int(cfg.tensor_model_parallel_size) if getattr(cfg, "sequence_parallel", False) else 1
 
 
-def dp_token_counts(values, group=None) -> torch.Tensor:
-    """``values`` summed over the data-parallel ``group`` (float64), created on the device that
-    group's backend reduces on (CUDA for NCCL, host for gloo)."""
+def _parallel_sizes(model):
+    from ..checkpoint.model_io import unwrap
+
+    cfg = unwrap(model).config
+    return int(cfg.tensor_model_parallel_size), int(getattr(cfg, "context_parallel_size", 1) or 1), bool(
+        getattr(cfg, "sequence_parallel", False))
+
+
+def make_packed_microbatches(model, samples: list, max_tokens: Optional[int]) -> tuple:
+    """Packed (THD) micro-batches of ``samples`` for this rank (``training.packing``).
+
+    Samples go to the fewest micro-batches of at most ``max_tokens`` packed tokens (each
+    sequence padded only to what TP/CP need), balanced by tokens; with CP each micro-batch is
+    this CP rank's zigzag share. Returns ``(microbatches, order)``: ``order[k]`` lists the
+    sample indices packed into micro-batch ``k``. Deterministic for every PP stage and CP rank
+    of a DP rank.
+    """
+    from megatron.core import parallel_state as ps
+
+    if not max_tokens:
+        raise ValueError("packed micro-batches need a token budget: set --max-tokens-per-gpu")
+    tp, cp, sp = _parallel_sizes(model)
+    mult = pk.pad_multiple(tp, cp, sp)
+    cp_rank = ps.get_context_parallel_rank() if cp > 1 else 0
+    order = pk.pack_microbatches([len(x["tokens"]) for x in samples], max_tokens, mult)
+    mbs = [pk.packed_microbatch([samples[i] for i in idx], mult, cp, cp_rank) for idx in order]
+    return mbs, order
+
+
+def _gather_cp(t: torch.Tensor) -> list:
+    """This CP rank's tensor and its peers' (rank order), host side; [t] without CP."""
+    from megatron.core import parallel_state as ps
+
+    g = ps.get_context_parallel_group()
+    if dist.get_world_size(g) == 1:
+        return [t]
+    from ..distributed import collective_device
+
+    dev = collective_device(g)
+    parts = [torch.empty_like(t, device=dev) for _ in range(dist.get_world_size(g))]
+    dist.all_gather(parts, t.to(dev), group=g)
+    return [p.cpu() for p in parts]
+
+
+def _cp_reduce_stats(sums: dict, rmax: float) -> tuple:
+    """Sum the (sum, count) metric pairs and max the ratio over the CP group (each CP rank saw
+    its share of every sequence)."""
+    from megatron.core import parallel_state as ps
+
+    from ..distributed import collective_device
+
+    g = ps.get_context_parallel_group()
+    if dist.get_world_size(g) == 1:
+        return sums, rmax
+    dev = collective_device(g)
+    keys = list(sums)
+    t = torch.tensor([v for k in keys for v in sums[k]], dtype=torch.float64, device=dev)
+    dist.all_reduce(t, group=g)
+    m = torch.tensor([rmax], dtype=torch.float64, device=dev)
+    dist.all_reduce(m, op=dist.ReduceOp.MAX, group=g)
+    t = t.cpu().tolist()
+    return {k: [t[2 * i], t[2 * i + 1]] for i, k in enumerate(keys)}, float(m)
+
+
+def dp_token_counts(values, group=None, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    """``values`` summed (or reduced by ``op``) over the data-parallel ``group`` (float64),
+    created on the device that group's backend reduces on (CUDA for NCCL, host for gloo)."""
     from megatron.core import parallel_state as ps
 
     from ..distributed import collective_device
@@ -113,30 +179,44 @@ def dp_token_counts(values, group=None) -> torch.Tensor:
     g = group if group is not None else ps.get_data_parallel_group()
     t = torch.tensor(list(values), dtype=torch.float64, device=collective_device(g))
     if dist.get_world_size(g) > 1:
-        dist.all_reduce(t, group=g)
+        if op == dist.ReduceOp.SUM:
+            dist.all_reduce(t, group=g)
+        else:
+            dist.all_reduce(t, op=op, group=g)
     return t
+
+
+def uses_packing(model, packing: bool) -> bool:
+    """Packed micro-batches when asked (--use-packing) and always with context parallelism
+    (CP splits packed sequences; there is no padded CP path)."""
+    return bool(packing) or _parallel_sizes(model)[1] > 1
 
 
 @torch.no_grad()
 def compute_logprobs(
-    policy_or_model, samples: list, true_vocab: int, micro_batch_size: int, max_tokens=None, temperature: float = 1.0
+    policy_or_model, samples: list, true_vocab: int, micro_batch_size: int, max_tokens=None, temperature: float = 1.0,
+    packing: bool = False,
 ):
     """Per-sample logprobs of the response tokens under the current weights (forward only),
     from ``softmax(logits / temperature)`` (the rollout's sampling distribution).
 
+    ``packing``: packed (THD) micro-batches up to ``max_tokens`` tokens (see
+    :func:`make_packed_microbatches`); with CP the ranks' shares are gathered back.
     Returns a list (one list of floats per sample) on the last PP stage, None elsewhere.
     """
     from megatron.core import parallel_state as ps
 
     model = policy_or_model.model if isinstance(policy_or_model, Policy) else policy_or_model
     model.eval()
+    if uses_packing(model, packing):
+        return _compute_logprobs_packed(model, samples, true_vocab, max_tokens, temperature)
     mbs = make_microbatches(samples, micro_batch_size, max_tokens, sequence_pad_multiple(model))
     got = []
 
     def loss_fn(batch, logits):
         st = batch["resp_start"]
-        lp = token_logprobs(logits[:, st - 1 :], batch["tokens"][:, st - 1 :], true_vocab, temperature)  # tokens st..end
-        got.append(lp.detach().float().cpu())
+        lp, _ = chunked_logprobs_entropy(logits[:, st - 1 : -1], batch["tokens"][:, st:], true_vocab, temperature)
+        got.append(lp.detach().float().cpu())  # tokens st..end
         return torch.zeros((), dtype=torch.float32, device=logits.device), {}
 
     forward_backward(model, mbs, loss_fn, forward_only=True)
@@ -154,34 +234,83 @@ def compute_logprobs(
     return out
 
 
+def _compute_logprobs_packed(model, samples: list, true_vocab: int, max_tokens, temperature: float):
+    from megatron.core import parallel_state as ps
+
+    mbs, order = make_packed_microbatches(model, samples, max_tokens)
+    got = []
+
+    def loss_fn(batch, logits):
+        lp, _ = chunked_logprobs_entropy(logits[0], batch["labels"][0], true_vocab, temperature)
+        got.append(lp.detach().float().cpu())  # [T / cp]: label position t scores token t+1
+        return torch.zeros((), dtype=torch.float32, device=logits.device), {}
+
+    forward_backward(model, mbs, loss_fn, forward_only=True)
+    model.train()
+    if not ps.is_pipeline_last_stage():
+        return None
+    out = [None] * len(samples)
+    for mb, idx, lp in zip(mbs, order, got):
+        full = pk.unzigzag(_gather_cp(lp), mb["seqlens_padded"])
+        for i, a in zip(idx, mb["cu_seqlens"][:-1].tolist()):
+            x = samples[i]
+            n, p = len(x["tokens"]), x["prompt_len"]
+            out[i] = full[a + p - 1 : a + n - 1].tolist()
+    return out
+
+
+def _loss_inputs(batch: dict, logits: torch.Tensor, true_vocab: int, temperature: float) -> dict:
+    """Logprobs, entropy and the per-token fields of a micro-batch as ``[sequences, tokens]``.
+
+    Padded micro-batches: the response columns (from ``resp_start``). Packed ones: this CP
+    rank's tokens scattered into one row per sequence (``packing.to_grid``). The vocabulary
+    work is chunked (``training.logprobs``): no float32 [tokens x vocab] tensor is built."""
+    if "cu_seqlens" in batch:
+        lp, ent = chunked_logprobs_entropy(logits[0], batch["labels"][0], true_vocab, temperature)
+        rows, cols, shape = batch["grid_rows"], batch["grid_cols"], batch["grid_shape"]
+
+        def grid(v):
+            return pk.to_grid(v, rows, cols, shape)
+
+        out = {"lp": grid(lp), "ent": grid(ent), "adv": grid(batch["advantages"])}
+        for k in ("loss_mask", "resp_mask", "old_logprobs", "ref_logprobs", "engine_logprobs", "stale"):
+            if k in batch:
+                out[k] = grid(batch[k])
+        return out
+    st = batch["resp_start"]  # score tokens st..end only (the prompts carry no loss)
+    lp, ent = chunked_logprobs_entropy(logits[:, st - 1 : -1], batch["tokens"][:, st:], true_vocab, temperature)
+    out = {"lp": lp, "ent": ent, "adv": batch["advantages"]}
+    for k in ("loss_mask", "resp_mask", "old_logprobs", "ref_logprobs", "engine_logprobs", "stale"):
+        if k in batch:
+            out[k] = batch[k][:, st:]
+    return out
+
+
 def dapo_loss_fn(
     algo: AlgorithmConfig, true_vocab: int, global_tokens, global_seqs, nan_loss: bool = False, temperature: float = 1.0
 ):
     """The per-micro-batch loss: decoupled-clip surrogate, aggregated over the whole step.
 
     Logprobs and entropy come from ``logits / temperature`` (the rollout temperature), like the
-    old logprobs they are compared with."""
+    old logprobs they are compared with. Padded and packed (THD, any CP) micro-batches alike."""
 
     def loss_fn(batch, logits):
-        st = batch["resp_start"]  # score tokens st..end only (the prompts carry no loss)
-        logits = logits[:, st - 1 :]
-        lp = token_logprobs(logits, batch["tokens"][:, st - 1 :], true_vocab, temperature)  # [b, s-st]
-        mask = batch["loss_mask"][:, st:]
-        old = batch["old_logprobs"][:, st:]
+        if batch.get("cp_size", 1) > 1 and algo.loss_agg_mode == "seq-mean-token-mean":
+            raise ValueError("--loss-agg-mode seq-mean-token-mean needs whole sequences per rank: not with CP > 1")
+        x = _loss_inputs(batch, logits, true_vocab, temperature)
+        lp, mask, old = x["lp"], x["loss_mask"], x["old_logprobs"]
         per_tok, m = policy_loss(
-            lp, old, batch["advantages"], mask, algo.eps_clip_low, algo.eps_clip_high, algo.clip_ratio_c
+            lp, old, x["adv"], mask, algo.eps_clip_low, algo.eps_clip_high, algo.clip_ratio_c
         )
         loss = aggregate_loss(per_tok, mask, algo.loss_agg_mode, global_tokens, global_seqs)
-        resp = batch["resp_mask"][:, st:]
-        need_grad = algo.entropy_coef > 0
-        with torch.set_grad_enabled(need_grad and torch.is_grad_enabled()):
-            ent = vocab_parallel_entropy(logits[:, :-1] if need_grad else logits[:, :-1].detach(), true_vocab,
-                                         temperature=temperature)
+        resp = x["resp_mask"]
+        need_grad = algo.entropy_coef > 0 and torch.is_grad_enabled()
+        ent = x["ent"] if need_grad else x["ent"].detach()
         if need_grad:
             loss = loss - algo.entropy_coef * aggregate_loss(ent, mask, algo.loss_agg_mode, global_tokens, global_seqs)
         kl_sum = torch.zeros((), device=lp.device)
-        if algo.kl_coef > 0 and "ref_logprobs" in batch:
-            kl_tok = kl_penalty(lp, batch["ref_logprobs"][:, st:], algo.kl_estimator)
+        if algo.kl_coef > 0 and "ref_logprobs" in x:
+            kl_tok = kl_penalty(lp, x["ref_logprobs"], algo.kl_estimator)
             loss = loss + algo.kl_coef * aggregate_loss(kl_tok, mask, algo.loss_agg_mode, global_tokens, global_seqs)
             kl_sum = (kl_tok.detach() * mask).sum()
         if nan_loss:
@@ -214,17 +343,34 @@ def train_on_minibatch(
     max_tokens=None,
     nan_loss: bool = False,
     temperature: float = 1.0,
+    packing: bool = False,
 ) -> dict:
-    """One optimizer step on this DP rank's shard of a mini-batch; returns reduced metrics."""
+    """One optimizer step on this DP rank's shard of a mini-batch; returns reduced metrics.
+
+    ``packing``: packed (THD) micro-batches up to ``max_tokens`` (always with CP > 1). The
+    step's token and sequence counts come from whole sequences (every CP rank of a DP rank
+    has the same) and are summed over DP only; each CP rank's metric sums cover its share of
+    the tokens and are summed over the CP group. ``dp_token_imbalance``: max over mean of the
+    DP ranks' sample tokens in this step (1.0 = balanced).
+    """
     from megatron.core import parallel_state as ps
 
-    mbs = make_microbatches(samples, micro_batch_size, max_tokens, sequence_pad_multiple(policy.model))
-    # the WHOLE optimizer step's token and sequence counts, over all micro-batches and DP ranks
-    counts = dp_token_counts(
-        [sum(float(mb["loss_mask"][:, 1:].sum()) for mb in mbs),
-         sum(float((mb["loss_mask"][:, 1:].sum(1) > 0).sum()) for mb in mbs)]
-    )
+    packed = uses_packing(policy.model, packing)
+    if packed:
+        mbs, _ = make_packed_microbatches(policy.model, samples, max_tokens)
+        local = [sum(mb["n_loss_tokens"] for mb in mbs), sum(mb["n_loss_seqs"] for mb in mbs)]
+    else:
+        mbs = make_microbatches(samples, micro_batch_size, max_tokens, sequence_pad_multiple(policy.model))
+        local = [sum(float(mb["loss_mask"][:, 1:].sum()) for mb in mbs),
+                 sum(float((mb["loss_mask"][:, 1:].sum(1) > 0).sum()) for mb in mbs)]
+    my_tokens = float(sum(len(x["tokens"]) for x in samples))
+    # the WHOLE optimizer step's token and sequence counts, over all micro-batches and DP ranks,
+    # and the DP ranks' token loads (sum and max) for the imbalance
+    counts = dp_token_counts(local + [my_tokens])
+    tok_max = dp_token_counts([my_tokens], op=dist.ReduceOp.MAX)
     g_tok, g_seq = float(counts[0]), float(counts[1])
+    dp = ps.get_data_parallel_world_size()
+    imbalance = float(tok_max[0]) / (float(counts[2]) / dp) if float(counts[2]) > 0 else 1.0
     policy.model.zero_grad_buffer()
     policy.optimizer.zero_grad()
     loss_fn = dapo_loss_fn(algo, true_vocab, g_tok, g_seq, nan_loss, temperature)
@@ -241,6 +387,7 @@ def train_on_minibatch(
                 sums[k][0] += float(s)
                 sums[k][1] += float(c)
             rmax = max(rmax, float(st["ratio_max"][0]))
+        sums, rmax = _cp_reduce_stats(sums, rmax)
     return {
         "sums": sums,
         "ratio_max": rmax,
@@ -249,4 +396,6 @@ def train_on_minibatch(
         "global_tokens": g_tok,
         "lr": float(policy.optimizer.param_groups[0]["lr"]),
         "num_microbatches": len(mbs),
+        "dp_token_imbalance": imbalance,
+        "packed": packed,
     }

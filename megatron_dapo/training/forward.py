@@ -2,7 +2,9 @@
 
 A micro-batch is a dict of tensors with at least ``tokens`` [b, s] (right-padded) and
 optionally ``position_ids``; everything else (loss masks, old logprobs, advantages ...) is
-passed through to the loss function on the last pipeline stage.
+passed through to the loss function on the last pipeline stage. A packed micro-batch
+(``training.packing.packed_microbatch``) is one THD row ``[1, T]`` with ``cu_seqlens``: it
+reaches the model with ``PackedSeqParams`` instead of an attention mask.
 
 The loss function contract (see :func:`forward_backward`): ``loss_fn(batch, logits)`` gets
 the vocab-parallel logits [b, s, V/tp] of the last stage and returns ``(loss, metrics)``,
@@ -51,13 +53,32 @@ def to_device(batch: dict, device: torch.device) -> dict:
     return {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
 
 
+def packed_seq_params(batch: dict):
+    """megatron's ``PackedSeqParams`` (THD) of a packed micro-batch (``training.packing``).
+
+    Each sequence is padded to the multiple TP/CP need and its padding is part of its own
+    causal segment, so the padded boundaries serve as both the true and the padded
+    ``cu_seqlens`` (real tokens never attend to padding, which comes after them). The CP group
+    is left to the attention modules (TE is configured with it; the CPU core attention takes
+    the model's)."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    cu = batch["cu_seqlens"]
+    return PackedSeqParams(
+        qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu, cu_seqlens_kv_padded=cu,
+        max_seqlen_q=int(batch["max_seqlen"]), max_seqlen_kv=int(batch["max_seqlen"]),
+    )
+
+
 def _model_inputs(batch: dict):
     tokens = batch["tokens"]
     b, s = tokens.shape
     pos = batch.get("position_ids")
     if pos is None:
         pos = torch.arange(s, device=tokens.device).unsqueeze(0).expand(b, s)
-    return tokens, pos, causal_mask(s, device=tokens.device)
+    if "cu_seqlens" in batch:  # packed (THD): segments and causality come from cu_seqlens
+        return tokens, pos, None, {"packed_seq_params": packed_seq_params(batch)}
+    return tokens, pos, causal_mask(s, device=tokens.device), {}
 
 
 def forward_step(data_iterator, model_chunk, loss_fn: Callable):
@@ -65,8 +86,8 @@ def forward_step(data_iterator, model_chunk, loss_fn: Callable):
     the model chunk; the loss function sees the same moved batch. The ONE forward step of the
     trainer, CPU and GPU alike (batches are collated on the host)."""
     batch = to_device(next(data_iterator), param_device(model_chunk))
-    tokens, pos, mask = _model_inputs(batch)
-    output = model_chunk(tokens, pos, mask)
+    tokens, pos, mask, extra = _model_inputs(batch)
+    output = model_chunk(tokens, pos, mask, **extra)
     return output, functools.partial(_loss_wrapper, loss_fn, batch)
 
 
@@ -86,7 +107,8 @@ def forward_backward(
     if not microbatches:
         raise ValueError("forward_backward: microbatches is empty")
 
-    seq_len = max(mb["tokens"].shape[1] for mb in microbatches)
+    # packed micro-batches: the schedule wants the whole packed length (it divides by CP itself)
+    seq_len = max(sum(mb["seqlens_padded"]) if "cu_seqlens" in mb else mb["tokens"].shape[1] for mb in microbatches)
     mbs = microbatches[0]["tokens"].shape[0]
     fb = get_forward_backward_func()
     out = fb(

@@ -282,3 +282,43 @@ def unzigzag(parts: Sequence[torch.Tensor], seqlens_padded: Sequence[int]) -> to
     for r, p in enumerate(parts):
         out[..., zigzag_index(seqlens_padded, cp, r)] = p
     return out
+
+
+def grid_index(seqlens_padded: Sequence[int], cp_size: int = 1):
+    """Where each local token of a (CP-split) packed row goes in a ``[n_seq, max_local_len]`` grid.
+
+    The local row holds ``L_i / cp_size`` tokens of sequence ``i``, sequence after sequence;
+    returns ``(rows, cols, (n_seq, max_local_len))``. Scattering per-token values into the
+    grid (:func:`to_grid`) gives the ``[batch, seq]`` layout the loss functions of
+    ``megatron_dapo.algo`` take, one row per sequence.
+    """
+    loc = [L // cp_size for L in seqlens_padded]
+    rows = torch.repeat_interleave(torch.arange(len(loc)), torch.tensor(loc, dtype=torch.long))
+    cols = torch.cat([torch.arange(n) for n in loc]) if loc else torch.zeros(0, dtype=torch.long)
+    return rows, cols, (len(loc), max(loc) if loc else 0)
+
+
+def to_grid(values: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, shape) -> torch.Tensor:
+    """``values`` [T] or [1, T] scattered into a zero ``shape`` grid (differentiable)."""
+    v = values.reshape(-1)
+    out = v.new_zeros(shape)
+    return out.index_put((rows.to(v.device), cols.to(v.device)), v)
+
+
+def packed_microbatch(samples: Sequence[dict], multiple: int = 1, cp_size: int = 1, cp_rank: int = 0) -> dict:
+    """One packed micro-batch of ``samples`` as CP rank ``cp_rank`` feeds it to the model.
+
+    :func:`pack_samples` (``multiple`` from :func:`pad_multiple`), then :func:`split_for_cp`,
+    plus ``grid_rows``/``grid_cols``/``grid_shape`` (:func:`grid_index`), ``cp_size`` and
+    the step's counts of the WHOLE (unsplit) pack: ``n_loss_tokens``, ``n_loss_seqs``.
+    """
+    if cp_size > 1 and multiple % (2 * cp_size):
+        raise ValueError(f"packed_microbatch: multiple {multiple} must be a multiple of 2 * CP = {2 * cp_size}")
+    full = pack_samples(samples, multiple)
+    lm = full["loss_mask"][0]
+    seq_tokens = [float(lm[a:b].sum()) for a, b in zip(full["cu_seqlens"][:-1].tolist(), full["cu_seqlens"][1:].tolist())]
+    out = split_for_cp(full, cp_size, cp_rank)
+    rows, cols, shape = grid_index(full["seqlens_padded"], cp_size)
+    out.update(grid_rows=rows, grid_cols=cols, grid_shape=shape, cp_size=cp_size,
+               n_loss_tokens=float(lm.sum()), n_loss_seqs=float(sum(1 for x in seq_tokens if x > 0)))
+    return out

@@ -1,0 +1,148 @@
+"""Gloo-rank bodies for packed sequences and context parallelism (module-level: they pickle by name)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _samples(vocab: int, n: int = 5, seed: int = 5):
+    """Samples of unequal lengths (prompt 2-4 tokens), one overlong-filtered (train False)."""
+    g = torch.Generator().manual_seed(seed)
+    lens = [9, 17, 6, 13, 22, 11, 8][:n]
+    out = []
+    for i, L in enumerate(lens):
+        toks = torch.randint(3, vocab, (L,), generator=g).tolist()
+        out.append({"tokens": toks, "prompt_len": 2 + i % 3, "advantage": float(torch.randn(1, generator=g)),
+                    "train": i != 2})
+    return out
+
+
+def _build(hf_cfg: dict, tp: int, pp: int, cp: int):
+    from megatron_dapo.checkpoint.model_io import load_hf_weights
+    from megatron_dapo.distributed import init_parallel
+    from megatron_dapo.models import ModelBuildOptions, build_gpt_model, padded_vocab_size
+    from tests.tiny import random_hf_model
+
+    init_parallel(tp, pp, cp, seed=1234)
+    hf = random_hf_model(hf_cfg, seed=0)
+    opts = ModelBuildOptions(context_parallel_size=cp)
+    model, arch, cfg = build_gpt_model(hf_cfg, opts)
+    cfg.calculate_per_token_loss = True  # micro-batch losses summed as given, as the trainer runs (no DDP here)
+    sd = hf.state_dict()
+    load_hf_weights(model, arch, lambda n: sd[n], padded_vocab_size(arch.vocab_size, opts.make_vocab_size_divisible_by, tp))
+    return model, arch
+
+
+def _logprobs_and_grads(model, arch, samples, packing: bool, max_tokens):
+    """compute_logprobs, then one DAPO loss backward (entropy bonus on); grads by parameter name."""
+    from megatron.core import parallel_state as ps
+
+    from megatron_dapo.algo.config import AlgorithmConfig
+    from megatron_dapo.training import dapo_step as ds
+    from megatron_dapo.training.forward import forward_backward
+
+    lps = ds.compute_logprobs(model, samples, arch.vocab_size, 2, max_tokens, packing=packing)
+    algo = AlgorithmConfig(entropy_coef=0.01)
+    g_tok = float(sum(len(s["tokens"]) - s["prompt_len"] for s in samples if s["train"]))
+    g_seq = float(sum(1 for s in samples if s["train"]))
+    if packing or ps.get_context_parallel_world_size() > 1:
+        mbs, _ = ds.make_packed_microbatches(model, samples, max_tokens)
+    else:
+        mbs = ds.make_microbatches(samples, 2, None)
+    model.zero_grad(set_to_none=True)
+    forward_backward(model, mbs, ds.dapo_loss_fn(algo, arch.vocab_size, g_tok, g_seq), forward_only=False)
+    grads = {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()}
+    if ps.get_context_parallel_world_size() > 1:  # each CP rank holds its share of the gradient
+        for t in grads.values():
+            torch.distributed.all_reduce(t, group=ps.get_context_parallel_group())
+    return lps, grads, len(mbs)
+
+
+def _with_old(samples, lps, seed=9):
+    g = torch.Generator().manual_seed(seed)
+    return [dict(s, old_logprobs=(torch.tensor(lp) + 0.05 * torch.randn(len(lp), generator=g)).tolist())
+            for s, lp in zip(samples, lps)]
+
+
+def _diff(a, b) -> float:
+    return max(float((a[n] - b[n]).abs().max()) for n in a)
+
+
+def packed_vs_padded(hf_cfg: dict, tp: int, pp: int):
+    """Logprobs and gradients of padded vs packed micro-batches under TP/PP (per rank)."""
+    from megatron.core import parallel_state as ps
+
+    model, arch = _build(hf_cfg, tp, pp, 1)
+    samples = _samples(arch.vocab_size)
+    lp0 = _logprobs_list(model, arch, samples)
+    samples = _with_old(samples, lp0)
+    lp_pad, g_pad, n_pad = _logprobs_and_grads(model, arch, samples, False, None)
+    lp_pack, g_pack, n_pack = _logprobs_and_grads(model, arch, samples, True, 40)
+    out = {"grad": _diff(g_pad, g_pack), "grad_scale": max(float(t.abs().max()) for t in g_pad.values()),
+           "n_mb": (n_pad, n_pack), "lp": None}
+    if ps.is_pipeline_last_stage():
+        assert [len(x) for x in lp_pad] == [len(s["tokens"]) - s["prompt_len"] for s in samples]
+        out["lp"] = max(max(abs(a - b) for a, b in zip(x, y)) for x, y in zip(lp_pad, lp_pack))
+    return out
+
+
+def _logprobs_list(model, arch, samples):
+    from megatron.core import parallel_state as ps
+
+    from megatron_dapo.training import dapo_step as ds
+
+    lps = ds.compute_logprobs(model, samples, arch.vocab_size, 2, None, packing=False)
+    # every PP stage needs the old logprobs: broadcast them from the last stage
+    obj = [lps]
+    if ps.get_pipeline_model_parallel_world_size() > 1:
+        src = ps.get_pipeline_model_parallel_last_rank()
+        torch.distributed.broadcast_object_list(obj, src=src, group=ps.get_pipeline_model_parallel_group())
+    return obj[0]
+
+
+def cp_vs_no_cp(hf_cfg: dict, tp: int, cp: int):
+    """Packed logprobs and summed gradients at CP ``cp`` vs CP 1 (same TP), on every rank."""
+    from megatron.core import parallel_state as ps
+
+    from megatron_dapo.distributed import destroy_parallel
+
+    model, arch = _build(hf_cfg, tp, 1, 1)
+    samples = _samples(arch.vocab_size)
+    samples = _with_old(samples, _logprobs_list(model, arch, samples))
+    lp_ref, g_ref, _ = _logprobs_and_grads(model, arch, samples, True, 48)
+    destroy_parallel()
+    model, arch = _build(hf_cfg, tp, 1, cp)
+    assert ps.get_context_parallel_world_size() == cp
+    lp_cp, g_cp, n_mb = _logprobs_and_grads(model, arch, samples, True, 48)
+    lp = max(max(abs(a - b) for a, b in zip(x, y)) for x, y in zip(lp_ref, lp_cp))
+    gn_ref = float(torch.sqrt(sum((t.double() ** 2).sum() for t in g_ref.values())))
+    gn_cp = float(torch.sqrt(sum((t.double() ** 2).sum() for t in g_cp.values())))
+    return {"lp": lp, "grad": _diff(g_ref, g_cp), "grad_norm": (gn_ref, gn_cp), "n_mb": n_mb,
+            "lens": [len(x) for x in lp_cp] == [len(s["tokens"]) - s["prompt_len"] for s in samples]}
+
+
+def chunked_logprobs_tp(seed: int = 0):
+    """Chunked vocab-parallel logprobs/entropy and their gradients at TP2 vs a float64 full-vocab reference."""
+    from megatron.core import parallel_state as ps
+
+    from megatron_dapo.distributed import init_parallel
+    from megatron_dapo.training.logprobs import chunked_logprobs_entropy
+
+    init_parallel(2, 1, 1)
+    r = ps.get_tensor_model_parallel_rank()
+    g = torch.Generator().manual_seed(seed)
+    full = torch.randn(2, 9, 64, generator=g, dtype=torch.float64) * 3
+    target = torch.randint(0, 60, (2, 9), generator=g)
+    w1, w2 = torch.randn(2, 9, generator=g), torch.randn(2, 9, generator=g)
+    true_vocab, T = 60, 0.7
+    shard = full[..., r * 32 : (r + 1) * 32].float().clone().requires_grad_(True)
+    lp, ent = chunked_logprobs_entropy(shard, target, true_vocab, T, chunk_size=5)
+    ((lp * w1).sum() + (ent * w2).sum()).backward()
+    ref_x = full.clone().requires_grad_(True)
+    z = ref_x[..., :true_vocab] / T
+    ref_lp = torch.log_softmax(z, -1).gather(-1, target[..., None]).squeeze(-1)
+    ref_ent = -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
+    ((ref_lp * w1).sum() + (ref_ent * w2).sum()).backward()
+    ref_g = ref_x.grad[..., r * 32 : (r + 1) * 32]
+    return {"lp": float((lp.double() - ref_lp).abs().max()), "ent": float((ent.double() - ref_ent).abs().max()),
+            "grad": float((shard.grad.double() - ref_g).abs().max())}
