@@ -86,9 +86,9 @@ def _typing_names() -> dict:
 class _Struct:
     """Stand-in for ``msgspec.Struct`` (frozen keyword): a dataclass."""
 
-    def __init_subclass__(cls, frozen: bool = False, **kw):
+    def __init_subclass__(cls, frozen: bool = False, kw_only: bool = False, array_like: bool = False, **kw):
         super().__init_subclass__(**kw)
-        dataclasses.dataclass(frozen=frozen)(cls)
+        dataclasses.dataclass(frozen=frozen, kw_only=kw_only)(cls)
 
 
 MSGSPEC = SimpleNamespace(Struct=_Struct, structs=SimpleNamespace(replace=dataclasses.replace),
@@ -199,3 +199,19 @@ def input_logprob_functions(src: WheelSource):
     d = run(extract(src, m2, ["detokenize_logprob_tokens"], cls="TokenizerManager"),
             dict(_typing_names(), __name__=m2), m2.replace(".", "/") + ".py")
     return p["_process_input_token_logprobs"], d["detokenize_logprob_tokens"]
+
+
+def sampling_params_class(src: WheelSource):
+    """sglang.srt.sampling.sampling_params.SamplingParams (``__post_init__`` and ``verify``:
+    how SGLang reads the sampling_params dicts we send); watermark support stubbed out."""
+    module = "sglang.srt.sampling.sampling_params"
+    names = ["_SAMPLING_EPS", "TOP_K_ALL", "REQUEST_REASONING_END_TOKEN_IDS_KEY",
+             "MAX_REQUEST_REASONING_END_TOKEN_IDS", "get_request_reasoning_end_token_ids", "SamplingParams"]
+    import math
+    import re
+
+    ns = dict(_typing_names(), Sequence=typing.Sequence, msgspec=MSGSPEC, math=math, re=re,
+              logging=logging, logger=logging.getLogger(module), CustomParamValue=typing.Any,
+              WatermarkRequestConfig=typing.Any, normalize_watermark_request=lambda w: w,
+              __name__=__name__)
+    return run(extract(src, module, names), ns, module.replace(".", "/") + ".py")["SamplingParams"]

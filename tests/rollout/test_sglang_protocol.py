@@ -534,6 +534,27 @@ def test_seeds_distinct_per_prompt_and_sample():
         prompts, SamplingParams(n=3, seed=5), default_seed=2)[1]]  # the request's seed wins
 
 
+def test_wheel_sampling_params_accept_our_requests(src):
+    SglSamplingParams = sw.sampling_params_class(src)
+    top_k_all = 1 << 30
+    cases = [SamplingParams(temperature=1.0, n=4, seed=2 ** 62 + 5, max_new_tokens=8),
+             SamplingParams(temperature=0.7, top_p=0.9, top_k=5, stop=["\n"], stop_token_ids=[3], n=2),
+             SamplingParams(temperature=0.0, max_new_tokens=0, ignore_eos=True)]
+    for params in cases:
+        _, sps, _ = se.build_generate_requests([[1, 2], [3]], params, default_seed=2 ** 63 - 1)
+        for d in sps:
+            sp = SglSamplingParams(**d)
+            sp.verify(vocab_size=97)  # raises on anything SGLang refuses (e.g. a seed out of range)
+            assert sp.sampling_seed == d["sampling_seed"] and sp.n == 1
+            if params.temperature == 0:
+                assert sp.top_k == 1  # SGLang's greedy
+            else:
+                assert sp.temperature == params.temperature
+                assert sp.top_k == (top_k_all if params.top_k == -1 else params.top_k)
+    _, sps, _ = se.build_score_requests([[1, 2, 3]], [1])
+    SglSamplingParams(**sps[0]).verify(vocab_size=97)
+
+
 def test_adapter_seeds_every_request_and_passes_deterministic_flag(wheel_sglang, model_dir):
     eng = se.SGLangEngine(str(model_dir), enable_deterministic_inference=True, random_seed=7)
     fake = WheelEngine.instances[0]
