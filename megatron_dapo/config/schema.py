@@ -45,7 +45,9 @@ class ModelConfig:
 class ParallelConfig:
     tensor_model_parallel_size: int = _f(1, "Tensor model parallel size.")
     pipeline_model_parallel_size: int = _f(1, "Pipeline model parallel size.")
-    context_parallel_size: int = _f(1, "Context parallel size (not implemented yet: only 1 is accepted).")
+    context_parallel_size: int = _f(
+        1, "Context parallel size: every packed sequence is split into 2 x CP chunks in the load-balanced (zigzag) "
+        "order (packing is on; needs --max-tokens-per-gpu).")
     sequence_parallel: bool = _f(False, "Sequence parallelism with TP (GPU/TE only).")
     use_distributed_optimizer: bool = _f(False, "Shard optimizer state over data-parallel ranks.")
     nnodes: int = _f(1, "Number of nodes.", "--actor-num-nodes")
@@ -64,9 +66,15 @@ class OptimConfig:
     adam_beta1: float = _f(0.9, "AdamW beta1.")
     adam_beta2: float = _f(0.999, "AdamW beta2.")
     adam_eps: float = _f(1e-8, "AdamW epsilon.")
-    micro_batch_size: int = _f(1, "Responses per micro-batch (upper bound when --max-tokens-per-gpu packs).")
+    micro_batch_size: int = _f(
+        1, "Responses per padded micro-batch (upper bound when --max-tokens-per-gpu also limits them); packed "
+        "micro-batches (--use-packing) are bounded by --max-tokens-per-gpu only.")
     global_batch_size: int = _f(512, "Responses per optimizer step (all DP ranks).")
     max_tokens_per_gpu: Optional[int] = _f(None, "Token budget of one micro-batch; micro-batches are packed to it.")
+    use_packing: bool = _f(
+        False, "Pack responses without padding (THD, cu_seqlens) into the fewest micro-batches of at most "
+        "--max-tokens-per-gpu tokens, balanced by tokens; each sequence padded only to what TP/CP need. Always on with "
+        "--context-parallel-size > 1.")
     seed: int = _f(1234, "Random seed.")
     max_skipped_steps: int = _f(3, "Stop after this many consecutive skipped (non-finite) optimizer steps.")
 

@@ -106,10 +106,15 @@ def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[
         raise ConfigError(f"world size {world} not divisible by --rollout-num-gpus-per-engine {r.num_gpus_per_engine}")
     if p.sequence_parallel and tp == 1:
         raise ConfigError("--sequence-parallel needs --tensor-model-parallel-size > 1")
-    if cp > 1:
+    if (cp > 1 or o.use_packing) and not o.max_tokens_per_gpu:
         raise ConfigError(
-            f"--context-parallel-size {cp}: context parallelism is not implemented yet (the trainer would split "
-            "nothing and train silently wrong); use --context-parallel-size 1"
+            f"--use-packing / --context-parallel-size {cp}: packed micro-batches are filled up to a token budget; "
+            "set --max-tokens-per-gpu"
+        )
+    if cp > 1 and a.loss_agg_mode == "seq-mean-token-mean":
+        raise ConfigError(
+            "--loss-agg-mode seq-mean-token-mean divides each sequence by its own length, which a CP rank holding a "
+            "share of it does not see: use token-mean or seq-mean-token-sum with --context-parallel-size > 1"
         )
     if r.temperature <= 0:
         raise ConfigError(f"--rollout-temperature must be > 0 for training (the trainer divides logits by it), got {r.temperature}")

@@ -117,7 +117,7 @@ class PolicyWorker:
 
         o = self.cfg.optim
         return compute_logprobs(self._ref, samples, self.arch.vocab_size, o.micro_batch_size, o.max_tokens_per_gpu,
-                                self.cfg.rollout.temperature)
+                                self.cfg.rollout.temperature, packing=o.use_packing)
 
     def full_weights(self) -> dict:
         """TP-gathered weights of this PP stage by megatron global name (tests, replay)."""
@@ -155,7 +155,7 @@ class PolicyWorker:
 
         o = self.cfg.optim
         return compute_logprobs(self.policy, samples, self.arch.vocab_size, o.micro_batch_size, o.max_tokens_per_gpu,
-                                self.cfg.rollout.temperature)
+                                self.cfg.rollout.temperature, packing=o.use_packing)
 
     def probe_logprobs(self, sequences: list) -> Optional[list]:
         """The weight-sync probe's megatron half: logprobs of tokens 1.. of each sequence at
@@ -164,7 +164,8 @@ class PolicyWorker:
 
         o = self.cfg.optim
         items = [{"tokens": list(s), "prompt_len": 1} for s in sequences]
-        return compute_logprobs(self.policy, items, self.arch.vocab_size, o.micro_batch_size, o.max_tokens_per_gpu)
+        return compute_logprobs(self.policy, items, self.arch.vocab_size, o.micro_batch_size, o.max_tokens_per_gpu,
+                                packing=o.use_packing)
 
     def train(self, shards: list, inject_nan: bool = False) -> list:
         """``shards[k]`` is this rank's DP shard of mini-batch k: one optimizer step each."""
@@ -177,6 +178,7 @@ class PolicyWorker:
                 train_on_minibatch(
                     self.policy, shard, self.cfg.algo, self.arch.vocab_size, o.micro_batch_size,
                     o.max_tokens_per_gpu, nan_loss=inject_nan, temperature=self.cfg.rollout.temperature,
+                    packing=o.use_packing,
                 )
             )
         return out

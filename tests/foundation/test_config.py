@@ -149,8 +149,6 @@ def test_responses_not_divisible_by_global_batch():
 def test_gpu_only_features_refused_on_cpu():
     with pytest.raises(ConfigError, match="--bf16"):
         validate(_cfg("--bf16"), on_gpu=False)
-    with pytest.raises(ConfigError, match="--context-parallel-size 2"):
-        validate(_cfg("--actor-num-gpus-per-node", "2", "--context-parallel-size", "2"), on_gpu=False)
     with pytest.raises(ConfigError, match="--sequence-parallel"):
         validate(_cfg("--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"), on_gpu=False)
 

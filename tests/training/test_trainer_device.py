@@ -2,7 +2,8 @@
 
 Each test fails on the code before the fix: batches left on the host, token counts reduced
 from a host tensor over NCCL, sequence-parallel micro-batches of any length, logprobs of the
-untempered distribution, context parallelism and truncated sampling accepted silently.
+untempered distribution, context parallelism without its token budget and truncated sampling accepted
+silently.
 """
 
 from __future__ import annotations
@@ -106,9 +107,14 @@ def _cfg(*extra):
 
 
 @pytest.mark.parametrize("on_gpu", [False, True])
-def test_context_parallel_is_refused_until_implemented(on_gpu):
-    with pytest.raises(ConfigError, match="--context-parallel-size 2: context parallelism is not implemented"):
+def test_context_parallel_needs_packing_budget(on_gpu):
+    # CP is implemented (packed sequences, tests/training/test_packing_parallel.py): it needs the token budget
+    with pytest.raises(ConfigError, match="--context-parallel-size 2: packed micro-batches .*--max-tokens-per-gpu"):
         validate(_cfg("--context-parallel-size", "2"), on_gpu=on_gpu)
+    validate(_cfg("--context-parallel-size", "2", "--max-tokens-per-gpu", "4096"), on_gpu=on_gpu)
+    with pytest.raises(ConfigError, match="seq-mean-token-mean"):
+        validate(_cfg("--context-parallel-size", "2", "--max-tokens-per-gpu", "4096", "--loss-agg-mode",
+                      "seq-mean-token-mean"), on_gpu=on_gpu)
 
 
 @pytest.mark.parametrize("flags", [("--rollout-top-p", "0.7"), ("--rollout-top-k", "20")])
