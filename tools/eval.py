@@ -33,6 +33,8 @@ MEGATRON_METADATA = "megatron_dapo_checkpoint.json"  # megatron_dapo.checkpoint.
 
 def parse_args(argv=None):
     from megatron_dapo.eval.runner import DEFAULT_MAX_PROMPT_LENGTH, PROMPT_STYLES
+    from megatron_dapo.reward.api import MODES
+    from megatron_dapo.rollout.base import ENGINES
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="HF model directory or megatron-dapo torch_dist checkpoint directory")
@@ -49,9 +51,9 @@ def parse_args(argv=None):
                    help="longer prompts are left-truncated")
     p.add_argument("--context-length", type=int, default=None,
                    help="model context (default: max_position_embeddings of config.json)")
-    p.add_argument("--engine", choices=("auto", "hf", "sglang"), default="auto",
+    p.add_argument("--engine", choices=("auto", *ENGINES), default="auto",
                    help="hf: transformers on CPU; sglang: GPU; auto: sglang when CUDA is available")
-    p.add_argument("--reward-mode", choices=("dapo", "math"), default="dapo")
+    p.add_argument("--reward-mode", choices=MODES, default="dapo")
     p.add_argument("--prompt-style", choices=PROMPT_STYLES, default="chat")
     p.add_argument("--stop", action="append", default=None, help="extra stop string (repeatable)")
     p.add_argument("--out", default=None, help="output directory (default: runs/eval/<model>__<data>)")

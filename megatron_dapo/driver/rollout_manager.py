@@ -13,7 +13,17 @@ prompts until it is full:
 * verification runs in the reward process pool; the filter uses ``acc`` (or the sample field
   that ``--dynamic-sampling-metric`` names: a group is kept when that field varies within it);
 * with ``--reuse-surplus-groups``, kept groups beyond the batch are carried to the next step
-  (with the old-policy logprobs of the step that generated them).
+  (with the old-policy logprobs of the step that generated them);
+* with ``--partial-rollout``, the aborted in-flight generations keep their prefixes (tokens,
+  engine logprobs, the weight version of each token) and chunks not yet started keep their
+  prompts; the next step first continues the prefixes under the new weights (prompt + prefix
+  as the engine's prompt, so any engine continues them), then starts the kept prompts, then
+  new ones. A group is verified and filtered only when all its samples finished; a prefix
+  older than ``--partial-rollout-max-staleness`` steps is dropped and its sample regenerated.
+  The tokens generated under older weights (``Sample.stale_len``) are masked or corrected in
+  the loss (``--partial-rollout-offpolicy``). In ``--deterministic`` mode nothing is aborted
+  (no timing decides), so the work carried over is the round's groups beyond a full batch,
+  kept whole and unscored. The carried work is part of :meth:`RolloutManager.state_dict`.
 
 Exceeding ``--max-num-gen-batches`` is an error that says what to change.
 """
@@ -62,9 +72,13 @@ class EnginePool:
         self.resync([self.handles[i]])
         self.restarts += 1
 
-    def run_chunks(self, chunks: list, on_result: Callable[[int, list], bool], ordered: bool) -> None:
+    def run_chunks(self, chunks: list, on_result: Callable[[int, list], bool], ordered: bool,
+                   on_leftover: Optional[Callable[[int, Optional[list]], None]] = None) -> None:
         """Generate every (prompts, params) chunk; ``on_result(idx, outputs)`` returns True to
-        stop (buffer full): then in-flight chunks are aborted unless ``ordered``."""
+        stop (buffer full): then in-flight chunks are aborted unless ``ordered``.
+        ``on_leftover(idx, outputs)`` then receives each chunk that was not emitted: the
+        aborted ones' outputs (finish reason "abort" for the unfinished samples) and None for
+        those never started."""
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
 
@@ -122,6 +136,11 @@ class EnginePool:
                 stop = on_result(i, out)
             if not stop:
                 submit()
+        if stop and on_leftover is not None:
+            for i in queue:
+                on_leftover(i, None)
+            for i in sorted(done_results):
+                on_leftover(i, done_results[i])
         if stop and pending:
             for h in self.handles:
                 try:
@@ -130,9 +149,11 @@ class EnginePool:
                     pass
             for fut in list(pending):
                 try:
-                    ray.get(fut, timeout=self.timeout_s)
+                    out = ray.get(fut, timeout=self.timeout_s)
                 except Exception:
-                    pass
+                    out = None
+                if on_leftover is not None:
+                    on_leftover(pending[fut][0], out)
 
 
 @dataclasses.dataclass
@@ -146,6 +167,10 @@ class RolloutResult:
     reused: int = 0
     time_generate: float = 0.0
     time_verify: float = 0.0
+    partial_resumed: int = 0  # --partial-rollout: samples continued from a kept prefix this step
+    partial_dropped: int = 0  # prefixes dropped by --partial-rollout-max-staleness
+    partial_pending: int = 0  # groups carried to the next step
+    discarded_samples: int = 0  # aborted samples thrown away (without --partial-rollout)
 
 
 class RolloutManager:
@@ -153,6 +178,8 @@ class RolloutManager:
         self.cfg, self.dataset, self.sampler, self.engines = cfg, dataset, sampler, engines
         self.scorer, self.tokenizer = scorer, tokenizer
         self.surplus: list = []
+        self.pending: list = []  # --partial-rollout: groups with unfinished (or unscored) samples
+        self.pending_prompts: list = []  # --partial-rollout: prompts of chunks never started
 
     def sampling_params(self, seed: Optional[int]) -> SamplingParams:
         r, a = self.cfg.rollout, self.cfg.algo
@@ -177,6 +204,30 @@ class RolloutManager:
         t_gen = t_ver = 0.0
         rounds = 0
         bars = _bars(self.cfg.logging.progress, step, N)
+        partial = {"resumed": 0, "dropped": 0, "discarded": 0}
+
+        def admit(groups):
+            """Verify, filter on the dynamic-sampling metric, keep the mixed groups."""
+            nonlocal t_ver
+            tv = time.perf_counter()
+            self._verify(groups)
+            t_ver += time.perf_counter() - tv
+            generated.extend(groups)
+            bars.verified(sum(len(g.samples) for g in groups))
+            for g in groups:
+                res = dynamic_sampling_mask(torch.tensor(g.accs, dtype=torch.float32), G, metric=self._metric(g))
+                stats["all_correct"] += res.num_all_correct
+                stats["all_wrong"] += res.num_all_wrong
+                if res.num_kept or not a.dynamic_sampling:
+                    stats["kept"] += res.num_kept
+                    buffer.append(g)
+            bars.kept(min(len(buffer), N), rounds)
+
+        if r.partial_rollout and self.pending:
+            t0 = time.perf_counter()
+            done = self._continue_pending(step, partial)
+            t_gen += time.perf_counter() - t0
+            admit(done)
         while len(buffer) < N:
             if r.max_num_gen_batches and rounds >= r.max_num_gen_batches:
                 raise RolloutStallError(
@@ -187,7 +238,9 @@ class RolloutManager:
                     "--over-sampling-batch-size, use a dataset of mixed difficulty, or disable --dynamic-sampling."
                 )
             rounds += 1
-            idx = self.sampler.next_indices(per_round)
+            idx, self.pending_prompts = self.pending_prompts[:per_round], self.pending_prompts[per_round:]
+            if len(idx) < per_round:
+                idx = idx + self.sampler.next_indices(per_round - len(idx))
             n_chunks = max(1, min(len(idx), 2 * len(self.engines.handles)))
             parts = [idx[k::n_chunks] for k in range(n_chunks)]
             chunks = [
@@ -195,27 +248,24 @@ class RolloutManager:
                 for k, part in enumerate(parts)
             ]
 
-            def on_result(k, outs):
-                nonlocal t_ver
-                part = parts[k]
-                groups = self._to_groups(part, outs, step)
-                tv = time.perf_counter()
-                self._verify(groups)
-                t_ver += time.perf_counter() - tv
-                generated.extend(groups)
-                bars.verified(sum(len(g.samples) for g in groups))
-                for g in groups:
-                    res = dynamic_sampling_mask(torch.tensor(g.accs, dtype=torch.float32), G, metric=self._metric(g))
-                    stats["all_correct"] += res.num_all_correct
-                    stats["all_wrong"] += res.num_all_wrong
-                    if res.num_kept or not a.dynamic_sampling:
-                        stats["kept"] += res.num_kept
-                        buffer.append(g)
-                bars.kept(min(len(buffer), N), rounds)
+            def on_result(k, outs, parts=parts):
+                groups = self._to_groups(parts[k], outs, step)
+                if r.partial_rollout and len(buffer) >= N:  # deterministic mode: kept whole for the next step
+                    self.pending.extend(groups)
+                    return False
+                admit(groups)
                 return len(buffer) >= N and not self.cfg.run.deterministic
 
+            def on_leftover(k, outs, parts=parts):
+                if not r.partial_rollout:
+                    partial["discarded"] += sum(len(x) for x in outs) if outs else 0
+                elif outs is None:
+                    self.pending_prompts.extend(parts[k])
+                else:
+                    self.pending.extend(self._to_groups(parts[k], outs, step))
+
             t0 = time.perf_counter()
-            self.engines.run_chunks(chunks, on_result, ordered=self.cfg.run.deterministic)
+            self.engines.run_chunks(chunks, on_result, ordered=self.cfg.run.deterministic, on_leftover=on_leftover)
             t_gen += time.perf_counter() - t0
         t_gen -= t_ver
         bars.close()
@@ -223,8 +273,51 @@ class RolloutManager:
         if r.reuse_surplus_groups:
             self.surplus = surplus
         return RolloutResult(
-            kept, generated, rounds, stats["kept"], stats["all_correct"], stats["all_wrong"], reused, t_gen, t_ver
+            kept, generated, rounds, stats["kept"], stats["all_correct"], stats["all_wrong"], reused, t_gen, t_ver,
+            partial["resumed"], partial["dropped"], len(self.pending), partial["discarded"],
         )
+
+    def _continue_pending(self, step: int, counts: dict) -> list:
+        """--partial-rollout: continue every unfinished sample of the kept groups under the current
+        weights (prompt + prefix as the engine's prompt, the remaining length budget), after
+        dropping prefixes older than --partial-rollout-max-staleness. Returns the groups whose
+        samples have all finished (removed from ``self.pending``), with ``stale_len`` set."""
+        r, L = self.cfg.rollout, self.cfg.algo.max_response_length
+        todo = []
+        for g in self.pending:
+            for s in g.samples:
+                if s.token_versions and min(s.token_versions) < step - r.partial_rollout_max_staleness:
+                    counts["dropped"] += 1
+                    s.response_ids, s.engine_logprobs, s.token_versions, s.finish_reason = [], [], [], "abort"
+                if s.finish_reason == "abort":
+                    todo.append(s)
+        counts["resumed"] += len(todo)
+        if todo:
+            # similar remaining budgets share a chunk (each output is cut to its own budget)
+            todo.sort(key=lambda s: len(s.response_ids))
+            n_chunks = max(1, min(len(todo), 2 * len(self.engines.handles)))
+            size = -(-len(todo) // n_chunks)
+            parts = [todo[i : i + size] for i in range(0, len(todo), size)]
+            chunks = []
+            for k, part in enumerate(parts):
+                params = dataclasses.replace(self.sampling_params(self._seed(step, 0, k)), n=1,
+                                             max_new_tokens=L - min(len(s.response_ids) for s in part))
+                chunks.append(([list(s.prompt_ids) + list(s.response_ids) for s in part], params))
+
+            def on_result(k, outs):
+                for s, o in zip(parts[k], outs):
+                    extend_sample(s, o[0], step, L)
+                return False
+
+            self.engines.run_chunks(chunks, on_result, ordered=True)
+        done = [g for g in self.pending if all(s.finish_reason != "abort" for s in g.samples)]
+        self.pending = [g for g in self.pending if any(s.finish_reason == "abort" for s in g.samples)]
+        for g in done:
+            for s in g.samples:
+                s.stale_len = sum(1 for v in (s.token_versions or []) if v < step)
+                s.step_generated = step
+                s.response_text = self.tokenizer.decode(s.response_ids, skip_special_tokens=True)
+        return done
 
     def _metric(self, g: Group) -> Optional[torch.Tensor]:
         """The per-sample values of ``--dynamic-sampling-metric`` (None for ``acc``: the DAPO rule)."""
@@ -244,6 +337,7 @@ class RolloutManager:
                         prompt_index=pi, prompt_ids=list(rec.prompt_ids), response_ids=list(o.output_ids),
                         engine_logprobs=list(o.logprobs), finish_reason=o.finish_reason,
                         ground_truth=rec.ground_truth, step_generated=step,
+                        token_versions=[step] * len(o.output_ids) if self.cfg.rollout.partial_rollout else None,
                         response_text=self.tokenizer.decode(o.output_ids, skip_special_tokens=True),
                     )
                 )
@@ -263,10 +357,30 @@ class RolloutManager:
         shape_rewards(samples, self.cfg.algo)
 
     def state_dict(self) -> dict:
-        return {"surplus": [[dataclasses.asdict(s) for s in g.samples] for g in self.surplus]}
+        def groups(gs):
+            return [[dataclasses.asdict(s) for s in g.samples] for g in gs]
+
+        return {"surplus": groups(self.surplus), "pending": groups(self.pending),
+                "pending_prompts": list(self.pending_prompts)}
 
     def load_state_dict(self, s: dict) -> None:
-        self.surplus = [Group(g[0]["prompt_index"], [Sample(**x) for x in g]) for g in s.get("surplus", [])]
+        def groups(gs):
+            return [Group(g[0]["prompt_index"], [Sample(**x) for x in g]) for g in gs]
+
+        self.surplus = groups(s.get("surplus", []))
+        self.pending = groups(s.get("pending", []))
+        self.pending_prompts = list(s.get("pending_prompts", []))
+
+
+def extend_sample(s: Sample, out, step: int, max_len: int) -> None:
+    """Append a continuation ``out`` (a GenerationOutput) to sample ``s``'s prefix, cut to the
+    ``max_len`` response budget; its tokens get weight version ``step``."""
+    room = max_len - len(s.response_ids)
+    ids, lps = list(out.output_ids)[:room], list(out.logprobs)[:room]
+    s.response_ids = list(s.response_ids) + ids
+    s.engine_logprobs = list(s.engine_logprobs) + lps
+    s.token_versions = list(s.token_versions or []) + [step] * len(ids)
+    s.finish_reason = "length" if len(out.output_ids) > room else out.finish_reason
 
 
 class _bars:

@@ -27,7 +27,7 @@ class ScriptedPool:
         self.lengths = lengths or (lambda i, j: 3)
         self.calls = 0
 
-    def run_chunks(self, chunks, on_result, ordered):
+    def run_chunks(self, chunks, on_result, ordered, on_leftover=None):
         for k, (prompts, params) in enumerate(chunks):
             self.calls += 1
             outs = []
