@@ -626,8 +626,10 @@ class SGLangEngine(RolloutEngine):
                 self._held.append(hold)
             self._close_session(failed=True)
             raise
-        # SGLang has now run everything enqueued before this call: the buffers of earlier
-        # buckets are free; this bucket's stays held until the next call returns.
+        # The scheduler handles calls in order: returning from this call, it is done with
+        # the previous bucket (and has dropped its mapping), so that buffer may go; this
+        # bucket's copies may still be queued on its device, so this buffer stays held
+        # until the next call returns or the session ends.
         self._free_held()
         if hold is not None:
             self._held.append(hold)
