@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..algo import aggregate_loss, kl_penalty, policy_loss
+from ..algo import aggregate_loss, kl_penalty, offpolicy_token_weights, policy_loss, tis_weights
 from ..algo.config import AlgorithmConfig
 from . import packing as pk
 from .forward import forward_backward
@@ -34,6 +34,10 @@ METRIC_KEYS = (
     "approx_kl",
     "ratio_mean",
     "kl",
+    "tis_weight_mean",
+    "tis_clip_frac",
+    "mismatch_kl",
+    "offpolicy_token_frac",
 )
 
 
@@ -76,6 +80,7 @@ def collate(samples: list, pad_to_multiple: int = 1) -> dict:
     ref = torch.zeros(b, s)
     adv = torch.zeros(b)
     has_ref = all(x.get("ref_logprobs") is not None for x in samples)
+    eng, stale = torch.zeros(b, s), torch.zeros(b, s)
     for i, x in enumerate(samples):
         n, p = len(x["tokens"]), x["prompt_len"]
         tokens[i, :n] = torch.tensor(x["tokens"])
@@ -84,16 +89,28 @@ def collate(samples: list, pad_to_multiple: int = 1) -> dict:
             loss_mask[i, p:n] = 1
         if x.get("old_logprobs") is not None:
             old[i, p:n] = torch.tensor(x["old_logprobs"], dtype=torch.float32)
+        # the engine's logprobs (ratio 1 where a sample has none) and the off-policy prefix
+        eng[i, p:n] = engine_logprobs_of(x, old[i, p:n])
+        stale[i, p : p + min(int(x.get("stale_len", 0)), n - p)] = 1
         if has_ref:
             ref[i, p:n] = torch.tensor(x["ref_logprobs"], dtype=torch.float32)
         adv[i] = x.get("advantage", 0.0)
     # logits are only needed from the first response token on: prompts are not scored
     resp_start = max(1, min(x["prompt_len"] for x in samples))
     out = {"tokens": tokens, "loss_mask": loss_mask, "resp_mask": resp_mask, "old_logprobs": old, "advantages": adv,
-           "resp_start": resp_start}
+           "resp_start": resp_start, "engine_logprobs": eng, "stale": stale}
     if has_ref:
         out["ref_logprobs"] = ref
     return out
+
+
+def engine_logprobs_of(x: dict, old: torch.Tensor) -> torch.Tensor:
+    """The engine's logprobs of a sample's response tokens (``x["engine_logprobs"]``), or
+    ``old`` (importance ratio 1) when the sample carries none of the right length."""
+    e = x.get("engine_logprobs")
+    if e is None or len(e) != old.shape[0]:
+        return old
+    return torch.as_tensor(e, dtype=torch.float32)
 
 
 def sequence_pad_multiple(model) -> int:
@@ -287,12 +304,17 @@ def _loss_inputs(batch: dict, logits: torch.Tensor, true_vocab: int, temperature
 
 
 def dapo_loss_fn(
-    algo: AlgorithmConfig, true_vocab: int, global_tokens, global_seqs, nan_loss: bool = False, temperature: float = 1.0
+    algo: AlgorithmConfig, true_vocab: int, global_tokens, global_seqs, nan_loss: bool = False, temperature: float = 1.0,
+    offpolicy: Optional[str] = None,
 ):
     """The per-micro-batch loss: decoupled-clip surrogate, aggregated over the whole step.
 
     Logprobs and entropy come from ``logits / temperature`` (the rollout temperature), like the
-    old logprobs they are compared with. Padded and packed (THD, any CP) micro-batches alike."""
+    old logprobs they are compared with. Padded and packed (THD, any CP) micro-batches alike.
+    Each token's loss is weighted by the importance weight of ``algo.tis_mode``
+    (``algo.tis_weights``: the engine's vs the trainer's old logprobs); with ``offpolicy``
+    (``--partial-rollout-offpolicy``: ``mask`` or ``correct``) the tokens generated under
+    older weights (``stale``) get weight 0 or ``min(rho, C)`` (``algo.offpolicy_token_weights``)."""
 
     def loss_fn(batch, logits):
         if batch.get("cp_size", 1) > 1 and algo.loss_agg_mode == "seq-mean-token-mean":
@@ -302,6 +324,12 @@ def dapo_loss_fn(
         per_tok, m = policy_loss(
             lp, old, x["adv"], mask, algo.eps_clip_low, algo.eps_clip_high, algo.clip_ratio_c
         )
+        eng = x.get("engine_logprobs", old)
+        stale = x.get("stale", torch.zeros_like(mask))
+        w, tis = tis_weights(old, eng, mask, algo.tis_mode, algo.tis_cap)
+        if offpolicy:
+            w = w * offpolicy_token_weights(old, eng, mask, stale, offpolicy, algo.tis_cap)
+        per_tok = per_tok * w.to(device=per_tok.device, dtype=per_tok.dtype)
         loss = aggregate_loss(per_tok, mask, algo.loss_agg_mode, global_tokens, global_seqs)
         resp = x["resp_mask"]
         need_grad = algo.entropy_coef > 0 and torch.is_grad_enabled()
@@ -327,6 +355,10 @@ def dapo_loss_fn(
             "approx_kl": (m["approx_kl"].detach() * n_mask, n_mask),
             "ratio_mean": (m["ratio_mean"].detach() * n_mask, n_mask),
             "kl": (kl_sum, n_mask),
+            "tis_weight_mean": (tis["tis_weight_mean"] * n_mask, n_mask),
+            "tis_clip_frac": (tis["tis_clip_frac"] * n_mask, n_mask),
+            "mismatch_kl": (tis["mismatch_kl"] * n_mask, n_mask),
+            "offpolicy_token_frac": (((stale != 0) & (mask != 0)).sum(), n_mask),
             "ratio_max": (m["ratio_max"].detach(), None),
         }
         return loss, stats
@@ -344,6 +376,7 @@ def train_on_minibatch(
     nan_loss: bool = False,
     temperature: float = 1.0,
     packing: bool = False,
+    offpolicy: Optional[str] = None,
 ) -> dict:
     """One optimizer step on this DP rank's shard of a mini-batch; returns reduced metrics.
 
@@ -373,7 +406,7 @@ def train_on_minibatch(
     imbalance = float(tok_max[0]) / (float(counts[2]) / dp) if float(counts[2]) > 0 else 1.0
     policy.model.zero_grad_buffer()
     policy.optimizer.zero_grad()
-    loss_fn = dapo_loss_fn(algo, true_vocab, g_tok, g_seq, nan_loss, temperature)
+    loss_fn = dapo_loss_fn(algo, true_vocab, g_tok, g_seq, nan_loss, temperature, offpolicy)
     stats = forward_backward(policy.model, mbs, loss_fn, forward_only=False)
     ok, grad_norm = optimizer_step(policy.optimizer, policy.optimizer.config.clip_grad)
     if ok:

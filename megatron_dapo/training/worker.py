@@ -179,6 +179,7 @@ class PolicyWorker:
                     self.policy, shard, self.cfg.algo, self.arch.vocab_size, o.micro_batch_size,
                     o.max_tokens_per_gpu, nan_loss=inject_nan, temperature=self.cfg.rollout.temperature,
                     packing=o.use_packing,
+                    offpolicy=self.cfg.rollout.partial_rollout_offpolicy if self.cfg.rollout.partial_rollout else None,
                 )
             )
         return out

@@ -1,0 +1,98 @@
+"""The DAPO loss with importance weights (--tis-mode) and stale partial-rollout tokens
+(--partial-rollout-offpolicy): padded and packed micro-batches, loss and gradient."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+
+from megatron_dapo.algo import AlgorithmConfig
+from megatron_dapo.training import dapo_step, logprobs
+from megatron_dapo.training import packing as pk
+
+V = 7
+
+
+@pytest.fixture(autouse=True)
+def _no_tp(monkeypatch):
+    # the real chunked logprob/entropy kernel, single shard (no megatron parallel state)
+    monkeypatch.setattr(dapo_step, "chunked_logprobs_entropy",
+                        functools.partial(logprobs.chunked_logprobs_entropy, tp_group=None, tp_rank=0))
+
+
+def _logits(shape):
+    return torch.randn(shape + (V,), generator=torch.Generator().manual_seed(1))
+
+
+def _samples():
+    a = {"tokens": [1, 2, 3, 4, 5, 6], "prompt_len": 2, "advantage": 1.0, "train": True}
+    b = {"tokens": [3, 1, 4, 1, 5], "prompt_len": 2, "advantage": -1.0, "train": True}
+    lp = torch.log_softmax(_logits((2, 6)), -1)  # the padded batch is [2, 6]
+    for i, x in enumerate((a, b)):
+        p, n = x["prompt_len"], len(x["tokens"])
+        # old = the current policy's logprobs (ratio 1: no clipping), engine = old
+        x["old_logprobs"] = [lp[i, t - 1, x["tokens"][t]].item() for t in range(p, n)]
+        x["engine_logprobs"] = list(x["old_logprobs"])
+    return [a, b]
+
+
+def _loss_and_grad(samples, algo, offpolicy=None):
+    batch = dapo_step.collate(samples)
+    logits = _logits(tuple(batch["tokens"].shape)).requires_grad_(True)
+    n_tok = float(batch["loss_mask"].sum())
+    loss, stats = dapo_step.dapo_loss_fn(algo, V, n_tok, 2.0, offpolicy=offpolicy)(batch, logits)
+    loss.backward()
+    # the logits at position t score token t + 1: gradient per scored token
+    return loss.detach(), logits.grad.abs().sum(-1)[:, :-1], stats
+
+
+def test_stale_tokens_masked_contribute_no_loss_and_no_gradient():
+    algo = AlgorithmConfig()
+    samples = _samples()
+    samples[0]["stale_len"] = 2  # response tokens 0, 1 of sample a (tokens 3, 4 at positions 2, 3)
+    loss, grad, stats = _loss_and_grad(samples, algo, offpolicy="mask")
+    assert grad[0, 1].item() == 0.0 and grad[0, 2].item() == 0.0  # score tokens 2 and 3
+    assert grad[0, 3].item() > 0 and grad[1, 1].item() > 0
+    s, c = stats["offpolicy_token_frac"]
+    assert (float(s), float(c)) == (2.0, 7.0)
+    # the same batch without the stale tokens' losses: removing them changes the loss only there
+    fresh, _, _ = _loss_and_grad(_samples(), algo)
+    assert not torch.isclose(loss, fresh)
+    # with "correct" and equal engine/old logprobs the weight is 1: the fresh loss
+    corrected, _, _ = _loss_and_grad(samples, algo, offpolicy="correct")
+    assert torch.isclose(corrected, fresh)
+
+
+@pytest.mark.parametrize("mode", ["token-truncate", "token-mask"])
+def test_tis_weights_scale_the_token_losses(mode):
+    samples = _samples()
+    samples[1]["engine_logprobs"][1] = samples[1]["old_logprobs"][1] - math.log(3.0)  # rho = 3 > C = 2
+    algo = AlgorithmConfig(tis_mode=mode, tis_cap=2.0)
+    base, g_base, _ = _loss_and_grad(_samples(), AlgorithmConfig())
+    loss, grad, stats = _loss_and_grad(samples, algo)
+    tok = (1, 2)  # sample b's response token 1: scored at position 2
+    if mode == "token-mask":
+        assert grad[tok].item() == 0.0
+    else:  # weight 2: twice the gradient
+        assert grad[tok].item() == pytest.approx(2 * g_base[tok].item(), rel=1e-5)
+    others = torch.ones_like(grad, dtype=torch.bool)
+    others[tok] = False
+    assert torch.allclose(grad[others], g_base[others])
+    s, c = stats["tis_clip_frac"]
+    assert float(s) == pytest.approx(1.0) and float(c) == 7.0
+    s, c = stats["mismatch_kl"]
+    assert float(s) == pytest.approx(3 - 1 - math.log(3.0), rel=1e-5)
+
+
+def test_packed_rows_carry_engine_logprobs_and_stale_prefix():
+    samples = _samples()
+    samples[0]["stale_len"] = 3
+    samples[1]["engine_logprobs"] = None  # none: the old logprobs stand in (ratio 1)
+    row = pk.pack_samples(samples)
+    # sample a: response tokens at label positions 1..4; sample b at 6 + 1 .. 6 + 3
+    assert row["stale"][0].tolist() == [0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0]
+    assert torch.equal(row["engine_logprobs"][0, 7:10], row["old_logprobs"][0, 7:10])
+    assert row["engine_logprobs"][0, 1:5].tolist() == pytest.approx(samples[0]["engine_logprobs"])
