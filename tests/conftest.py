@@ -8,15 +8,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = ROOT.parent / "shared" / "data"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-
-
-@pytest.fixture(scope="session")
-def shared_data() -> Path:
-    assert SHARED_DATA.is_dir(), f"{SHARED_DATA} missing: the project expects ../shared/data beside the repo"
-    return SHARED_DATA
 
 
 class _Pools:

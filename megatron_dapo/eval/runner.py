@@ -38,7 +38,6 @@ import dataclasses
 import json
 import math
 import os
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional

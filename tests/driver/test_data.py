@@ -28,14 +28,16 @@ def _row(text, gt="1"):
     return {"data_source": "t", "prompt": [{"role": "user", "content": text}], "reward_model": {"ground_truth": gt}}
 
 
-def test_real_dapo_and_aime_files(shared_data):
+def test_real_dapo_and_aime_files():
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(shared_data / "tokenizers" / "qwen2"))
-    aime = load_prompt_dataset(str(shared_data / "eval" / "aime-2024.parquet"), tok, 2048)
+    from tests.data import DATA, qwen2_tokenizer_dir
+
+    tok = AutoTokenizer.from_pretrained(qwen2_tokenizer_dir())
+    aime = load_prompt_dataset(str(DATA / "eval" / "aime-2024.parquet"), tok, 2048)
     assert len(aime) == 30 and aime.stats.duplicates_removed == 930  # 30 problems x 32 copies
     assert "Answer:" in aime[0].prompt_text and aime[0].ground_truth
-    dapo = load_prompt_dataset(str(shared_data / "train" / "dapo-math-17k-head16.parquet"), tok, 2048)
+    dapo = load_prompt_dataset(str(DATA / "train" / "dapo-math-17k-head16.parquet"), tok, 2048)
     assert len(dapo) == 16
 
 

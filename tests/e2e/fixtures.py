@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
-
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
 def make_tiny_qwen2_dir(out: str, layers: int = 2, seed: int = 0) -> str:
@@ -18,8 +15,9 @@ def make_tiny_qwen2_dir(out: str, layers: int = 2, seed: int = 0) -> str:
 
     if os.path.exists(os.path.join(out, "model.safetensors")):
         return out
-    tok_src = SHARED / "tokenizers" / "qwen2"
-    tok = AutoTokenizer.from_pretrained(str(tok_src))
+    from tests.data import qwen2_tokenizer_dir
+
+    tok = AutoTokenizer.from_pretrained(qwen2_tokenizer_dir())
     cfg = tiny_qwen2_config(vocab_size=151680, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                             eos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),

@@ -28,9 +28,9 @@ from megatron_dapo.eval.runner import (
 )
 from megatron_dapo.reward import compute_score
 from megatron_dapo.rollout.base import GenerationOutput
+from tests.data import DATA, qwen2_tokenizer_dir
 
 ROOT = Path(__file__).resolve().parents[2]
-QWEN2_TOKENIZER = ROOT.parent / "shared" / "data" / "tokenizers" / "qwen2"
 SUMMARY_KEYS = {
     "avg@4", "pass@4", "maj@4", "pass@1", "response_length_mean", "truncation_ratio",
     "no_answer_rate", "timeout_rate", "n_problems", "n_samples_total", "samples_per_problem", "k",
@@ -53,7 +53,7 @@ def _load_eval_tool():
 def tok():
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(QWEN2_TOKENIZER)
+    return AutoTokenizer.from_pretrained(qwen2_tokenizer_dir())
 
 
 def _write_jsonl(path, rows):
@@ -275,10 +275,10 @@ def test_row_schemas_limit_and_errors(tmp_path):
         "eval/aime/avg@4": 0.5, "eval/aime/n_problems": 3}
 
 
-def test_real_aime_file_grouping(shared_data):
-    probs = load_eval_problems(str(shared_data / "eval" / "aime-2024.parquet"))
+def test_real_aime_file_grouping():
+    probs = load_eval_problems(str(DATA / "eval" / "aime-2024.parquet"))
     assert len(probs) == 30 and {p.copies for p in probs} == {32}
-    dedup = load_eval_problems(str(shared_data / "eval" / "aime-2024-dedup30.jsonl"))
+    dedup = load_eval_problems(str(DATA / "eval" / "aime-2024-dedup30.jsonl"))
     assert sorted(p.ground_truth for p in dedup) == sorted(p.ground_truth for p in probs)
 
 
@@ -370,6 +370,6 @@ def test_tools_eval_torch_dist_checkpoint(tiny_model, copies_file, tmp_path):
         tool.main(["--model", str(ckpt), "--out", str(tmp_path / "x")] + common)
     assert tool.main(["--model", str(ckpt), "--tokenizer", tiny_model, "--out", str(tmp_path / "m")] + common) == 0
     assert tool.main(["--model", tiny_model, "--out", str(tmp_path / "h")] + common) == 0
-    (sm, m), (sh, h) = _read_out(tmp_path / "m"), _read_out(tmp_path / "h")
+    (sm, m), (_, h) = _read_out(tmp_path / "m"), _read_out(tmp_path / "h")
     assert sm["config"]["context_length"] == 1024
     assert [x["response"] for x in m] == [x["response"] for x in h]

@@ -7,15 +7,12 @@ code under test. Quirks of the official checker are kept and marked QUIRK.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pyarrow.parquet as pq
 import pytest
 
 from megatron_dapo.reward import compute_score, is_equivalent
 from megatron_dapo.reward.dapo import minerva_normalize
-
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+from tests.data import DATA
 FILLER = "We simplify the expression step by step and check every case carefully. "  # 72 chars
 
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from megatron_dapo.reward import compute_score, is_equivalent
+from tests.data import DATA
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 CASES = [json.loads(line) for line in (DATA / "verifier" / "equivalence-cases.jsonl").open()]
 
 
@@ -200,7 +199,7 @@ def test_math_mode_response_styles(template, acc):
 
 def test_gsm8k_gold_vs_solution_with_currency_dollars():
     """GSM8K solutions use "$" for money and end with "#### N"; both must not confuse math mode."""
-    rows = [json.loads(line) for line in (DATA / "eval" / "gsm8k-test.jsonl").open()][:300]
+    rows = [json.loads(line) for line in (DATA / "eval" / "gsm8k-test-head300.jsonl").open()][:300]
     missed = [r["answer"][-60:] for r in rows if not is_equivalent(r["answer"].split("####")[-1].strip(), r["answer"])]
     assert not missed, missed[:5]
     assert is_equivalent("18", "Answer: $18")
