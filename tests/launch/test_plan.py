@@ -81,7 +81,12 @@ def test_engine_kv_cache(arch):
 
 def test_rank_layout_megatron_order():
     # TP fastest, then CP, DP, PP
-    assert rank_coord(0, 8, 1, 8, 2) == rank_coord(0, 8, 1, 8, 2)
+    assert [(c.tp, c.cp, c.dp, c.pp) for c in (rank_coord(r, 2, 2, 2, 2) for r in (0, 1, 2, 4, 8))] == [
+        (0, 0, 0, 0), (1, 0, 0, 0), (0, 1, 0, 0), (0, 0, 1, 0), (0, 0, 0, 1)]
+    # every rank of TP 8 x DP 8 x PP 2 gets its own coordinate, and the coordinate gives the rank back
+    coords = [rank_coord(r, 8, 1, 8, 2) for r in range(128)]
+    assert len({(c.tp, c.cp, c.dp, c.pp) for c in coords}) == 128
+    assert all(c.rank == c.tp + 8 * (c.cp + 1 * (c.dp + 8 * c.pp)) for c in coords)
     c = rank_coord(77, 8, 1, 8, 2)
     assert (c.tp, c.cp, c.dp, c.pp) == (5, 0, 1, 1)
     c = rank_coord(13, 2, 2, 2, 2)
