@@ -121,15 +121,16 @@ def minibatches(samples: list, global_batch_size: int) -> list:
 
 
 def dp_shards(minibatch: list, dp_size: int) -> list:
-    """Split a mini-batch over DP ranks with equal counts, balancing tokens (greedy, deterministic)."""
-    per = len(minibatch) // dp_size
-    if per * dp_size != len(minibatch):
-        raise ValueError(f"mini-batch of {len(minibatch)} not divisible by DP size {dp_size}")
-    order = sorted(range(len(minibatch)), key=lambda i: (-len(minibatch[i]["tokens"]), i))
-    shards = [[] for _ in range(dp_size)]
-    loads = [0] * dp_size
-    for i in order:
-        r = min((r for r in range(dp_size) if len(shards[r]) < per), key=lambda r: (loads[r], r))
-        shards[r].append(i)
-        loads[r] += len(minibatch[i]["tokens"])
-    return [[minibatch[i] for i in sorted(s)] for s in shards]
+    """Split a mini-batch over DP ranks balancing tokens, not counts.
+
+    Karmarkar-Karp (``training.packing.karmarkar_karp``) on the samples' token counts: the
+    slowest rank sets the step, so the ranks' token sums are what is balanced (the trainer
+    reports the result as ``dp_token_imbalance``); counts may differ (the loss is normalised
+    by the step's global token count, so that is exact). Every rank gets at least one sample;
+    deterministic; each shard keeps the mini-batch's order."""
+    from ..training.packing import karmarkar_karp
+
+    if len(minibatch) < dp_size:
+        raise ValueError(f"mini-batch of {len(minibatch)} smaller than DP size {dp_size}")
+    parts = karmarkar_karp([max(1, len(x["tokens"])) for x in minibatch], dp_size)
+    return [[minibatch[i] for i in p] for p in parts]

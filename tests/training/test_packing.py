@@ -147,3 +147,23 @@ def test_chunked_logprobs_entropy_match_reference_and_chunking():
         assert g[..., 45:].abs().max() == 0  # padded vocabulary gets no gradient
     with pytest.raises(ValueError, match="temperature"):
         chunked_logprobs_entropy(x, y, 45, 0.0, tp_rank=0)
+
+
+def test_dp_shards_balance_tokens_not_counts():
+    from megatron_dapo.driver.batch import dp_shards
+
+    lens = _dapo_like_lengths(64, seed=7)
+    mb = [{"tokens": [1] * n, "id": i} for i, n in enumerate(lens)]
+    shards = dp_shards(mb, 4)
+    assert sorted(x["id"] for s in shards for x in s) == list(range(64))
+    assert all(s and [x["id"] for x in s] == sorted(x["id"] for x in s) for s in shards)
+    loads = [sum(len(x["tokens"]) for x in s) for s in shards]
+    assert pk.imbalance(loads) < 1.01
+    # splitting by counts (16 each, in arrival order) is far worse on this mix
+    naive = [sum(lens[r * 16 : (r + 1) * 16]) for r in range(4)]
+    assert pk.imbalance(loads) < pk.imbalance(naive)
+    # one long sample: the other ranks share the rest, every rank keeps at least one
+    shards = dp_shards([{"tokens": [1] * 1000}] + [{"tokens": [1] * 10} for _ in range(7)], 4)
+    assert sorted(len(s) for s in shards) == [1, 2, 2, 3]
+    with pytest.raises(ValueError, match="smaller than DP size"):
+        dp_shards(mb[:3], 4)
