@@ -57,13 +57,13 @@ class Boundary:
 
 BOUNDARIES: tuple[Boundary, ...] = (
     Boundary("exploration", "Exploration", "Does the policy still explore?",
-             ("entropy", "clip_frac_low", "clip_frac_high")),
+             ("entropy", "clip_frac_low", "clip_frac_high"), ("mismatch_kl", "tis_clip_frac")),
     Boundary("group_contrast", "Group contrast", "Do the sampled groups still carry a direction?",
              ("kept_group_ratio", "all_correct_ratio", "all_wrong_ratio", "num_gen_batches")),
     Boundary("token_credit", "Token credit", "Do the generated tokens earn their credit?",
              ("response_length_mean", "response_length_max", "repetition_rate"), ("acc_mean",)),
     Boundary("reward_interpretation", "Reward interpretation", "Does the reward measure answers?",
-             ("truncation_ratio", "overlong_penalty_mean", "no_answer_rate")),
+             ("truncation_ratio", "overlong_penalty_mean", "no_answer_rate"), ("offpolicy_token_frac",)),
 )
 
 #: Metrics summarised in the run overview (not part of any boundary's verdict).
@@ -371,6 +371,15 @@ def _exploration(h: History, th: Thresholds, col: _Collector) -> None:
             lambda v, when, _i: (f"{v:.1%} of tokens clipped (low + high > {th.clip_frac_max:.0%}) "
                              f"{when}: each rollout moves the policy too far; lower the learning "
                              "rate or the number of mini-batches per rollout"))
+    tk, xk = _finite(h, "mismatch_kl")
+    if len(xk):
+        sm = _rolling_mean(xk, _eff(th.window, len(xk)))
+        col.condition(
+            "engine_mismatch_high", "mismatch_kl", tk, sm, sm > th.mismatch_kl_max, th.mismatch_kl_max,
+            lambda v, when, _i: (f"the engine samples from a different policy than the trainer computes: "
+                             f"KL(pi_engine || pi_old) {_fmt(v, 4)} (> {th.mismatch_kl_max:g}) {when}; "
+                             "the sampled tokens are off-policy: use --tis-mode token-truncate, check "
+                             "the engine's precision and logprob mode against the trainer's"))
 
 
 def _group_contrast(h: History, th: Thresholds, col: _Collector) -> None:
@@ -529,6 +538,16 @@ def _reward_interpretation(h: History, th: Thresholds, col: _Collector) -> None:
                              f"{when}: format failures are scored as wrong answers"))
         _sudden(col, h, "no_answer_rate", "rise", th, rate=True,
                 hint=": answers went missing at once")
+    tp, xp = _finite(h, "offpolicy_token_frac")
+    if len(xp):
+        sm = _rolling_mean(xp, _eff(th.window, len(xp)))
+        col.condition(
+            "offpolicy_tokens_high", "offpolicy_token_frac", tp, sm, sm > th.offpolicy_token_frac_max,
+            th.offpolicy_token_frac_max,
+            lambda v, when, _i: (f"{v:.1%} of the trained tokens were generated under older weights "
+                             f"(> {th.offpolicy_token_frac_max:.0%}, --partial-rollout) {when}: the rewards "
+                             "credit a policy that no longer exists; lower --partial-rollout-max-staleness "
+                             "or raise --over-sampling-batch-size"))
 
 
 _CHECKS = {

@@ -14,13 +14,15 @@ __all__ = ["PANELS", "plot_diagnosis"]
 
 # boundary -> (left-axis curves, right-axis curves, left label, right label)
 PANELS = {
-    "exploration": (("entropy",), ("clip_frac_low", "clip_frac_high"), "entropy", "clip fraction"),
+    "exploration": (("entropy",), ("clip_frac_low", "clip_frac_high", "tis_clip_frac", "mismatch_kl"), "entropy",
+                    "clip fraction / mismatch KL"),
     "group_contrast": (("kept_group_ratio", "all_correct_ratio", "all_wrong_ratio"),
                        ("num_gen_batches",), "share of groups", "generation rounds"),
     "token_credit": (("response_length_mean", "response_length_max"), ("acc_mean", "repetition_rate"),
                      "tokens", "acc / repetition"),
-    "reward_interpretation": (("truncation_ratio", "no_answer_rate", "overlong_penalty_mean"), (),
-                              "share of responses / |penalty|", ""),
+    "reward_interpretation": (("truncation_ratio", "no_answer_rate", "overlong_penalty_mean"),
+                              ("offpolicy_token_frac",), "share of responses / |penalty|",
+                              "share of trained tokens"),
 }
 
 _COLOURS = {
@@ -29,7 +31,8 @@ _COLOURS = {
     "num_gen_batches": "tab:gray", "response_length_mean": "tab:blue",
     "response_length_max": "lightsteelblue", "acc_mean": "tab:green", "repetition_rate": "tab:red",
     "truncation_ratio": "tab:orange", "no_answer_rate": "tab:purple",
-    "overlong_penalty_mean": "tab:brown",
+    "overlong_penalty_mean": "tab:brown", "tis_clip_frac": "tab:pink", "mismatch_kl": "tab:olive",
+    "offpolicy_token_frac": "tab:cyan",
 }
 
 

@@ -26,6 +26,7 @@ class Thresholds:
     entropy_collapse_ratio: float = 0.3  # recent entropy < 0.3 x early entropy -> collapse
     entropy_explode_ratio: float = 3.0  # recent entropy > 3 x early entropy -> runaway
     clip_frac_max: float = 0.2  # recent clip_frac_low + clip_frac_high above this
+    mismatch_kl_max: float = 0.01  # recent KL(pi_engine || pi_old) above this (engine/trainer mismatch)
 
     # --- group contrast: kept groups, all-correct / all-wrong, generation rounds --------------
     kept_group_ratio_min: float = 0.1  # recent share of mixed-correctness groups below this
@@ -48,6 +49,7 @@ class Thresholds:
     overlong_penalty_max: float = 0.1  # recent |overlong_penalty_mean| above this
     no_answer_rate_max: float = 0.2  # recent share of responses without an "Answer:" line
     no_answer_rise: float = 0.1  # ... or this much above its early value
+    offpolicy_token_frac_max: float = 0.5  # recent share of trained tokens from older weights (partial rollout)
 
     # --- sudden changes (any step inside the recent window) ----------------------------------
     sudden_z: float = 6.0  # jump of more than 6 robust sigmas of the preceding window ...
