@@ -176,6 +176,10 @@ class WeightSync:
         self._plan: Optional[List[_Bucket]] = None
         self._local: Optional[List[torch.Tensor]] = None
         self._scratch: Optional[torch.Tensor] = None
+        self._bufs: List[torch.Tensor] = []
+        # Keep the bucket buffers between syncs (saves allocating and first-touching them each
+        # sync; costs their memory while training: only where memory is plentiful, e.g. CPU).
+        self.keep_buffers = False
         # Checks only (benchmarks/gpu_check.py): run every collective even at TP1 / PP1, so
         # that a world of one exercises the same NCCL calls on device tensors.
         self.force_collectives = False
@@ -334,24 +338,64 @@ class WeightSync:
 
         Collective: every participating rank must exhaust the iterator. ``convert=False``
         runs the same collectives without conversion (a benchmark baseline); the yielded
-        tensors are then meaningless.
+        tensors are then meaningless. One buffer: a bucket's views are valid until the next
+        bucket is asked for.
         """
+        try:
+            for _, views, _ in self._buckets(convert, 1, []):
+                yield views
+        finally:
+            self._free_buffers()
+
+    def _buckets(self, convert: bool, num_buffers: int, sinks: Sequence["BucketSink"], shared: bool = False):
+        """Yields (index, HF views, flat buffer) per bucket on feeders; bucket i is written into
+        buffer ``i % num_buffers`` after every sink said the bucket that held it before is free."""
         if not self.participates:
             return
         plan = self.plan
-        # One bucket buffer and one scratch tensor, reused for every bucket of this sync and
-        # freed at its end: a bucket's tensors are only valid until the next bucket is asked
-        # for (engines copy them in update_weights).
         todo = [(b, *self._role(b)) for b in plan]
         todo = [x for x in todo if x[1] or x[2]]
         if not todo:
             return
-        big = torch.empty(max(b.nbytes for b, _, _ in todo), dtype=torch.uint8, device=self.device)
+        # Bucket buffers and one scratch tensor, reused for every bucket of this sync; the
+        # caller frees the buffers (_free_buffers) once the receivers are done with them.
+        size = max(b.nbytes for b, _, _ in todo)
+        bufs = self._buffers(size, num_buffers, shared)
         try:
-            yield from self._iter(todo, big, convert)
+            for i, (b, owner, need_bcast) in enumerate(todo):
+                if i >= num_buffers:
+                    for s in sinks:
+                        s.wait_free(i - num_buffers)
+                buf = bufs[i % num_buffers][: b.nbytes]
+                if owner:
+                    self._gather_bucket(b, buf, unshard=convert)
+                    if convert and (self.is_feeder or need_bcast):
+                        self._convert_bucket(b, buf)
+                if need_bcast:
+                    dist.broadcast(buf, src=self.pp_ranks[b.stage], group=self.pp_group)
+                if self.is_feeder:
+                    yield i, self._hf_views(b, buf), buf
+                del buf
         finally:
-            del big
+            del bufs
             self._scratch = None
+
+    def _free_buffers(self) -> None:
+        if not self.keep_buffers:
+            self._bufs = []
+
+    def _buffers(self, size: int, n: int, shared: bool) -> List[torch.Tensor]:
+        have = [t for t in self._bufs if t.numel() >= size]
+        if len(have) < n or (shared and self.device.type == "cpu" and not all(t.is_shared() for t in have)):
+            self._bufs = []  # free the old ones before allocating
+            have = []
+            for _ in range(n):
+                t = torch.empty(_align(size), dtype=torch.uint8, device=self.device)
+                if shared and self.device.type == "cpu":
+                    t.share_memory_()  # the engine process maps it (see rollout/payload.py)
+                have.append(t)
+            self._bufs = have
+        return have[:n]
 
     def _role(self, b: _Bucket) -> Tuple[bool, bool]:
         """(this rank's stage owns the bucket, this rank's PP group broadcasts it)."""
@@ -362,22 +406,13 @@ class WeightSync:
             return owner, bool(self.pp_feeders)
         return owner, self.pp_size > 1 and any(r != src for r in self.pp_feeders)
 
-    def _iter(self, todo, big, convert):
-        for b, owner, need_bcast in todo:
-            buf = big[: b.nbytes]
-            if owner:
-                self._gather_bucket(b, buf, unshard=convert)
-                if convert and (self.is_feeder or need_bcast):
-                    self._convert_bucket(b, buf)
-            if need_bcast:
-                dist.broadcast(buf, src=self.pp_ranks[b.stage], group=self.pp_group)
-            if self.is_feeder:
-                yield self._hf_views(b, buf)
-            del buf
-
     def sync(self, engines=None) -> SyncStats:
-        """One full weight sync. ``engines``: an engine or a list of engines on feeder ranks,
-        None elsewhere. Returns the stats (bytes delivered per engine on feeders)."""
+        """One full weight sync. ``engines`` (feeder ranks only, None elsewhere): an engine, a
+        :class:`BucketSink`, or a list of them. An engine (``update_weights`` /
+        ``finish_weight_update``, e.g. an in-process ``RolloutEngine``) gets the bucket's views
+        and must have copied them when it returns; a sink gets handles to this rank's buffer
+        and may acknowledge later (double buffering). Returns the stats (bytes delivered per
+        engine on feeders)."""
         if engines is None:
             engines = []
         elif not isinstance(engines, (list, tuple)):
@@ -388,31 +423,39 @@ class WeightSync:
             )
         if self.is_feeder and not engines:
             raise WeightSyncError(f"rank {self.rank} is a feeder rank but was given no engine")
+        sinks = [e if isinstance(e, BucketSink) else DirectSink(e) for e in engines]
+        # buffers: the receiver's lag + the one being written, + 1 to overlap with the receiver
+        num_buffers = max([s.lag + 1 + int(s.asynchronous) for s in sinks] or [1])
+        shared = any(s.shared_memory for s in sinks)
         stats = SyncStats()
         t0 = time.perf_counter()
         # An engine error on a feeder must not leave the other ranks blocked in the next
-        # bucket's collectives: the feeder keeps driving them (without the engine), and one
-        # flag all-reduced over the replica at the end makes every rank raise together.
+        # bucket's collectives: the feeder keeps driving them (sinks record errors and keep
+        # their own collectives going), and one flag all-reduced over the replica at the end
+        # makes every rank raise together.
         error: Optional[BaseException] = None
-        for bucket in self.iter_buckets():
-            if error is None:
+        try:
+            for i, bucket, flat in self._buckets(True, num_buffers, sinks, shared):
+                for s in sinks:
+                    try:
+                        s.submit(i, bucket, flat)
+                    except Exception as exc:  # noqa: BLE001 - re-raised below, on every rank
+                        error = error or exc
+                nbytes = sum(x.numel() * x.element_size() for _, x in bucket)
+                stats.bytes += nbytes
+                stats.buckets += 1
+                stats.tensors += len(bucket)
+                stats.max_bucket_bytes = max(stats.max_bucket_bytes, nbytes)
+                del bucket, flat
+            # The buffers stay allocated until every receiver has finished (a receiver with
+            # lag may read the last buckets until its update session ends).
+            for s in sinks:
                 try:
-                    for e in engines:
-                        e.update_weights(bucket)
-                except Exception as exc:  # noqa: BLE001 - re-raised below, on every rank
-                    error = exc
-            nbytes = sum(x.numel() * x.element_size() for _, x in bucket)
-            stats.bytes += nbytes
-            stats.buckets += 1
-            stats.tensors += len(bucket)
-            stats.max_bucket_bytes = max(stats.max_bucket_bytes, nbytes)
-            del bucket
-        if error is None:
-            try:
-                for e in engines:
-                    e.finish_weight_update()
-            except Exception as exc:  # noqa: BLE001
-                error = exc
+                    s.finish()
+                except Exception as exc:  # noqa: BLE001
+                    error = error or exc
+        finally:
+            self._free_buffers()
         if self.participates and dist.get_world_size(self.mp_group) > 1:
             flag = torch.tensor([0 if error is None else 1], dtype=torch.int32, device=self.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.mp_group)
@@ -420,6 +463,8 @@ class WeightSync:
         else:
             failed_elsewhere = False
         if error is not None:
+            if isinstance(error, WeightSyncError):
+                raise error
             raise WeightSyncError(f"weight sync failed on rank {self.rank}: {type(error).__name__}: {error}") from error
         if failed_elsewhere:
             raise WeightSyncError(f"weight sync failed on another rank of rank {self.rank}'s model-parallel group")
@@ -432,6 +477,208 @@ class WeightSync:
                 stats.tensors, stats.buckets, stats.bytes / 2**20, stats.seconds, stats.bytes_per_s / 1e9,
             )
         return stats
+
+
+# ------------------------------------------------------------------- who feeds whom ----
+def engine_feeders(world_size: int, gpus_per_engine: int) -> List[List[int]]:
+    """Global ranks feeding each engine: engine ``e`` sits on the GPUs of ranks
+    ``e*K .. e*K+K-1`` (K = ``gpus_per_engine``) and is fed by exactly those ranks, rank
+    ``e*K + j`` handing over the payload of the engine's TP rank ``j``. Ranks of one node are
+    consecutive (launch/placement.py), so with K dividing the GPUs per node an engine's
+    feeders share its node."""
+    if gpus_per_engine < 1 or world_size % gpus_per_engine:
+        raise ValueError(
+            f"--rollout-num-gpus-per-engine {gpus_per_engine} must divide the world size {world_size}"
+        )
+    k = gpus_per_engine
+    return [list(range(e * k, (e + 1) * k)) for e in range(world_size // k)]
+
+
+class EngineFeeding:
+    """This rank's place in :func:`engine_feeders` and the gloo groups of the feeders.
+
+    Collective: every rank of the job constructs it (one ``new_group`` per engine of more than
+    one GPU, all ranks, same order). :meth:`sink` gives this rank's :class:`PayloadSink`.
+    """
+
+    def __init__(self, gpus_per_engine: int):
+        world = dist.get_world_size()
+        self.rank = dist.get_rank()
+        self.layout = engine_feeders(world, gpus_per_engine)
+        groups = [dist.new_group(r, backend="gloo") if len(r) > 1 else None for r in self.layout]
+        self.engine = self.rank // gpus_per_engine
+        self.group = groups[self.engine]
+        self.leader = self.layout[self.engine][0]
+        self.engine_tp_rank = self.rank - self.leader
+        self.feeder_ranks = list(range(world))  # every rank feeds its own engine
+
+    def sink(self, calls: Optional["EngineCalls"]) -> "PayloadSink":
+        return PayloadSink(calls if self.rank == self.leader else None, self.group, self.leader,
+                           engine_index=self.engine)
+
+
+class BucketSink:
+    """Where a feeding rank hands its buckets (see :meth:`WeightSync.sync`).
+
+    ``submit(i, views, flat)`` hands over bucket ``i`` (``views``: HF names and tensors inside
+    ``flat``, this rank's bucket buffer); ``wait_free(j)`` returns once the receiver no longer
+    reads bucket ``j``'s memory (the buffer is about to be overwritten); ``finish()`` ends the
+    update. ``lag``: buckets the receiver may still read after acknowledging one (0: it copied
+    before acknowledging). ``asynchronous``: ``submit`` returns before the acknowledgement (a
+    second buffer then overlaps the next bucket's collectives with the receiver's copy).
+    ``shared_memory``: CPU buffers must be in shared memory (another process maps them).
+    A sink must not raise from ``submit``/``wait_free`` in a way that skips collectives of its
+    own; it may raise from ``finish``.
+    """
+
+    lag = 0
+    asynchronous = False
+    shared_memory = False
+
+    def submit(self, index: int, views, flat: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def wait_free(self, index: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+class DirectSink(BucketSink):
+    """An engine in this process: ``update_weights(views)`` copies before it returns."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.error: Optional[BaseException] = None
+
+    def submit(self, index, views, flat):
+        if self.error is None:
+            try:
+                self.engine.update_weights(views)
+            except Exception as exc:  # noqa: BLE001 - reported by finish
+                self.error = exc
+
+    def finish(self):
+        if self.error is not None:
+            raise self.error
+        self.engine.finish_weight_update()
+
+
+class DiscardSink(BucketSink):
+    """A feeder whose engine is not synced this time (e.g. another engine was restarted): it
+    takes part in the collectives and hands nothing over."""
+
+    def submit(self, index, views, flat):
+        pass
+
+
+class EngineCalls:
+    """How the leader of an engine's feeders reaches the engine (the driver builds it, e.g.
+    over Ray): ``send(payloads) -> future`` (one payload per engine TP rank, in TP order),
+    ``resolve(future)`` (waits; raises the engine's error), ``finish()`` (ends the engine's
+    weight update: ``finish_weight_update``). ``lag``/``codec``: see :class:`PayloadSink`."""
+
+    def __init__(self, send, resolve, finish, *, lag: int = 0, codec=None):
+        self.send, self.resolve, self.finish = send, resolve, finish
+        self.lag = int(lag)
+        self.codec = codec
+
+
+class PayloadSink(BucketSink):
+    """Feed one engine from the ranks of its group (:func:`engine_feeders`), by memory handles.
+
+    Every feeder serializes a payload of its OWN bucket buffer (``rollout/payload.py``: CUDA
+    IPC handles on GPU, shared-memory handles on CPU; no tensor bytes), the payloads are
+    gathered on the group's first rank (``group``: a gloo group of the feeders, in engine TP
+    order; None for a group of one), which sends them to the engine in one small message and
+    keeps the future. ``wait_free(j)``: the leader waits for the acknowledgement of bucket
+    ``j + lag`` and broadcasts it to the group (``lag`` 1 for SGLang, whose call returns after
+    enqueueing its copy: a bucket is free once the NEXT call has returned; 0 for HFEngine,
+    which copies before it returns). Engine errors are recorded, the collectives continue, and
+    ``finish`` raises on every rank of the group.
+    """
+
+    asynchronous = True
+    shared_memory = True
+
+    def __init__(self, calls: Optional[EngineCalls], group, leader: int, *, engine_index: int = 0):
+        from ..rollout.payload import codec_for, use_shared_memory_files
+
+        self.group = group
+        self.leader = int(leader)
+        self.rank = dist.get_rank()
+        self.is_leader = self.rank == self.leader
+        self.size = dist.get_world_size(group) if group is not None else 1
+        if self.is_leader and calls is None:
+            raise ValueError("the leader of an engine's feeders needs its EngineCalls")
+        self.calls = calls
+        self.lag = calls.lag if calls is not None else 0
+        self.engine_index = engine_index
+        self.serializer, self.metadata_cls = calls.codec if calls is not None and calls.codec else codec_for("hf")
+        use_shared_memory_files()
+        self.futures: dict = {}
+        self.acked = -1  # highest bucket index acknowledged (known to the whole group)
+        self.submitted = -1
+        self.error: Optional[BaseException] = None
+        self.failed = False  # the group knows the engine failed
+
+    def submit(self, index, views, flat):
+        from ..rollout.payload import entries_in, serialize_flat
+
+        payload = serialize_flat(flat, entries_in(flat, views), 1, metadata_cls=self.metadata_cls,
+                                 serializer=self.serializer)[0]
+        if self.size > 1:
+            gathered = [None] * self.size if self.is_leader else None
+            dist.gather_object(payload, gathered, dst=self.leader, group=self.group)
+        else:
+            gathered = [payload]
+        if self.is_leader and self.error is None:
+            try:
+                self.futures[index] = self.calls.send(gathered)
+            except Exception as exc:  # noqa: BLE001 - reported by finish, on every rank
+                self.error = exc
+        self.submitted = index
+
+    def _resolve_through(self, index: int) -> None:
+        """Leader: wait for every sent bucket up to ``index``; then tell the group."""
+        if self.is_leader:
+            for j in sorted(k for k in self.futures if k <= index):
+                fut = self.futures.pop(j)
+                if self.error is None:
+                    try:
+                        self.calls.resolve(fut)
+                    except Exception as exc:  # noqa: BLE001
+                        self.error = exc
+        state = torch.tensor([index, 0 if self.error is None else 1], dtype=torch.int64)
+        if self.size > 1:
+            dist.broadcast(state, src=self.leader, group=self.group)
+        self.acked = max(self.acked, int(state[0]))
+        self.failed = self.failed or bool(state[1])
+
+    def wait_free(self, index):
+        need = min(index + self.lag, self.submitted)
+        if need > self.acked:
+            self._resolve_through(need)
+
+    def finish(self):
+        self._resolve_through(self.submitted)
+        if self.is_leader and self.error is None and not self.failed:
+            try:
+                self.calls.finish()
+            except Exception as exc:  # noqa: BLE001
+                self.error = exc
+        state = torch.tensor([0 if self.error is None else 1], dtype=torch.int64)
+        if self.size > 1:
+            dist.broadcast(state, src=self.leader, group=self.group)
+        if self.error is not None:
+            raise WeightSyncError(
+                f"engine {self.engine_index} failed to load the weights: {type(self.error).__name__}: {self.error}"
+            ) from self.error
+        if state.item() or self.failed:
+            raise WeightSyncError(
+                f"engine {self.engine_index} failed to load the weights (see its feeder rank {self.leader})"
+            )
 
 
 def sync_weights(

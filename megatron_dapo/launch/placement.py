@@ -227,6 +227,40 @@ def ranks_to_bundles(pg) -> List[int]:
     return [i for nid in order for i, x in enumerate(ids) if x == nid]
 
 
+def engine_gpu_plan(placements: Sequence[dict], gpus_per_engine: int) -> List[dict]:
+    """Where each rollout engine runs, from where its feeding ranks run.
+
+    ``placements[r]``: ``{"node_id", "gpu_ids"}`` of trainer rank ``r`` (what Ray gave it).
+    Engine ``e`` is fed by ranks ``e*K .. e*K+K-1`` (``hybrid.weight_sync.engine_feeders``)
+    and must see exactly their GPUs: all on one node (CUDA IPC does not cross nodes) and
+    consecutive physical ids, since SGLang places TP rank ``j`` on ``base_gpu_id + j``.
+    Returns ``[{"engine", "node_id", "ranks", "base_gpu_id", "gpu_ids"}]`` (ids ``None`` on
+    CPU); raises :class:`PlacementError` naming the engine otherwise.
+    """
+    k = int(gpus_per_engine)
+    if k < 1 or len(placements) % k:
+        raise PlacementError(f"--rollout-num-gpus-per-engine {k} must divide the {len(placements)} trainer ranks")
+    plan = []
+    for e in range(len(placements) // k):
+        ranks = list(range(e * k, (e + 1) * k))
+        nodes = {placements[r]["node_id"] for r in ranks}
+        if len(nodes) != 1:
+            raise PlacementError(
+                f"engine {e} would span nodes {sorted(nodes)} (ranks {ranks}): its GPUs must share a node; "
+                "choose --rollout-num-gpus-per-engine dividing the GPUs per node"
+            )
+        ids = [g for r in ranks for g in placements[r].get("gpu_ids", [])]
+        if ids:
+            if len(ids) != k or ids != list(range(ids[0], ids[0] + k)):
+                raise PlacementError(
+                    f"engine {e}: its ranks {ranks} hold GPUs {ids}, not {k} consecutive ids "
+                    "(SGLang puts TP rank j on base_gpu_id + j)"
+                )
+        plan.append({"engine": e, "node_id": nodes.pop(), "ranks": ranks,
+                     "base_gpu_id": ids[0] if ids else None, "gpu_ids": ids or None})
+    return plan
+
+
 def _node_names(n: dict) -> set:
     names = set()
     for k in n.get("Resources", {}):

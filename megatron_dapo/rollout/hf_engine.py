@@ -174,6 +174,7 @@ class HFEngine(RolloutEngine):
         return [c for c, _, _ in plan]
 
     def finish_weight_update(self) -> None:
+        self._mapped = []  # the feeders' buffers (update_weights_from_payloads)
         super().finish_weight_update()  # raises on missing names
         self._weights_valid = True
 
@@ -227,6 +228,33 @@ class HFEngine(RolloutEngine):
         if self._closed:
             raise RuntimeError("HFEngine.update_weights() called after shutdown()")
         super().update_weights(bucket)
+
+    def update_weights_from_payloads(self, payloads: Sequence) -> None:
+        """Load one bucket from serialized payloads (``rollout/payload.py``, the form SGLang's
+        ``update_weights_from_tensor(load_format="flattened_bucket")`` takes), one per feeding
+        rank, each referring to that rank's own copy of the bucket (shared memory on CPU).
+
+        Every payload must describe the same tensors. Tensor ``j`` is copied from payload
+        ``j mod len(payloads)``, so every feeder's copy is read and a wrong one fails the
+        probe. The copies are done when this returns: the feeders may then reuse their
+        buffers. The mapped buffers are kept (not their contents) until the update finishes,
+        so that the next bucket in the same buffer maps nothing new."""
+        from megatron_dapo.rollout.payload import load_payload, reconstruct_bucket
+
+        if not payloads:
+            raise WeightUpdateError("update_weights_from_payloads: no payloads")
+        decoded = [load_payload(p) for p in payloads]
+        first = [(m.name, tuple(m.shape), m.dtype) for m in decoded[0][1]]
+        for k, (_, meta) in enumerate(decoded[1:], start=1):
+            if [(m.name, tuple(m.shape), m.dtype) for m in meta] != first:
+                raise WeightUpdateError(
+                    f"payload {k} describes other tensors than payload 0 (each feeding rank must "
+                    "hand over the same bucket)"
+                )
+        copies = [reconstruct_bucket(flat, meta) for flat, meta in decoded]
+        bucket = [copies[j % len(copies)][j] for j in range(len(first))]
+        self.update_weights(bucket)
+        self._mapped = ([flat for flat, _ in decoded] + getattr(self, "_mapped", []))[: 2 * len(decoded)]
 
     # ---------------------------------------------------------------- generation ----
     def _forward(self, input_ids, attention_mask, position_ids, cache, last_only=False):
