@@ -70,9 +70,12 @@ def main() -> int:
         cli = [sys.executable, "-m", "megatron_dapo.launch.placement", "wait-nodes", "--address", cluster.address,
                "--gpus-per-node", "1"]
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        ok = subprocess.run(cli + ["--nodes", "nodeA,nodeB", "--timeout", "30"], capture_output=True, text=True, cwd=root)
+        # the CLI's own --timeout bounds it; the subprocess timeout only guards against a hang
+        ok = subprocess.run(cli + ["--nodes", "nodeA,nodeB", "--timeout", "30"], capture_output=True, text=True,
+                            cwd=root, timeout=120)
         assert ok.returncode == 0 and "all 2 node(s) registered" in ok.stdout, ok.stdout + ok.stderr
-        bad = subprocess.run(cli + ["--nodes", "nodeA,nodeC", "--timeout", "2"], capture_output=True, text=True, cwd=root)
+        bad = subprocess.run(cli + ["--nodes", "nodeA,nodeC", "--timeout", "2"], capture_output=True, text=True,
+                             cwd=root, timeout=120)
         assert bad.returncode == 1 and "nodeC (not registered)" in bad.stderr, bad.stdout + bad.stderr
         print("OK the wait-nodes CLI (used by the Slurm script) passes and fails fast naming nodeC")
 
@@ -100,14 +103,12 @@ def main() -> int:
 
         # feasible by totals, but the slots are taken: must time out, name the request, remove itself
         hold = create_placement_group(2, 0, cpus_per_bundle=0.1, resources_per_bundle={"slot": 1}, strategy="SPREAD")
-        t = time.time()
         try:
             create_placement_group(1, 0, cpus_per_bundle=0.1, resources_per_bundle={"slot": 1}, timeout_s=2, name="late")
             raise AssertionError("a group without free slots was placed")
         except PlacementError as e:
             msg = str(e)
             assert "not placed within 2 s" in msg and "'slot': 1" in msg and "removed" in msg, msg
-        assert time.time() - t < 10
         states = [v["state"] for v in placement_group_table().values() if v["name"] == "late"]
         assert states and all(s == "REMOVED" for s in states), states
         ray.util.remove_placement_group(hold)

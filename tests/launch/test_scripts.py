@@ -2,8 +2,8 @@
 
 Two layers: with ``report_only.py`` standing in for the driver (every flag parses, the plan
 builds, the paper's hyperparameters are what the script passes), and with the real driver
-(``python -m megatron_dapo.train --dry-run``), skipped only while megatron_dapo/train.py
-does not exist.
+(``python -m megatron_dapo.train --dry-run``). Every script runs in a session of its own,
+and whatever it started is killed when the test ends, also when it fails or times out.
 """
 
 import os
@@ -15,12 +15,11 @@ from pathlib import Path
 import pytest
 
 from megatron_dapo.config import parse_args
+from tests.launch.procs import leftovers as _leftovers
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "examples" / "run_qwen32b.sh"
 SBATCH = ROOT / "examples" / "slurm" / "submit_dapo.sbatch"
-HAVE_DRIVER = (ROOT / "megatron_dapo" / "train.py").exists()
-needs_driver = pytest.mark.skipif(not HAVE_DRIVER, reason="driver not yet present")
 
 
 def _env(tmp_path, python=None, **extra):
@@ -45,7 +44,18 @@ def shim(tmp_path):
 
 
 def _run(cmd, env, timeout=120):
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    """Run ``cmd`` in its own session; on a timeout every process of that session is killed."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _leftovers(proc)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{' '.join(map(str, cmd))} did not finish in {timeout} s:\n{(stdout + stderr)[-4000:]}")
+    finally:
+        _leftovers(proc)  # nothing it started outlives the test
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
 def _driver_argv(stderr: str) -> list:
@@ -118,7 +128,6 @@ def test_sbatch_refuses_to_run_outside_slurm(tmp_path, shim):
     assert p.returncode == 2 and "not under Slurm" in p.stderr
 
 
-@needs_driver
 def test_run_qwen32b_dry_run_with_the_driver(tmp_path):
     p = _run(["bash", str(RUN), "--dry-run"], _env(tmp_path, sys.executable), timeout=300)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
@@ -127,7 +136,6 @@ def test_run_qwen32b_dry_run_with_the_driver(tmp_path):
         assert needle in p.stdout, p.stdout[-4000:]
 
 
-@needs_driver
 def test_sbatch_dry_run_with_the_driver(tmp_path):
     p = _run(["bash", str(SBATCH)], _env(tmp_path, sys.executable, DRY_RUN="1"), timeout=300)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
@@ -151,26 +159,26 @@ def test_sbatch_starts_ray_and_the_driver_under_fake_slurm(tmp_path):
                RAY_HEAD_START_S="1", RAY_WAIT_TIMEOUT="90", DRIVER_SCRIPT=str(stubs / "driver.sh"))
     env.pop("RAY_AUTH_MODE", None)
     env.pop("RAY_AUTH_TOKEN", None)
+    # The script runs in its own session, so that every process it starts (srun stubs,
+    # `ray start --block`, the wait-nodes client, the driver stub) can be ended as a group.
+    proc = subprocess.Popen(["bash", str(SBATCH), "--foo", "1"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True)
     try:
         try:
-            p = subprocess.run(["bash", str(SBATCH), "--foo", "1"], env=env, capture_output=True, text=True,
-                               timeout=240, cwd=ROOT, start_new_session=True)
-        except subprocess.TimeoutExpired as e:
-            partial = (e.stdout or b"") + (e.stderr or b"")
-            partial = partial.decode(errors="replace") if isinstance(partial, bytes) else partial
-            pytest.fail(f"submit_dapo.sbatch under fake Slurm did not finish in 240 s:\n{partial[-4000:]}")
-        out = p.stdout + p.stderr
-        assert p.returncode == 0, out[-4000:]
+            stdout, stderr = proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            _leftovers(proc)
+            stdout, stderr = proc.communicate()
+            pytest.fail(f"submit_dapo.sbatch under fake Slurm did not finish in 240 s:\n{(stdout + stderr)[-4000:]}")
+        out = stdout + stderr
+        assert proc.returncode == 0, out[-4000:]
         assert "all 1 node(s) registered" in out, out[-4000:]
-        line = [x for x in p.stdout.splitlines() if x.startswith("DRIVER ")]
+        line = [x for x in stdout.splitlines() if x.startswith("DRIVER ")]
         assert line, out[-4000:]
         assert "['slurm_node:fakehead'] 1.0 ARGS --foo 1" in line[0] and f":{env['RAY_PORT']} " in line[0]
     finally:
-        # the script's trap stops `ray start --block`; anything left under our temp dir is ours to end
-        left = subprocess.run(["pgrep", "-f", temp], capture_output=True, text=True).stdout.split()
-        for pid in left:
-            try:
-                os.kill(int(pid), 9)
-            except (ProcessLookupError, ValueError):
-                pass
-        assert not left, f"processes left running under {temp}: {left}"
+        # the script's trap stops `ray start --block`; whatever is left in its session, or under
+        # our Ray temp dir (Ray daemons may start sessions of their own), is ours to end
+        left = _leftovers(proc, temp, grace_s=15)
+        proc.wait()
+        assert not left, f"processes left running by the script: {left}"

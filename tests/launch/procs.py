@@ -1,0 +1,50 @@
+"""End what a test started: every process of a session, also after a failure or a timeout.
+
+Tests start scripts with ``subprocess.Popen(..., start_new_session=True)``; the script and
+everything it starts (unless it calls setsid itself) share that session, so the session id
+finds them all, even those that moved to a process group of their own.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+
+def session_pids(sid: int) -> list:
+    """Live processes of session ``sid`` (from /proc; field 6 of stat is the session id)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+def leftovers(proc, pattern: str = "", grace_s: float = 0.0) -> list:
+    """Processes still alive in ``proc``'s session (it was started with start_new_session) or
+    whose command line contains ``pattern``, after waiting up to ``grace_s`` for them to exit
+    on their own; every one of them is SIGKILLed. Returns their pids."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = {p for p in session_pids(proc.pid) if p != proc.pid}
+        if pattern:
+            found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
+            left |= {int(p) for p in found}
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    for pid in [*([proc.pid] if proc.poll() is None else []), *left]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return sorted(left)
