@@ -203,8 +203,8 @@ def parse_args(argv=None) -> DAPOConfig:
     idx = _index()
     for k, v in ns.items():
         sec, f, flag, tp, opt = idx[k]
-        if f.metadata.get("choices") and isinstance(v, str) and v == "none":
-            v = None
+        if f.metadata.get("choices") and isinstance(v, str) and v == "none" and "none" not in f.metadata["choices"]:
+            v = None  # "none" of an Optional choice; a choice named "none" (e.g. --tis-mode) stays a string
         values[k] = _coerce(v, flag, tp, opt) if v is not None or opt else v
     cfg = DAPOConfig()
     for key, v in values.items():

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import os
+from pathlib import Path
 
-from megatron_dapo.driver.logging import MetricsLogger
+from megatron_dapo.driver.logging import REQUIRED_KEYS, MetricsLogger
+from tests.metrics_doc import documented_keys, table_keys
+
+PACKAGE = Path(__file__).resolve().parents[2] / "megatron_dapo"
 
 
 def test_jsonl_tensorboard_and_resume_truncation(tmp_path):
@@ -23,3 +28,17 @@ def test_jsonl_tensorboard_and_resume_truncation(tmp_path):
     again = MetricsLogger(str(tmp_path), {}, None, "disabled", tensorboard=False)
     again.truncate_after(1)  # resuming from the step-1 checkpoint drops steps 2 and 3
     assert [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl")] == [1]
+
+
+def test_docs_list_what_is_logged():
+    """docs/metrics.md documents every required key, and documents no key that the code never
+    names (a key that appears as no string literal in megatron_dapo/ is never logged)."""
+    literals = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                literals.add(node.value)
+    assert set(REQUIRED_KEYS) - table_keys() == set()
+    documented = documented_keys()
+    assert len(documented) > len(REQUIRED_KEYS)
+    assert sorted(documented - literals) == []
