@@ -4,7 +4,9 @@ Rules, in order of trust:
 
 * numbers: exact rational comparison ("1000.0" == 1000, 0.50000001 != 1/2, 1/2004! != 1/2006!);
   a rational and an irrational-looking value are equal only if sympy proves the difference
-  is 0; two irrational values are equal within a relative 1e-9;
+  is 0; two irrational values are equal when sympy proves it, or cannot decide and the
+  difference vanishes at 60 digits (never within a loose tolerance: a difference sympy
+  knows to be nonzero, however tiny, means "not equal");
 * symbolic expressions: expand / cancel / simplify of the difference must give exactly 0;
 * tuples and intervals compare in order and with their brackets; sets and bare lists compare
   as multisets in any order; a tuple against a bare list compares in order;
@@ -15,13 +17,16 @@ Rules, in order of trust:
 
 from __future__ import annotations
 
+import math
+import re
+from functools import lru_cache
+
 import sympy
+from sympy.core.function import AppliedUndef
 
-from .guards import MAX_ITEMS, MAX_SIMPLIFY_OPS
-from .latex import PM, Rel, Seq, Text
-
-_REL_TOL = sympy.Rational(1, 10**9)
-
+from .extract import clean_answer
+from .guards import MAX_EXPANSION_TERMS, MAX_ITEMS, MAX_SIMPLIFY_OPS
+from .latex import PM, Rel, Seq, Text, parse_latex
 
 class Labeled:
     """A top-level answer item "label = value" (the label kept for equation comparisons)."""
@@ -42,6 +47,15 @@ def _is_plain_expr(v) -> bool:
 
 
 def _numbers_equal(a: sympy.Expr, b: sympy.Expr) -> bool:
+    """Exact equality of two constants.
+
+    Rationals compare exactly. Otherwise a cheap 30-digit evaluation rejects values that
+    differ by more than a relative 1e-9; values that close are equal only when sympy proves
+    the difference is 0, or when it cannot decide (`is_zero` is None: an identity it cannot
+    simplify, such as ``atan(1/2) + atan(1/3) - pi/4``) and the difference evaluates to 0
+    at 60 digits. A difference that sympy knows is nonzero (``\\pi + 10^{-10}\\pi`` against
+    ``\\pi``) is never accepted, however small.
+    """
     if a.is_Rational and b.is_Rational:
         return a == b
     if a.has(sympy.oo, -sympy.oo, sympy.zoo, sympy.nan) or b.has(sympy.oo, -sympy.oo, sympy.zoo, sympy.nan):
@@ -59,17 +73,39 @@ def _numbers_equal(a: sympy.Expr, b: sympy.Expr) -> bool:
         return False
     if not close:
         return False
+    diff = a - b
+    if _proved_zero(diff):
+        return True
     if a.is_Rational or b.is_Rational:
-        # One side exact rational: require a proof, not a tolerance.
-        return _proved_zero(a - b)
-    return True
+        return False  # one side exact rational: only a proof counts
+    try:
+        if diff.is_zero is not None or sympy.count_ops(diff) > MAX_SIMPLIFY_OPS * 4:
+            return bool(diff.is_zero)
+        return bool(sympy.Abs(sympy.N(diff, 60)) < scale * sympy.Float(10, 60) ** -50)
+    except Exception:  # noqa: BLE001 - undecidable: not equal
+        return False
+
+
+def expansion_terms(e) -> int:
+    """Upper bound on the number of terms `sympy.expand(e)` produces (cheap, no expansion)."""
+    if e.is_Add:
+        return sum(expansion_terms(a) for a in e.args)
+    if e.is_Mul:
+        total = 1
+        for a in e.args:
+            total *= expansion_terms(a)
+        return total
+    if e.is_Pow and e.exp.is_Integer and e.exp > 1:
+        t = expansion_terms(e.base)
+        return math.comb(int(e.exp) + t - 1, t - 1) if t > 1 else 1
+    return 1
 
 
 def _proved_zero(diff: sympy.Expr) -> bool:
     try:
         if diff == 0:
             return True
-        if sympy.count_ops(diff) > MAX_SIMPLIFY_OPS * 4:
+        if sympy.count_ops(diff) > MAX_SIMPLIFY_OPS * 4 or expansion_terms(diff) > MAX_EXPANSION_TERMS:
             return False
         e = sympy.expand(diff)
         if e == 0:
@@ -86,8 +122,8 @@ def _proved_zero(diff: sympy.Expr) -> bool:
 def _random_reject(a: sympy.Expr, b: sympy.Expr) -> bool:
     """True when a and b differ at a random rational point (cheap proof of inequality)."""
     syms = sorted(a.free_symbols | b.free_symbols, key=str)
-    if not syms or a.has(sympy.Sum) or b.has(sympy.Sum) or a.atoms(sympy.Function) or b.atoms(sympy.Function):
-        return False
+    if not syms or a.has(sympy.Sum) or b.has(sympy.Sum):
+        return False  # (an undefined function f(x) does not evaluate to a number: no verdict)
     point = {s: sympy.Rational(37 + 11 * i, 17 + 3 * i) for i, s in enumerate(syms)}
     try:
         va = sympy.N(a.subs(point), 20)
@@ -111,9 +147,8 @@ def expr_equal(a, b) -> bool:
         return False
     if not a.free_symbols and not b.free_symbols:
         return _numbers_equal(a, b)
-    if a.free_symbols != b.free_symbols:
-        # Symbols may still cancel (x - x); only the exact route may say yes.
-        return _proved_zero(a - b)
+    # Different at a random point: not equal (symbols may still cancel, as in x - x + 5,
+    # so a difference in free symbols alone proves nothing); else only a proof says yes.
     if _random_reject(a, b):
         return False
     return _proved_zero(a - b)
@@ -143,7 +178,24 @@ def _interval(v):
         return {"\\cup": sympy.Union, "\\cap": sympy.Intersection, "\\setminus": sympy.Complement}[v[1]](left, right)
     if isinstance(v, Rel):
         return _rel_to_set(v)
+    if _is_inequality_list(v):
+        sets = [_interval(_unlabel(item)) for item in v.items]
+        if any(x is None for x in sets):
+            return None
+        try:
+            return sympy.Intersection(*sets) if v.left == "and" else sympy.Union(*sets)
+        except Exception:  # noqa: BLE001
+            return None
     return None
+
+
+def _is_inequality_list(v) -> bool:
+    """A bare list with an inequality in it ("x < -1 or x > 2"): it stands for a set of reals."""
+    return (
+        isinstance(v, Seq)
+        and v.kind == "list"
+        and any(isinstance(_unlabel(x), Rel) and any(op in ("<", "<=", ">", ">=") for op in _unlabel(x).ops) for x in v.items)
+    )
 
 
 def _rel_to_set(rel: Rel):
@@ -286,10 +338,19 @@ def _unlabel(v):
     return v.value if isinstance(v, Labeled) else v
 
 
+@lru_cache(maxsize=4096)
+def parse_label(label: str):
+    """Parse the left side of "label = value" (used when comparing against an equation)."""
+    try:
+        return parse_latex(clean_answer(label))
+    except MemoryError:
+        raise
+    except Exception:  # noqa: BLE001 - ParseError, TooComplex or a sympy failure: not a label
+        return None
+
+
 def _as_equation(v):
     """Labeled("y", e) -> Rel y = e, for comparison against an equation."""
-    from .math_mode import parse_label
-
     if isinstance(v, Labeled) and v.label is not None and _is_plain_expr(v.value):
         label = parse_label(v.label)
         if _is_plain_expr(label):
@@ -304,8 +365,69 @@ def _numeric_equation_value(v):
     return v
 
 
+def _function_label(label):
+    """(name, argument symbols) of a label such as "f(x)" or "g(a, b)", else None."""
+    parsed = parse_label(label) if isinstance(label, str) else None
+    if isinstance(parsed, AppliedUndef) and all(isinstance(x, sympy.Symbol) for x in parsed.args):
+        if len(set(parsed.args)) == len(parsed.args):
+            return parsed.func.__name__, parsed.args
+    return None
+
+
+def _labels_equal(a: Labeled, b: Labeled):
+    """Compare two "label = value" items whose labels are functions: f(x)=2x vs f(z)=2z.
+
+    The bound variables of `b` are renamed to those of `a` (a variable of `a` that `b` uses
+    freely becomes a fresh one, so g(u)=t^2 does not match g(t)=t^2). Returns None when the
+    labels are not both functions (the caller then compares the values alone).
+    """
+    fa, fb = _function_label(a.label), _function_label(b.label)
+    if fa is None or fb is None:
+        return None
+    if fa[0] != fb[0] or len(fa[1]) != len(fb[1]):
+        return False
+    if not (_is_plain_expr(a.value) and _is_plain_expr(b.value)):
+        return None
+    mapping = {old: new for old, new in zip(fb[1], fa[1])}
+    for sym in fa[1]:
+        if sym not in mapping:
+            mapping[sym] = sympy.Dummy(sym.name)
+    return expr_equal(a.value, b.value.xreplace(mapping))
+
+
+def _label_key(label) -> str:
+    return re.sub(r"\s+|\\text|[{}]", "", str(label)).lower()
+
+
+def _labelled_map(v):
+    """{label: [values]} when every item of a list is "label = value" (else None)."""
+    if not (isinstance(v, Seq) and v.kind == "list" and all(isinstance(x, Labeled) and x.label for x in v.items)):
+        return None
+    out: dict[str, list] = {}
+    for x in v.items:
+        out.setdefault(_label_key(x.label), []).append(x.value)
+    if len({re.sub(r"_.*$", "", k) for k in out}) == 1 and len(out) > 1:
+        return None  # x_1, x_2, x_3: numbered solutions, an unordered set
+    return out
+
+
+def _vector_items(m):
+    """The entries of a row or column vector, else None."""
+    if isinstance(m, sympy.MatrixBase) and 1 in m.shape:
+        return list(m)
+    return None
+
+
 def values_equal(a, b) -> bool:
     """Equivalence of two parsed values (see module docstring)."""
+    if isinstance(a, Labeled) and isinstance(b, Labeled):
+        same = _labels_equal(a, b)
+        if same is not None:
+            return same
+    ma, mb = _labelled_map(a), _labelled_map(b)
+    if ma is not None and mb is not None and set(ma) == set(mb):
+        # p=4, q=7 against q=7, p=4: the values of each label (in any order for a repeated one).
+        return all(_set_equal(ma[k], mb[k]) if len(ma[k]) > 1 or len(mb[k]) > 1 else values_equal(ma[k][0], mb[k][0]) for k in ma)
     a, b = _numeric_equation_value(a), _numeric_equation_value(b)
     # Equations against "label = value".
     a_eq = isinstance(_unlabel(a), Rel) and _unlabel(a).ops == ("=",)
@@ -323,6 +445,12 @@ def values_equal(a, b) -> bool:
     if _is_plain_expr(a) and _is_plain_expr(b) and not (a.has(PM) or b.has(PM)):
         return expr_equal(a, b)
     if isinstance(a, sympy.MatrixBase) or isinstance(b, sympy.MatrixBase):
+        # A row or column vector is the tuple of its entries (in order).
+        va, vb = _vector_items(a), _vector_items(b)
+        if va is not None and isinstance(b, Seq) and b.kind in ("tuple", "bracket", "list"):
+            return _ordered_equal(va, list(b.items))
+        if vb is not None and isinstance(a, Seq) and a.kind in ("tuple", "bracket", "list"):
+            return _ordered_equal(list(a.items), vb)
         return isinstance(a, sympy.Basic) and isinstance(b, sympy.Basic) and expr_equal(a, b)
 
     a_pm, b_pm = expand_pm(a), expand_pm(b)
@@ -339,7 +467,21 @@ def values_equal(a, b) -> bool:
     return False
 
 
+def _ratio_equal(a: Seq, b: Seq) -> bool:
+    """5:2 = 10:4 (proportional, in order; all parts nonzero numbers)."""
+    if len(a.items) != len(b.items) or not all(_is_plain_expr(x) and x.is_number and x != 0 for x in a.items + b.items):
+        return False
+    return all(expr_equal(a.items[0] * y, b.items[0] * x) for x, y in zip(a.items[1:], b.items[1:]))
+
+
 def _collection_equal(a, b) -> bool:
+    if _is_inequality_list(a) or _is_inequality_list(b):
+        # "x < -1 or x > 2" against (-oo, -1) U (2, oo): compare the sets of reals.
+        sa, sb = _interval(a), _interval(b)
+        try:
+            return sa is not None and sb is not None and bool(sa == sb)
+        except Exception:  # noqa: BLE001
+            return False
     # One-element collections (after removing duplicates) stand for their element.
     if isinstance(a, Seq) and a.kind in ("list", "set") and not isinstance(b, Seq):
         items = _dedupe(_flatten(a.items))
@@ -349,7 +491,7 @@ def _collection_equal(a, b) -> bool:
         return len(items) == 1 and values_equal(a, items[0])
     if isinstance(a, Seq) and isinstance(b, Seq):
         if a.kind == "ratio" or b.kind == "ratio":
-            return a.kind == b.kind and _ordered_equal(a.items, b.items)
+            return a.kind == b.kind and (_ordered_equal(a.items, b.items) or _ratio_equal(a, b))
         ordered_kinds = ("tuple", "bracket", "interval")
         if a.kind in ordered_kinds and b.kind in ordered_kinds:
             if (a.left, a.right) != (b.left, b.right):

@@ -27,8 +27,8 @@ _ANSWER_PHRASE = re.compile(
 _HOPE = re.compile(r"\s*I hope it is correct.*$", re.IGNORECASE | re.DOTALL)
 _MATH_SPAN = re.compile(
     r"(?<!\\)\$\$((?:\\.|[^$\\])+?)\$\$"  # $$...$$ (may span lines)
-    r"|\\\[(.+?)\\\]"  # \[...\]
-    r"|\\\(([^\n]+?)\\\)"  # \(...\) on one line
+    r"|\\\[((?:(?!\\\[).)+?)\\\]"  # \[...\] (no \[ inside: linear on "\[\[\[...")
+    r"|\\\(((?:(?!\\\()[^\n])+?)\\\)"  # \(...\) on one line (no \( inside)
     r"|(?<!\\)\$((?:\\.|[^$\\\n])+?)\$",  # $...$ on one line, \$ escaped
     re.DOTALL,
 )
@@ -37,7 +37,12 @@ _PLAIN_NUMBER = re.compile(
     r"|\d+(?:[.,]\d+)?|\.\d+)(?:/\d+(?![\d]))?"
 )
 _WORDS = re.compile(r"[A-Za-z]+")
-_NUMBER_WITH_UNIT = re.compile(r"([-+]?(?:\d[\d,]*(?:\.\d+)?|\.\d+))\s+((?:[A-Za-z]{2,}\.?(?:\^\{?\d\}?)?\s*)+)")
+# Words after the number are separated by whitespace, so the match is linear (a word
+# repeated inside "(?:[A-Za-z]{2,}\s*)+" could split 40 letters in exponentially many ways).
+_UNIT_WORD = r"[A-Za-z]{2,}\.?(?:\^\{?\d\}?)?"
+_NUMBER_WITH_UNIT = re.compile(
+    r"([-+]?(?:\d[\d,]*(?:\.\d+)?|\.\d+))\s+(" + _UNIT_WORD + r"(?:\s+" + _UNIT_WORD + r")*)\s*"
+)
 _MATH_WORDS = {"pi", "sqrt", "ln", "log", "sin", "cos", "tan", "and", "or", "i", "e", "x", "mod", "pmod"}
 _CONJ = {"and", "or"}
 
@@ -213,6 +218,8 @@ def extract_final_answer(text: str) -> tuple[list[str], str]:
             return spans, "math"
         return [find_plain_number(tail)], "text"
     stripped = text.strip()
+    if len(stripped) <= 300 and has_colon_labels(stripped):
+        return [stripped], "raw"  # "Smallest: 2, Largest: 9"
     bare = stripped.strip("$€ ").rstrip(".")
     if _PLAIN_NUMBER.fullmatch(bare):
         return [normalize_plain_number(bare)], "text"
@@ -236,14 +243,50 @@ _UNIT_TEXT = re.compile(
 _THOUSANDS_WHOLE = re.compile(r"\s*([^=]*=\s*)?([-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?)\s*")
 
 
+_UNICODE = (
+    ("−", "-"), ("≤", "\\le "), ("≥", "\\ge "), ("≦", "\\le "), ("≧", "\\ge "), ("⩽", "\\le "), ("⩾", "\\ge "),
+    ("＜", "<"), ("＞", ">"), ("＝", "="), ("≠", "\\ne "), ("×", "\\times "), ("·", "\\cdot "), ("÷", "\\div "),
+    ("π", "\\pi "), ("∞", "\\infty "), ("√", "\\sqrt "), ("∪", "\\cup "), ("∩", "\\cap "), ("∈", "\\in "),
+    ("∴", "\\therefore "), ("（", "("), ("）", ")"), ("，", ","), ("：", ":"), ("′", "'"), ("″", "''"),
+    ("€", ""), ("²", "^2"), ("³", "^3"),
+)
+_NUM = r"\d+(?:\.\d+)?"
+_DEG = r"(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|°|\\circ|\\degree)"
+_MIN = r"(?:'|\^\s*\{\s*\\prime\s*\}|\^\s*\\prime|\\prime)"
+_SEC = r"(?:''|\^\s*\{\s*\\prime\s*\\prime\s*\}|\\prime\s*\\prime|\"|\\dprime)"
+# 45^\circ 30' (15'') -> degrees as a number: 45 + 30/60 (+ 15/3600).
+_DEGREES_MINUTES = re.compile(rf"(?<![\d.])({_NUM})\s*{_DEG}\s*({_NUM})\s*(?!{_SEC}){_MIN}(?:\s*({_NUM})\s*{_SEC})?")
+_ORDINAL = re.compile(
+    r"(?<![\d.])(\d+)\s*(?:\^\s*\{\s*(?:\\text\s*\{\s*)?(?:st|nd|rd|th)\s*\}?\s*\}|\^\s*(?:st|nd|rd|th)\b|(?:st|nd|rd|th)\b)"
+)
+_INEQUALITY = re.compile(r"[<>]|\\(?:le|ge|leq|geq|lt|gt|leqslant|geqslant)(?![a-zA-Z])")
+# {x | 0 < x < 2}, {x \in R : x > 1}: the set of x satisfying a condition is that condition.
+_SET_BUILDER = re.compile(
+    r"\\\{\s*[A-Za-z]\s*(?:\\in\s*\\mathbb\s*\{?\s*R\s*\}?\s*)?(?:\\mid|\||:)\s*((?:(?!\\[{}]).)+?)\s*\\\}"
+)
+# "4 2/9" (a whole number, one space, a proper fraction) is the mixed number 4 + 2/9.
+_MIXED_NUMBER = re.compile(r"(?<![\d.}/^_])(\d+) (\d+)/(\d+)(?![\d.])")
+
+
+def _degrees_value(m: re.Match) -> str:
+    value = f"({m.group(1)}+{m.group(2)}/60"
+    return value + (f"+{m.group(3)}/3600)" if m.group(3) else ")")
+
+
+def _mixed_value(m: re.Match) -> str:
+    whole, num, den = m.group(1), int(m.group(2)), int(m.group(3))
+    return f"({whole}+{num}/{den})" if 0 < num < den else m.group()
+
+
 def clean_answer(text: str) -> str:
     """Remove presentation-only LaTeX so that the parser sees only the mathematics."""
-    s = text.replace("\n", " ").replace("\t", " ").replace("**", "")
+    # One space for any run of whitespace: every "\s*" below then scans at most one
+    # character, so no pattern turns quadratic on long runs of spaces.
+    s = re.sub(r"\s+", " ", text).replace("**", "")
     s = _DOUBLE_ESCAPED.sub(r"\\", s)
-    for a, b in (("−", "-"), ("≤", "\\le "), ("≥", "\\ge "), ("≠", "\\ne "), ("×", "\\times "),
-                 ("·", "\\cdot "), ("÷", "\\div "), ("π", "\\pi "), ("∞", "\\infty "), ("√", "\\sqrt "),
-                 ("°", ""), ("€", ""), ("²", "^2"), ("³", "^3")):
+    for a, b in _UNICODE:
         s = s.replace(a, b)
+    s = _DEGREES_MINUTES.sub(_degrees_value, s)  # before degree signs are dropped
     s = re.sub(r"\\(?:left|right)\s*\.", " ", s)
     s = re.sub(r"\\(?:left|right|bigl|bigr|Bigl|Bigr|biggl|biggr|big|Big|bigg|Bigg)(?![a-zA-Z])", "", s)
     s = re.sub(r",\s*\\!\s*(?=\d)", ",", s)
@@ -256,6 +299,14 @@ def clean_answer(text: str) -> str:
     s = re.sub(r"\\[dtc]frac", r"\\frac", s)
     s = re.sub(r"\\(?:mbox|textnormal|textrm|textit|textup|textsf|textbf|mathrm|mathit|mathbf|mathsf|operatorname)(?![a-zA-Z])", r"\\text", s)
     s = re.sub(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\\degree", "", s)
+    s = re.sub(r"\\(?:therefore|because)(?![a-zA-Z])", " ", s).strip()
+    s = re.sub(r"\\text\s*\{\s*([-+]?(?:\d[\d,]*(?:\.\d+)?|\.\d+))\s*\}", r"\1", s)  # \text{13}
+    s = _ORDINAL.sub(r"\1", s)  # 7^{th}, 21st
+    if _INEQUALITY.search(s):
+        # "x < -1 or x > 2" is a union, "x > 1 and x < 3" an intersection: keep the connective.
+        s = re.sub(r"\\text\s*\{\s*or\s*\}|\bor\b|\\lor(?![a-zA-Z])|\\vee(?![a-zA-Z])", r" \\lor ", s)
+        s = re.sub(r"\\text\s*\{\s*and\s*\}|\band\b|\\land(?![a-zA-Z])|\\wedge(?![a-zA-Z])", r" \\land ", s)
+        s = _SET_BUILDER.sub(r"\1", s)
     s = re.sub(r"\\text\s*\{\s*(?:and|or)\s*\}", ",", s)
     s = re.sub(r"\\%|%|\\text\s*\{\s*\\?%\s*\}", "", s)
     s = re.sub(r"\s*\b(?:percentage|percent|pct)\b", "", s)
@@ -267,6 +318,7 @@ def clean_answer(text: str) -> str:
         s = _UNIT_TEXT.sub("", s)
     s = re.sub(r"\s*,(\s*,)+", ",", s).strip().strip(",").strip()
     s = s.rstrip(".").strip()
+    s = _MIXED_NUMBER.sub(_mixed_value, s)
     m = _THOUSANDS_WHOLE.fullmatch(s)
     if m:
         s = (m.group(1) or "") + m.group(2).replace(",", "")
@@ -311,6 +363,24 @@ def is_label(text: str) -> bool:
 _REL_SPLIT = re.compile(r"\\approx|(?<![<>!=])=(?!=)|\\in(?![a-zA-Z])")
 
 
+# "Smallest: 2", "Sequence 1: -2", "\text{Maximum}: 9": a worded label before a colon (a word of
+# three letters or more, so that the ratio "a:b" is no label).
+_COLON_LABEL = re.compile(r"\s*((?:\\text\s*\{)?[A-Za-z][A-Za-z0-9 ]*[A-Za-z0-9]\}?)\s*:\s*(\S.*)")
+
+
+def colon_label(item: str) -> tuple[str, str] | None:
+    """(label, value) of "Smallest: 2", else None."""
+    m = _COLON_LABEL.fullmatch(item)
+    if m and re.search(r"[A-Za-z]{3,}", m.group(1)) and not re.search(r"(?<![A-Za-z])(?:frac|sqrt|pi|infty)", m.group(1)):
+        return m.group(1), m.group(2)
+    return None
+
+
+def has_colon_labels(text: str) -> bool:
+    """Whether a text is a list of worded labels with values ("Min: 1, Max: 5")."""
+    return any(colon_label(part) is not None for part in split_top(re.sub(r"\band\b", ",", text)))
+
+
 def split_label(item: str) -> tuple[str | None, str, bool]:
     """Split "label = value" chains: returns (label or None, value text, is_equation).
 
@@ -318,6 +388,9 @@ def split_label(item: str) -> tuple[str | None, str, bool]:
     "y = 2x+1" -> ("y", "2x+1", False); "2x+4y-3=0" -> (None, item, True) (an equation);
     "x \\in [1, 2]" -> ("x", "[1, 2]", False); "1/3 \\approx 0.33" -> (None, "1/3", False).
     """
+    worded = colon_label(item)
+    if worded is not None:
+        return worded[0].strip(), worded[1].strip(), False
     depth = 0
     cuts = []
     for m in _REL_SPLIT.finditer(item):

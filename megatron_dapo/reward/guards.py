@@ -20,8 +20,20 @@ MAX_POWER_DIGITS = 3000
 MAX_FACTORIAL = 2500
 #: Largest integer exponent of a symbolic sum (expansion cost).
 MAX_SYMBOLIC_EXPONENT = 24
+#: Largest total exponent of a single symbol (x^{2024} is fine; evaluating x^{10^9} at a
+#: rational point is not).
+MAX_SYMBOL_EXPONENT = 10_000
+#: Largest exponent of any other non-rational base (a function, an irrational constant).
+MAX_OTHER_EXPONENT = 1000
+#: Most terms of a \sum with numeric bounds.
+MAX_SUM_TERMS = 10_000
+#: Largest number inside \binom with a symbolic partner, or on either side when the
+#: value would exceed MAX_POWER_DIGITS digits.
+MAX_BINOM_ARG = 10_000
 #: Most elements in a tuple / set / list.
 MAX_ITEMS = 64
+#: Most terms an expansion may produce ((x+y+z+w)^{24} has 2925) before it is not attempted.
+MAX_EXPANSION_TERMS = 1000
 #: sympy `count_ops` above which `simplify` is not attempted.
 MAX_SIMPLIFY_OPS = 80
 

@@ -13,17 +13,22 @@ sets, intervals), `Rel` (relation chains) and `Text` (words). Every size that co
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
 import sympy
 
 from .guards import (
+    MAX_BINOM_ARG,
     MAX_FACTORIAL,
     MAX_ITEMS,
     MAX_NESTING,
     MAX_NUMBER_DIGITS,
+    MAX_OTHER_EXPONENT,
     MAX_POWER_DIGITS,
+    MAX_SUM_TERMS,
+    MAX_SYMBOL_EXPONENT,
     MAX_SYMBOLIC_EXPONENT,
     TooComplex,
     check_parsable,
@@ -137,8 +142,32 @@ def _digits_estimate(value: sympy.Expr) -> float:
     return max(len(str(abs(int(p)))), len(str(abs(int(q)))))
 
 
+def check_power_cost(base: sympy.Expr, n: int) -> None:
+    """Raise TooComplex when ``base**e`` with ``|numerator of e| = n`` would be costly.
+
+    sympy rewrites ``((x-1)^2)^n`` as ``(x-1)^(2n)`` and ``(2x)^n`` as ``2^n x^n``, and the
+    checks later expand sums and evaluate at rational points, so each factor of the base is
+    checked with the exponent it will really carry: a rational's digits times n, a symbol's
+    total exponent, a sum's expansion degree.
+    """
+    for factor in sympy.Mul.make_args(base):
+        if factor.is_Rational:
+            if factor not in (0, 1, -1) and _digits_estimate(factor) * n > MAX_POWER_DIGITS:
+                raise TooComplex("power too large")
+        elif factor.is_Symbol:
+            if n > MAX_SYMBOL_EXPONENT:
+                raise TooComplex("symbolic power too large")
+        elif factor.is_Pow and factor.exp.is_Rational:
+            check_power_cost(factor.base, n * abs(int(factor.exp.p)))
+        elif factor.is_Add:
+            if n > MAX_SYMBOLIC_EXPONENT:
+                raise TooComplex("power of a sum too large")
+        elif n > MAX_OTHER_EXPONENT:
+            raise TooComplex("power too large")
+
+
 def make_pow(base, exp):
-    """base**exp with size guards (refuses 9^(9^(9^9)) and friends)."""
+    """base**exp with size guards (refuses 9^(9^(9^9)), ((x-1)^2)^(10^8) and friends)."""
     if not isinstance(base, sympy.Basic) or not isinstance(exp, sympy.Basic):
         raise ParseError("power of a non-expression")
     if isinstance(base, sympy.MatrixBase):
@@ -149,11 +178,8 @@ def make_pow(base, exp):
         if exp.is_Rational:
             if abs(exp.p) > 10**6 and base.is_number and base not in (sympy.Integer(1), sympy.Integer(0), sympy.Integer(-1)):
                 raise TooComplex("exponent too large")
-            if base.is_Rational and exp.is_Integer and base not in (0, 1, -1):
-                if _digits_estimate(base) * abs(int(exp)) > MAX_POWER_DIGITS:
-                    raise TooComplex("power too large")
-            if base.free_symbols and exp.is_Integer and abs(int(exp)) > MAX_SYMBOLIC_EXPONENT and base.is_Add:
-                raise TooComplex("symbolic power too large")
+            if abs(exp.p) > 1 and base not in (sympy.Integer(1), sympy.Integer(0), sympy.Integer(-1)):
+                check_power_cost(base, abs(int(exp.p)))
         else:
             approx = sympy.N(exp, 15)
             if approx.is_real and abs(approx) > 10**6:
@@ -161,6 +187,24 @@ def make_pow(base, exp):
     elif exp.free_symbols and any(a.is_number and a.is_Rational and abs(a) > 10**6 for a in exp.atoms(sympy.Rational)):
         raise TooComplex("exponent too large")
     return sympy.Pow(base, exp)
+
+
+def make_binomial(n, k):
+    """binomial(n, k) with size guards (a huge value, or a huge argument beside a symbol)."""
+    numbers = [a for a in (n, k) if a.is_number]
+    if any(not a.is_finite for a in numbers):
+        raise ParseError("binomial of infinity")
+    if n.is_Integer and k.is_Integer:
+        small = min(int(k), int(n) - int(k))
+        if int(n) > MAX_BINOM_ARG and small > 0:
+            # log10 C(n, k) <= k log10(e n / k)
+            if small * (math.log10(int(n)) - math.log10(small) + 0.44) > MAX_POWER_DIGITS:
+                raise TooComplex("binomial too large")
+        return sympy.binomial(n, k)
+    for a in (n, k):
+        if any(abs(r) > MAX_BINOM_ARG for r in a.atoms(sympy.Rational)):
+            raise TooComplex("binomial argument too large")
+    return sympy.binomial(n, k)
 
 
 def make_factorial(value):
@@ -220,6 +264,7 @@ class _Parser:
     def parse_list(self, stops: tuple[str, ...]):
         """Comma/semicolon separated items (a bare list when more than one)."""
         items = []
+        connectives = set()
         while True:
             if self.at(",", ";"):  # empty item ("19, 46, , 82")
                 self.next()
@@ -229,13 +274,19 @@ class _Parser:
             items.append(self.parse_rel())
             if len(items) > MAX_ITEMS:
                 raise TooComplex("too many items")
-            if self.at(",", ";"):
-                self.next()
+            if self.at(",", ";", "\\lor", "\\land"):
+                connectives.add(self.next()[1])
                 continue
             break
         if not items:
             raise ParseError("empty")
-        return items[0] if len(items) == 1 else Seq(tuple(items), "list")
+        if len(items) == 1:
+            return items[0]
+        # "x < -1 \lor x > 2" (a union) / "x > 1 \land x < 3" (an intersection): a list that
+        # remembers its connective in `left`; only "and" changes what the list means.
+        if "\\land" in connectives and "\\lor" in connectives:
+            raise ParseError("mixed and/or")
+        return Seq(tuple(items), "list", "and" if "\\land" in connectives else "")
 
     def rel_op(self) -> str | None:
         kind, text = self.peek()
@@ -307,7 +358,7 @@ class _Parser:
             return text in ("(", "[", "{") or (text == "|" and not self.in_abs)
         if kind == "cmd":
             name = text[1:]
-            if name in _REL_CMDS or name in _MUL_CMDS or name in ("cup", "cap", "setminus", "pm", "mp", "div", "end", "right", "}", "rfloor", "rceil", "quad"):
+            if name in _REL_CMDS or name in _MUL_CMDS or name in ("cup", "cap", "setminus", "pm", "mp", "div", "end", "right", "}", "rfloor", "rceil", "quad", "lor", "land"):
                 return False
             return True
         return False
@@ -593,9 +644,9 @@ class _Parser:
                 num = _expr(self.parse_arg())
                 den = _expr(self.parse_arg())
                 return _div(num, den)
-            if name == "binom":
+            if name in ("binom", "dbinom", "tbinom", "choose"):
                 n, k = _expr(self.parse_arg()), _expr(self.parse_arg())
-                return sympy.binomial(n, k)
+                return make_binomial(n, k)
             if name == "sqrt":
                 index = None
                 if self.at("["):
@@ -657,7 +708,24 @@ class _Parser:
         if var is None or upper is None:
             raise ParseError("sum without limits")
         body = _expr(self.parse_term())
+        check_sum_cost(body, lower, upper)
         return sympy.Sum(body, (var, lower, upper))
+
+
+def check_sum_cost(body: sympy.Expr, lower: sympy.Expr, upper: sympy.Expr) -> None:
+    """Raise for a \\sum whose evaluation would be costly (too many terms, high powers)."""
+    exponents = [abs(int(p.exp.p)) for p in body.atoms(sympy.Pow) if p.exp.is_Rational]
+    top = max(exponents, default=1)
+    if lower.is_number and upper.is_number:
+        if not (lower.is_Integer and upper.is_Integer):
+            raise ParseError("sum with non-integer bounds")
+        terms = int(upper) - int(lower) + 1
+        if terms > MAX_SUM_TERMS or terms * top > 10 * MAX_SUM_TERMS:
+            raise TooComplex("sum too long")
+    elif top > MAX_SYMBOLIC_EXPONENT:
+        raise TooComplex("symbolic sum of a high power")
+    if any(abs(r) > 10**6 for r in body.atoms(sympy.Rational)) and not (lower.is_number and upper.is_number):
+        raise TooComplex("symbolic sum with huge constants")
 
 
 def _text_value(raw: str):

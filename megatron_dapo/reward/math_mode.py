@@ -12,7 +12,8 @@ evaluated. Multiple-choice golds ("C", "(D) Alina") compare the chosen letter.
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+
+import sympy
 
 from .equiv import Labeled, values_equal
 from .extract import clean_answer, extract_final_answer, split_label, split_top
@@ -44,25 +45,30 @@ def mcq_gold_letter(gold: str) -> str | None:
     return None
 
 
+_MCQ_PHRASE = re.compile(r"(?i:answer)\s*(?:is|:)")
+_MCQ_LETTER = re.compile(r"(?<![A-Za-z'])([A-E])(?![A-Za-z'])")
+
+
 def mcq_pred_letter(pred: str) -> str | None:
-    """The option letter a response chose, or None."""
+    """The option letter a response chose, or None (also when it names several options).
+
+    A response that names several different letters in its answer ("C, B, D, E, A", "A or
+    C") chose none of them: taking the first or last letter would reward listing all options.
+    The answer region is the text after the last "answer is" / "answer:", up to the end of
+    that sentence or line (the whole text when there is no such phrase).
+    """
     text = re.sub(r"\\text\{\s*\(?([A-E])\)?\s*\}", r"\1", pred)
+    phrases = list(_MCQ_PHRASE.finditer(text))
+    region = text[phrases[-1].end() :] if phrases else text
+    if phrases:
+        region = re.split(r"\n|\.\s", region, maxsplit=1)[0]
+    if len(set(_MCQ_LETTER.findall(region))) > 1:
+        return None
     for k, pattern in enumerate(_MCQ_PRED):
         matches = list(pattern.finditer(text))
         if matches:
             return (matches[-1] if k != 1 else matches[0]).group(1)
     return None
-
-
-@lru_cache(maxsize=4096)
-def parse_label(label: str):
-    """Parse the left side of "label = value" (used when comparing against an equation)."""
-    try:
-        return parse_latex(clean_answer(label))
-    except MemoryError:
-        raise
-    except Exception:  # noqa: BLE001
-        return None
 
 
 def _parse_item(text: str):
@@ -96,8 +102,21 @@ def answer_value(text: str):
     if not items:
         return None, parts
     if len(items) == 1:
-        return items[0], parts
+        return _expand_tuple_label(items[0]), parts
     return Seq(tuple(items), "list"), parts
+
+
+def _expand_tuple_label(item):
+    """(g(n), h(n)) = (n^2, 3) -> the list g(n) = n^2, h(n) = 3 (compared in order with a tuple)."""
+    if not (isinstance(item, Labeled) and isinstance(item.value, Seq) and item.value.kind == "tuple"):
+        return item
+    label = item.label.strip()
+    if not (label.startswith("(") and label.endswith(")")):
+        return item
+    names = [n.strip() for n in split_top(label[1:-1])]
+    if len(names) != len(item.value.items) or not all(names):
+        return item
+    return Seq(tuple(Labeled(n, v) for n, v in zip(names, item.value.items)), "list")
 
 
 def _fallback_equal(gold: str, pred: str) -> bool:
@@ -119,11 +138,101 @@ def math_equivalent(gold: str, pred: str) -> bool:
     letter = mcq_gold_letter(gold)
     if letter is not None:
         return mcq_pred_letter(pred) == letter
-    for g in _comma_readings(gold):
-        for p in _comma_readings(pred):
-            if _equivalent_once(g, p):
-                return True
-    return False
+    g_text = text_answer(gold)
+    p_text = text_answer(pred) if g_text is not None else None
+    if g_text is not None and p_text is not None:
+        return g_text == p_text
+    for g in _percent_readings(gold, pred):
+        for p in _percent_readings(pred, gold):
+            for g2 in _comma_readings(g):
+                for p2 in _comma_readings(p):
+                    if _equivalent_once(g2, p2):
+                        return True
+    return _rounded_gold_equal(gold, pred)
+
+
+# --------------------------------------------------------------------------- text answers
+_ARTICLES = {"a", "an", "the"}
+_MATH_WORDS = {
+    "pi", "sqrt", "frac", "infty", "inf", "sin", "cos", "tan", "cot", "sec", "csc", "log", "ln", "exp",
+    "mod", "cup", "cap", "le", "ge", "times", "cdot", "dfrac", "boxed", "left", "right",
+}
+
+
+def text_answer(text: str) -> str | None:
+    """A short worded answer, normalised (case, articles, punctuation, \\text{}), else None.
+
+    "\\text{The Cougars.}" -> "cougars". Only answers made of words qualify (no digits, no
+    math commands, at most 8 words, one of two letters or more); they compare as whole
+    normalised strings, never by substring ("Evelyn" is not "Evelyn and Bob").
+    """
+    parts, _ = extract_final_answer(text)
+    answer = " ".join(parts)
+    answer = re.sub(r"\\(?:text|textbf|mathrm|mbox|textit)\s*\{([^{}]*)\}", r" \1 ", answer)
+    answer = answer.replace("$", " ")
+    if re.search(r"[\d\\^_=<>+*/,;()\[\]{}|]", answer):
+        return None  # numbers, math, lists and brackets are not worded answers
+    words = re.sub(r"[^\w\s'-]|_", " ", answer).lower().replace("'", "").split()
+    words = [w.strip("-") for w in words if w.strip("-") and w not in _ARTICLES]
+    if not words or len(words) > 8 or not any(len(w) >= 2 for w in words) or set(words) & _MATH_WORDS:
+        return None
+    if len(words) == 1 and len(words[0]) <= 2:
+        return None  # "x", "ab": symbols, not words
+    return " ".join(words)
+
+
+# --------------------------------------------------------------------------- percent
+_PERCENT = re.compile(r"(?<![\d.])([-+]?(?:\d+(?:\.\d*)?|\.\d+))\s*(?:\\%|%|\\text\s*\{\s*\\?%\s*\}|\s*(?:percent|pct)\b)")
+
+
+def _percent_readings(text: str, other: str) -> list[str]:
+    """37.5% is 37.5 or 0.375: against a side without a percent sign, try both readings."""
+    if _PERCENT.search(text) and not _PERCENT.search(other):
+        return [text, _PERCENT.sub(r"(\1/100)", text)]
+    return [text]
+
+
+# --------------------------------------------------------------------------- rounding
+_ROUNDED = re.compile(r"[-+]?\d+\.(\d{2,3})")
+
+
+def _rounded_gold_equal(gold: str, pred: str) -> bool:
+    """A gold given to 2-3 decimals (0.43) against an exact response that rounds to it (3/7).
+
+    One-sided: the gold must be a bare decimal and the response an exact value written
+    without a decimal point (a fraction, a radical, pi ...); a decimal response is compared
+    exactly, so 0.425 is not 0.43.
+    """
+    g_parts, _ = extract_final_answer(gold)
+    if len(g_parts) != 1:
+        return False
+    g_text = clean_answer(g_parts[0])
+    m = _ROUNDED.fullmatch(g_text)
+    if m is None:
+        return False
+    p_parts, _ = extract_final_answer(pred)
+    p_text = clean_answer(",".join(p_parts))
+    if "." in p_text or not p_text:
+        return False
+    try:
+        value, _ = answer_value(pred)
+    except MemoryError:
+        raise
+    except Exception:  # noqa: BLE001
+        return False
+    if isinstance(value, Labeled):
+        value = value.value
+    if not (isinstance(value, sympy.Expr) and value.is_number and not value.free_symbols) or value.is_Integer:
+        return False
+    decimals = len(m.group(1))
+    try:
+        approx = sympy.N(value, 30)
+        if not approx.is_real:
+            return False
+        target = sympy.Rational(g_text)
+        return bool(abs(approx - target) <= sympy.Rational(5, 10 ** (decimals + 1)))
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _comma_readings(text: str) -> list[str]:
