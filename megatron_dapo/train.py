@@ -55,7 +55,7 @@ class Trainer:
         from transformers import AutoTokenizer
 
         from .data import ResumableSampler, load_prompt_dataset
-        from .reward import BatchScorer
+        from .reward import BatchScorer, reward_needs_label
 
         self.cfg = cfg
         self.hf_dir = hf_config_source(cfg)
@@ -71,14 +71,13 @@ class Trainer:
             raise ConfigError("--prompt-data is required")
         self.dataset = load_prompt_dataset(
             cfg.data.prompt_data, self.tokenizer, cfg.data.max_prompt_length, cfg.data.prompt_overflow,
-            cfg.data.apply_chat_template, cfg.data.skip_bad_rows,
+            cfg.data.apply_chat_template, cfg.data.skip_bad_rows, needs_label=reward_needs_label(cfg.reward),
         )
         st = self.dataset.stats
         print(f"[data] {len(self.dataset)} prompts from {cfg.data.prompt_data} ({st.rows} rows, {st.duplicates_removed} "
               f"duplicates removed, {st.skipped_long} too long skipped, {st.truncated} left-truncated, {st.bad_rows} bad rows)")
         self.sampler = ResumableSampler(len(self.dataset), cfg.optim.seed, cfg.data.shuffle)
-        self.scorer = BatchScorer(num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s,
-                                  mode=cfg.reward.mode, reward_fn=cfg.reward.reward_fn)
+        self.scorer = BatchScorer.from_config(cfg.reward)
         self.rng = random.Random(cfg.optim.seed)
         self.step = 0
         self.skipped_in_a_row = 0
@@ -120,7 +119,7 @@ class Trainer:
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> dict:
-        from .driver import checkpoints
+        from .driver import checkpoint_dirs as checkpoints
         from .driver.logging import MetricsLogger
         from .driver.rollout_manager import EnginePool, RolloutManager
 
@@ -419,7 +418,7 @@ class Trainer:
 
     def save_checkpoint(self) -> str:
         from .checkpoint.dist_ckpt import checkpoint_metadata
-        from .driver import checkpoints
+        from .driver import checkpoint_dirs as checkpoints
 
         root = self.cfg.checkpoint.save
         tmp = checkpoints.tmp_dir(root, self.step)

@@ -1,7 +1,7 @@
 """One trainer rank (SPMD): the policy, its DAPO update, weight sync and checkpoints.
 
-The driver (``megatron_dapo.train``) creates one ``PolicyWorker`` per rank (as a Ray actor,
-``megatron_dapo.launch.workers``) and calls the same method on every rank; collectives run
+The driver (``megatron_dapo.train``) creates one ``PolicyWorker`` per rank (inside the Ray
+actor ``megatron_dapo.driver.actors.PolicyActor``) and calls the same method on every rank; collectives run
 inside. Nothing here knows about Ray.
 """
 
@@ -214,12 +214,12 @@ class PolicyWorker:
         random.setstate(s["python"])
 
     def save(self, directory: str, metadata: dict) -> None:
-        from .checkpointing import save_train_checkpoint
+        from .train_checkpoint import save_train_checkpoint
 
         save_train_checkpoint(self.policy, directory, metadata)
 
     def load(self, directory: str) -> None:
-        from .checkpointing import load_train_checkpoint
+        from .train_checkpoint import load_train_checkpoint
 
         load_train_checkpoint(self.policy, directory)
 
