@@ -119,7 +119,14 @@ DAPO_ARGS=(
 # 16 nodes x 8 GPUs = 128. Trainer TP 8 (one node, NVLink) x PP 1 x CP 1 -> DP 16. Per GPU (decimal GB):
 #   bf16 weights 65.5 / 8 = 8.2, fp32 grads 16.4, Adam m+v + fp32 main params 12 B/param / DP 16 = 3.1
 #   -> 27.6 static; activations of one 22528-token micro-batch with sequence parallel: ~44 GB without
-#   recompute, ~3 GB with full recompute (so recompute is on), logits ~4 GB -> ~39 GB training peak.
+#   recompute, ~3 GB with full recompute (so recompute is on), logits ~2.3 GB (bf16 + grad; the logprob
+#   stage works in fp32 on 2048 tokens at a time) -> ~37 GB training peak. The dry run inverts this:
+#   the longest single sequence that trains with 15% of the GPU free is ~163k tokens on H100 80 GB and
+#   ~400k on H200 141 GB, so a 22528-token response needs no context parallelism at TP 8 (CP 2 without
+#   recompute would also fit, but TP 8 x CP 2 spans two nodes). Responses are packed (--use-packing): a
+#   micro-batch holds up to 22528 tokens of whole responses, each padded only to a multiple of TP 8, so on
+#   DAPO's length mix ~1.0x the useful tokens are computed instead of ~1.3x with right padding
+#   (benchmarks/bench_packing.py), and DP shards are balanced by tokens (Karmarkar-Karp).
 #   PP 2 would halve the static part but adds a pipeline bubble, and each engine would then need half its
 #   weights from another node at every sync; with PP 1 every node holds a whole replica and syncs intra-node.
 # Rollout TP 4 (as the official recipe): bf16 weights 16.4 GB per GPU; KV cache 64 layers x 2 x 2 KV heads/GPU
@@ -137,7 +144,7 @@ PERF_ARGS=(
   --sequence-parallel
   --use-distributed-optimizer
   --max-tokens-per-gpu 22528          # 2048 prompt + 20480 response: one longest sample per micro-batch
-  --micro-batch-size 32               # upper bound on responses per packed micro-batch (32 per DP rank)
+  --use-packing                       # THD micro-batches filled to the budget, no padding
   --recompute-granularity full
   --recompute-method uniform
   --recompute-num-layers 1

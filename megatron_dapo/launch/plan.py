@@ -24,8 +24,14 @@ the safe side):
   the hidden-size parts only with ``--sequence-parallel``. The first pipeline stage holds
   up to PP micro-batches in flight (1F1B), so it holds about ``num_layers`` layers' worth.
   With full recompute only each layer's input is kept, plus one layer's full activations
-  while it is recomputed. Logits: 10 bytes per token and vocabulary entry of the TP shard
-  (bf16 logits, fp32 log-softmax and its gradient).
+  while it is recomputed. Logits: the bf16 logits and their gradient (4 bytes per token and
+  vocabulary entry of the TP shard) plus the float32 temporaries of the chunked logprob and
+  entropy stage, 16 bytes per vocabulary entry for ``LOGPROB_CHUNK`` tokens at a time
+  (``training.logprobs``: no float32 [tokens x vocab] tensor). The token budget is the same
+  for padded and packed micro-batches (--use-packing only removes the padding's compute);
+  CP divides it. :func:`longest_fitting_sequence` inverts the model: the longest single
+  sequence whose training step fits a GPU with a margin, so the report says whether CP is
+  needed for the configured response length.
 * Rollout engine, per GPU: bf16 weights / rollout TP, and a KV cache of
   ``layers x 2 x kv_heads_per_gpu x head_dim x 2 bytes`` per token in what is left of
   ``--sglang-mem-fraction-static`` x capacity.
@@ -52,6 +58,10 @@ GPU_CAPACITY_GB = {"H100 80GB": 80.0, "H200 141GB": 141.0}
 RESERVE_GB = 4.0
 #: Activation/cuda-graph workspace SGLang needs outside its static pool.
 ENGINE_WORKSPACE_GB = 4.0
+#: Tokens per chunk of the logprob/entropy stage (megatron_dapo.training.logprobs.DEFAULT_CHUNK).
+LOGPROB_CHUNK = 2048
+#: Free memory the plan keeps on top of its estimate when it calls a layout a fit.
+MARGIN_FRACTION = 0.15
 
 
 # ----------------------------------------------------------------------------- placement
@@ -247,7 +257,7 @@ def estimate_memory(cfg: DAPOConfig, arch: ModelArch, capacity_gb: float = 80.0)
     layer_input = arch.hidden_size * wbytes / (tp if p.sequence_parallel else 1)
     recomputed = tokens_cp * (layers_in_flight * layer_input + 2 * (hid + tpp))
     v = padded_vocab_size(arch.vocab_size, cfg.model.make_vocab_size_divisible_by, tp)
-    logits = tokens_cp * (v // tp) * 10
+    logits = tokens_cp * (v // tp) * 4 + min(tokens_cp, LOGPROB_CHUNK) * (v // tp) * 16
     recompute = cfg.model.recompute_granularity == "full"
     if cfg.model.recompute_granularity == "selective":
         recompute = False  # flash attention: selective recompute saves little; count as none
@@ -271,6 +281,21 @@ def estimate_memory(cfg: DAPOConfig, arch: ModelArch, capacity_gb: float = 80.0)
         kv_bytes_per_token=kv_per_token,
         capacity=capacity_gb * GB,
     )
+
+
+def longest_fitting_sequence(cfg: DAPOConfig, arch: ModelArch, capacity_gb: float) -> int:
+    """The most tokens one micro-batch (one sequence at the budget) may hold so that the
+    training step fits ``capacity_gb`` with ``MARGIN_FRACTION`` left free, at the configured
+    TP/PP/CP and recompute (tokens of the whole sequence: CP splits it)."""
+    lo, hi = 0, 1 << 22
+    while lo < hi:  # the estimate grows with the token budget: bisect it
+        mid = (lo + hi + 1) // 2
+        probe = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, max_tokens_per_gpu=mid))
+        if estimate_memory(probe, arch, capacity_gb).train_peak <= (1 - MARGIN_FRACTION) * capacity_gb * GB:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 # ----------------------------------------------------------------------------- LR schedule
@@ -466,7 +491,7 @@ def dry_run_report(
     sel = " (selective: about the same with flash attention)" if cfg.model.recompute_granularity == "selective" else ""
     add(f"    no recompute           {_gb(m.activations_no_recompute):>10}{mark(not m.recompute)}{sel if not m.recompute else ''}")
     add(f"    full recompute         {_gb(m.activations_full_recompute):>10}{mark(m.recompute)}")
-    add(f"  logits (vocab / TP)      {_gb(m.logits):>10}")
+    add(f"  logits (vocab / TP)      {_gb(m.logits):>10}  (bf16 + grad; fp32 only {LOGPROB_CHUNK} tokens at a time)")
     add(f"  + reserve                {_gb(RESERVE_GB * GB):>10}")
     add(f"  = training peak          {_gb(m.train_peak):>10}")
     add(
@@ -499,8 +524,23 @@ def dry_run_report(
             f"  {name}: training {_gb(mm.train_peak)}, generation {_gb(mm.rollout_peak)} -> peak {_gb(peak)} "
             f"of {mm.capacity / GB:.0f} GB: {'fits' if ok else 'DOES NOT FIT'}"
         )
+    packed = o.use_packing or plan.cp > 1
+    add(
+        f"micro-batches: {'packed (THD, no padding; each sequence padded to the multiple TP/CP need)' if packed else 'padded to their longest sample (--use-packing packs them)'}"
+        f", up to {m.tokens_per_gpu} tokens; DP shards balanced by tokens (Karmarkar-Karp)"
+    )
+    for name, cap in GPU_CAPACITY_GB.items():
+        fit = longest_fitting_sequence(cfg, arch, cap)
+        verdict = (f"a {seq}-token sequence fits at CP {plan.cp}" if fit >= seq else
+                   f"a {seq}-token sequence does NOT fit at CP {plan.cp}: raise --context-parallel-size")
+        add(f"  {name}: longest sequence whose training step leaves {MARGIN_FRACTION:.0%} free: {fit:,} tokens -> {verdict}")
     if on_gpu:
         h100 = mems["H100 80GB"]
+        if longest_fitting_sequence(cfg, arch, h100.capacity / GB) < seq:
+            warnings.append(
+                f"one {seq}-token sequence does not fit an 80 GB GPU with {MARGIN_FRACTION:.0%} margin at CP {plan.cp}: "
+                "raise --context-parallel-size (or TP / recompute)"
+            )
         if h100.train_peak > h100.capacity:
             if not h100.recompute and h100.train_peak - h100.activations_no_recompute + h100.activations_full_recompute <= h100.capacity:
                 warnings.append("training does not fit an 80 GB GPU without recompute; --recompute-granularity full would fit")
