@@ -3,9 +3,11 @@
 ``PolicyActor`` hosts one :class:`~megatron_dapo.training.worker.PolicyWorker` (one trainer
 rank). ``EngineActor`` hosts one rollout engine (HFEngine on CPU, SGLangEngine on GPU) in its
 own process, so that an engine that dies or hangs can be killed and restarted without
-touching the trainer. Rank 0 streams weight buckets to the engine actor through
-:class:`EngineHandleProxy` (one flat tensor per bucket and dtype, like SGLang's flattened
-buckets).
+touching the trainer. Weight sync: the ranks on an engine's GPUs feed it; each hands over a
+payload referring to its own bucket buffer (``rollout/payload.py``: CUDA IPC or shared-memory
+handles, no tensor bytes); the group's first rank sends the engine's payloads in one small
+Ray call (:func:`engine_calls`) and waits for the acknowledgement before the buffer is reused
+(docs/hybrid.md).
 """
 
 from __future__ import annotations
@@ -34,51 +36,43 @@ class PolicyActor:
     def call(self, method: str, *args, **kwargs):
         return getattr(self.w, method)(*args, **kwargs)
 
-    def sync_to(self, engine_handles, bucket_bytes=None):
-        """Weight sync into engine actors (handles on rank 0 only; other ranks pass None)."""
-        proxy = EngineHandleProxy(engine_handles) if engine_handles else None
-        return self.w.sync_weights(proxy, bucket_bytes)
+    def sync_to(self, engine_handles, engine_kind: str = "hf", bucket_bytes=None):
+        """Weight sync into the engine actors. ``engine_handles[e]``: engine ``e``'s handle, or
+        None when engine ``e`` is not synced this time. This rank feeds engine
+        ``rank // --rollout-num-gpus-per-engine``."""
+        k = self.w.cfg.rollout.num_gpus_per_engine
+        rank = self.w.rank
+        handle = engine_handles[rank // k]
+        calls = engine_calls(handle, engine_kind) if handle is not None and rank % k == 0 else None
+        return self.w.sync_weights(bucket_bytes=bucket_bytes, engine_calls=calls, feed_engines=True,
+                                   skip_engine=handle is None)
+
+    def placement(self) -> dict:
+        """Where this rank runs: Ray node id and the GPU ids Ray gave it (physical on its node)."""
+        ctx = ray.get_runtime_context()
+        return {"node_id": ctx.get_node_id(), "gpu_ids": [int(g) for g in ray.get_gpu_ids()]}
 
     def pid(self):
         return os.getpid()
 
 
-def flatten_bucket(bucket):
-    """[(name, tensor)] -> ({dtype: flat tensor}, [(name, dtype, shape, offset)])."""
-    by_dtype, meta, offsets = {}, [], {}
-    for name, t in bucket:
-        key = str(t.dtype)
-        by_dtype.setdefault(key, []).append(t.reshape(-1))
-        off = offsets.get(key, 0)
-        meta.append((name, key, tuple(t.shape), off))
-        offsets[key] = off + t.numel()
-    flats = {k: torch.cat(v) if len(v) > 1 else v[0].clone() for k, v in by_dtype.items()}
-    return flats, meta
+def engine_calls(handle, engine_kind: str):
+    """The feeding side's calls into one EngineActor (``hybrid.weight_sync.EngineCalls``).
 
+    Only small control messages go through Ray: the payloads (a few KB of handles and names)
+    are inlined in the call, the tensors stay in the feeders' memory. SGLang acknowledges a
+    bucket once its copy is enqueued (lag 1: a bucket's memory is free when the next call has
+    returned); HFEngine once it has copied (lag 0)."""
+    from ..hybrid.weight_sync import EngineCalls
+    from ..rollout.payload import codec_for
 
-def unflatten_bucket(flats, meta):
-    out = []
-    for name, key, shape, off in meta:
-        n = 1
-        for s in shape:
-            n *= s
-        out.append((name, flats[key][off : off + n].view(shape)))
-    return out
-
-
-class EngineHandleProxy:
-    """The RolloutEngine weight-update methods, forwarded to one or more EngineActors."""
-
-    def __init__(self, handles):
-        self.handles = list(handles) if isinstance(handles, (list, tuple)) else [handles]
-
-    def update_weights(self, bucket):
-        flats, meta = flatten_bucket(bucket)
-        ref = ray.put((flats, meta))
-        ray.get([h.update_weights_flat.remote(ref) for h in self.handles])
-
-    def finish_weight_update(self):
-        ray.get([h.finish_weight_update.remote() for h in self.handles])
+    return EngineCalls(
+        send=lambda payloads: handle.update_weights_from_payloads.remote(payloads),
+        resolve=ray.get,
+        finish=lambda: ray.get(handle.finish_weight_update.remote()),
+        lag=1 if engine_kind == "sglang" else 0,
+        codec=codec_for(engine_kind),
+    )
 
 
 @ray.remote(concurrency_groups={"control": 2})
@@ -113,9 +107,12 @@ class EngineActor:
     def score(self, sequences, prompt_lens):
         return self.engine.score(sequences, prompt_lens)
 
-    def update_weights_flat(self, payload):
-        flats, meta = payload
-        self.engine.update_weights(unflatten_bucket(flats, meta))
+    def update_weights_from_payloads(self, payloads):
+        """One bucket: one serialized payload per engine TP rank (rollout/payload.py)."""
+        load = getattr(self.engine, "update_weights_from_payloads", None)
+        if load is None:
+            raise TypeError(f"{type(self.engine).__name__} cannot load serialized weight payloads")
+        load(payloads)
 
     def finish_weight_update(self):
         self.engine.finish_weight_update()

@@ -21,7 +21,7 @@ class Cluster:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from .actors import EngineActor, PolicyActor
-        from ..launch.placement import create_placement_group, ranks_to_bundles, start_ray
+        from ..launch.placement import create_placement_group, engine_gpu_plan, ranks_to_bundles, start_ray
 
         self.cfg = cfg
         self.world = world_size(cfg)
@@ -46,16 +46,25 @@ class Cluster:
         r = cfg.rollout
         self.engine_kind = ("sglang" if on_gpu else "hf") if r.engine == "auto" else r.engine
         self.num_engines = self.world // r.num_gpus_per_engine
+        # Engine e sits on the GPUs of the ranks that feed it (same node, consecutive ids).
+        self.engine_plan = engine_gpu_plan(ray.get([a.placement.remote() for a in self.actors]), r.num_gpus_per_engine)
 
         def make_engine(i):
-            kw = {}
+            kw, opts = {}, {}
             if self.engine_kind == "sglang":
                 kw = dict(tp_size=r.num_gpus_per_engine, mem_fraction_static=r.mem_fraction_static,
-                          base_gpu_id=0, enable_memory_saver=True)
-            return EngineActor.options(
+                          base_gpu_id=self.engine_plan[i]["base_gpu_id"], enable_memory_saver=True)
+                # SGLang's TP ranks use GPUs base_gpu_id .. base_gpu_id + K - 1 of the node: Ray
+                # must not narrow the actor's visible devices to the one GPU of its bundle.
+                opts["runtime_env"] = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}
+            handle = EngineActor.options(
                 scheduling_strategy=strat(i * r.num_gpus_per_engine), num_cpus=bundle_cpus / 2,
-                num_gpus=gpus * 0.5 if gpus else 0,
+                num_gpus=gpus * 0.5 if gpus else 0, **opts,
             ).remote(self.engine_kind, hf_dir, tokenizer_dir, threads, **kw)
+            self._engine_ids[handle._actor_id] = i  # a restarted engine i replaces the old one
+            return handle
+
+        self._engine_ids = {}
 
         self.make_engine = make_engine
 
@@ -75,8 +84,20 @@ class Cluster:
     def sync(self, engine_handles) -> dict:
         import ray
 
-        outs = ray.get([a.sync_to.remote(engine_handles if r == 0 else None) for r, a in enumerate(self.actors)])
-        return outs[0]
+        handles = list(getattr(engine_handles, "members", engine_handles))  # RemoteEngines or handles
+        # Every rank feeds the engine on its own GPUs (docs/hybrid.md, "who feeds whom"); the
+        # ranks of an engine not being synced (a restarted engine is synced alone) only take
+        # part in the collectives.
+        by_index = [None] * self.num_engines
+        for h in handles:
+            i = self._engine_ids.get(h._actor_id)
+            if i is None:
+                raise ValueError("Cluster.sync: an engine handle that this cluster's make_engine did not create")
+            by_index[i] = h
+        outs = ray.get([a.sync_to.remote(by_index, self.engine_kind) for a in self.actors])
+        fed = [o for r, o in enumerate(outs) if by_index[r // self.cfg.rollout.num_gpus_per_engine] is not None]
+        return {"bytes": fed[0]["bytes"] if fed else 0, "buckets": outs[0]["buckets"],
+                "seconds": max(o["seconds"] for o in outs), "engines": len(handles)}
 
     def dp_layout(self):
         dp = self.infos[0]["dp_size"]

@@ -125,17 +125,33 @@ class PolicyWorker:
 
         return {n: t.clone() for n, t in gather_full_weights(self.policy.model, self.arch)}
 
-    def sync_weights(self, engine=None, bucket_bytes: Optional[int] = None) -> dict:
-        """Bucketed TP/PP -> HF sync into ``engine`` (given on rank 0 only)."""
-        from ..hybrid.weight_sync import WeightSync
+    def sync_weights(self, engine=None, bucket_bytes: Optional[int] = None, *, engine_calls=None,
+                     feed_engines: bool = False, skip_engine: bool = False) -> dict:
+        """Bucketed TP/PP -> HF weight sync.
 
-        if self._sync is None:
-            self._sync = WeightSync(
-                self.policy.model, self.arch, feeder_ranks=(0,),
-                bucket_bytes=bucket_bytes or self.cfg.rollout.update_weight_buffer_size,
-            )
+        ``feed_engines``: one engine per group of ``--rollout-num-gpus-per-engine`` ranks, fed by
+        the ranks of its group with handles to their own bucket buffers
+        (``hybrid.weight_sync.PayloadSink``); ``engine_calls`` (``EngineCalls``) is given on the
+        first rank of each group; ``skip_engine`` (every rank of a group alike): this rank's
+        engine is not synced this time, the rank only takes part in the collectives. Otherwise
+        ``engine`` is an in-process engine (or a list of them) on rank 0 only."""
+        from ..hybrid.weight_sync import DiscardSink, EngineFeeding, WeightSync
+
+        size = bucket_bytes or self.cfg.rollout.update_weight_buffer_size
+        key = ("feed" if feed_engines else "rank0", size)
+        if self._sync is None or self._sync[0] != key:
+            feeding = EngineFeeding(self.cfg.rollout.num_gpus_per_engine) if feed_engines else None
+            ws = WeightSync(self.policy.model, self.arch, bucket_bytes=size,
+                            feeder_ranks=feeding.feeder_ranks if feeding else (0,))
+            ws.keep_buffers = ws.device.type == "cpu"  # no first-touch of fresh memory each sync
+            self._sync = (key, ws, feeding)
+        _, ws, feeding = self._sync
         t0 = time.perf_counter()
-        stats = self._sync.sync(engine if self.rank == 0 else None)
+        if feeding is not None:
+            target = DiscardSink() if skip_engine else feeding.sink(engine_calls)
+        else:
+            target = engine if self.rank == 0 else None
+        stats = ws.sync(target)
         return {"seconds": time.perf_counter() - t0, "bytes": stats.bytes, "buckets": stats.buckets}
 
     def export_hf(self, directory: str) -> list:
