@@ -3,7 +3,9 @@
     python examples/demo/evaluate_demo.py --model DIR --data heldout.jsonl --n 128 \
         --out RUN_DIR/demo_eval.json --phase before|after
 
-Each phase is merged into the JSON file as {"before": {"acc": a, "n": n}, "after": {...}};
+The evaluation is tools/eval.py's (megatron_dapo.eval.runner.evaluate, greedy, one sample
+per problem); each phase's samples go to demo_eval_<phase>/ beside the JSON file. Each
+phase is merged into the JSON file as {"before": {"acc": a, "n": n}, "after": {...}};
 "gain_over_2se" is written once both are there (the gain must exceed two standard errors
 of the difference of two proportions for the demo to count as having learned).
 """
@@ -17,28 +19,30 @@ import os
 import time
 
 
-def greedy_accuracy(model_dir: str, data: str, n: int, max_new_tokens: int = 8, batch: int = 32) -> dict:
+def greedy_accuracy(model_dir: str, data: str, n: int, max_new_tokens: int = 8, batch: int = 32,
+                    out_dir: str | None = None) -> dict:
+    """Greedy accuracy on the first ``n`` problems of ``data``, with the evaluation code of
+    tools/eval.py (megatron_dapo.eval.runner.evaluate): one sample per problem, the prompt
+    as raw text, generation stopped at the end of the ``Answer:`` line, the dapo checker in
+    the reward pool. ``out_dir`` receives samples.jsonl and summary.json."""
     from transformers import AutoTokenizer
 
-    from megatron_dapo.data import read_rows
-    from megatron_dapo.reward import compute_score
-    from megatron_dapo.rollout.base import SamplingParams
+    from megatron_dapo.eval.runner import evaluate
     from megatron_dapo.rollout.hf_engine import HFEngine
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     engine = HFEngine(model_dir, tokenizer=tok)
-    rows = read_rows(data)[:n]
-    if len(rows) < n:
-        raise SystemExit(f"{data}: only {len(rows)} rows, --n {n} requested")
-    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop=["\n"])
-    correct = 0
-    for i in range(0, n, batch):
-        chunk = rows[i : i + batch]
-        prompts = [tok(r["prompt"][-1]["content"], add_special_tokens=False)["input_ids"] for r in chunk]
-        for r, outs in zip(chunk, engine.generate(prompts, params)):
-            text = tok.decode(outs[0].output_ids, skip_special_tokens=True)
-            correct += compute_score(text, r["reward_model"]["ground_truth"], mode="dapo").acc
-    return {"acc": correct / n, "n": n}
+    try:
+        summary = evaluate(
+            engine, tok, data, n_samples=1, k=1, temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens,
+            prompt_style="raw", stop=["\n"], reward_mode="dapo", limit=n, batch_size=batch, progress=False,
+            out_dir=out_dir,
+        )
+    finally:
+        engine.shutdown()
+    if summary["n_problems"] < n:
+        raise SystemExit(f"{data}: only {summary['n_problems']} problems, --n {n} requested")
+    return {"acc": summary["avg@1"], "n": summary["n_samples_total"]}
 
 
 def main(argv=None) -> None:
@@ -50,7 +54,8 @@ def main(argv=None) -> None:
     p.add_argument("--phase", choices=("before", "after"), required=True)
     args = p.parse_args(argv)
     t = time.time()
-    res = greedy_accuracy(args.model, args.data, args.n)
+    samples_dir = os.path.join(os.path.dirname(os.path.abspath(args.out)), f"demo_eval_{args.phase}")
+    res = greedy_accuracy(args.model, args.data, args.n, out_dir=samples_dir)
     res["seconds"] = round(time.time() - t, 1)
     out = {}
     if os.path.exists(args.out):

@@ -373,3 +373,29 @@ def test_tools_eval_torch_dist_checkpoint(tiny_model, copies_file, tmp_path):
     (sm, m), (_, h) = _read_out(tmp_path / "m"), _read_out(tmp_path / "h")
     assert sm["config"]["context_length"] == 1024
     assert [x["response"] for x in m] == [x["response"] for x in h]
+
+
+def _load_example(name):
+    spec = importlib.util.spec_from_file_location(f"_demo_{name}", ROOT / "examples" / "demo" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_demo_evaluation_uses_the_eval_runner(tiny_model, tmp_path):
+    """examples/demo/evaluate_demo.py: greedy, one sample per problem, stopped at the newline,
+    scored by the runner's reward pool; both phases merged with the gain test."""
+    make = _load_example("make_addition_data")
+    heldout = _write_jsonl(tmp_path / "heldout.jsonl", [make.row(a, b) for a, b in ((11, 22), (30, 41), (15, 27))])
+    demo = _load_example("evaluate_demo")
+    out = tmp_path / "run" / "demo_eval.json"
+    for phase in ("before", "after"):
+        demo.main(["--model", tiny_model, "--data", heldout, "--n", "3", "--out", str(out), "--phase", phase])
+    res = json.loads(out.read_text())
+    samples = [json.loads(x) for x in (tmp_path / "run" / "demo_eval_after" / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 3 and all("\n" not in s["response"] for s in samples)
+    assert [s["ground_truth"] for s in samples] == ["33", "71", "42"]
+    assert res["after"] == {**res["after"], "acc": sum(s["acc"] for s in samples) / 3, "n": 3}
+    assert res["gain"] == res["after"]["acc"] - res["before"]["acc"] and "gain_over_2se" in res
+    with pytest.raises(SystemExit, match="only 3 problems"):
+        demo.greedy_accuracy(tiny_model, heldout, 4)
