@@ -1,27 +1,12 @@
 """Evaluation: pure metrics over sampled responses (avg@k, unbiased pass@k, maj@k, summary).
 
-The evaluation driver (``tools/eval.py``, rollout engines) builds on these; importing this
-package is cheap (standard library only).
+The names below are ``megatron_dapo.eval.metrics``'s (standard library only, so importing
+this package is cheap). The evaluation driver that samples with a rollout engine and scores
+with the reward is ``megatron_dapo.eval.runner`` (used by tools/eval.py, the trainer's
+``--eval-interval`` and the demo's held-out evaluation).
 """
 
-from megatron_dapo.eval.metrics import (
-    INVALID_ANSWERS,
-    avg_at_k,
-    group_samples,
-    maj_at_k,
-    majority_answer,
-    normalize_answer,
-    pass_at_k,
-    summarize,
-)
+from megatron_dapo.eval import metrics
+from megatron_dapo.eval.metrics import *  # noqa: F403 - re-exported: the public names are metrics.__all__
 
-__all__ = [
-    "INVALID_ANSWERS",
-    "avg_at_k",
-    "group_samples",
-    "maj_at_k",
-    "majority_answer",
-    "normalize_answer",
-    "pass_at_k",
-    "summarize",
-]
+__all__ = list(metrics.__all__)
