@@ -1,6 +1,6 @@
 """Mode `dapo`: the official DAPO-Math answer check, re-implemented from its documented behaviour.
 
-Behaviour (see /work/shared/REFERENCE.md and issue 5):
+Behaviour (the official checker's, as its recipe documents it; docs/reward.md, mode `dapo`):
 
 1. Only the last 300 characters of the response are looked at.
 2. The prediction is the last case-insensitive match of ``Answer\\s*:\\s*([^\\n]+)``;
