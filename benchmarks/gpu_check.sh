@@ -14,7 +14,8 @@
 #
 # Then: bash benchmarks/gpu_check.sh [gpu_check.py options, e.g. --layers 3]
 # Exit code: 0 when every section passed; 2 setup failed; otherwise the failures of gpu_check.py.
-# SGLang is not exercised (its wheels are too large to carry).
+# Then benchmarks/gpu_dapo_step.py: one real DAPO step of the trainer's own code in bf16 (transformers
+# and safetensors are on that machine). SGLang is not exercised (its wheels are too large to carry).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -83,5 +84,12 @@ set +e
 RC=$?
 set -e
 echo "===== done: gpu_check.py exit code ${RC} (0 = all sections passed) ====="
-echo "SGLang is not exercised by this check."
-exit "${RC}"
+
+echo "===== check: benchmarks/gpu_dapo_step.py (one DAPO step of the trainer's code, bf16, hybrid step into an HF engine) ====="
+set +e
+"${PY}" "${REPO}/benchmarks/gpu_dapo_step.py"
+RC2=$?
+set -e
+echo "===== done: gpu_dapo_step.py exit code ${RC2} ====="
+echo "SGLang is not exercised by this check (benchmarks/sglang_smoke.py is for a machine that has it)."
+exit $(( RC + RC2 ))

@@ -34,7 +34,7 @@ fi
 # DAPO on the CPU: 16 prompts x 8 samples per step, dynamic sampling on, token-mean loss,
 # clip-higher, overlong filtering + soft punishment scaled to the ~7-token answers (L_max 12,
 # L_cache 4: a normal answer is never punished; run 1 with 8/2 was, see docs/benchmarks.md).
-MEGATRON_DAPO_EXPORT_FINAL_HF=1 $PY -m megatron_dapo.train \
+$PY -m megatron_dapo.train --save-hf-final \
   --hf-checkpoint "$HF" "${INIT[@]}" \
   --prompt-data "$DATA/train.jsonl" --no-apply-chat-template --max-prompt-length 128 \
   --algorithm dapo --rollout-batch-size 16 --n-samples-per-prompt 8 --over-sampling-batch-size 32 \

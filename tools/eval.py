@@ -148,16 +148,9 @@ def _context_length(model_dir: str):
 
 
 def _generation_eos_ids(model_dir: str) -> list:
-    ids = []
-    for fname in ("generation_config.json", "config.json"):
-        try:
-            with open(os.path.join(model_dir, fname)) as f:
-                eos = json.load(f).get("eos_token_id")
-        except (OSError, ValueError):
-            continue
-        if eos is not None:
-            ids += [eos] if isinstance(eos, int) else list(eos)
-    return sorted(set(int(t) for t in ids))
+    from megatron_dapo.models.hf_config import generation_eos_ids
+
+    return generation_eos_ids(model_dir)
 
 
 def build_engine(args, model_dir: str, tokenizer):

@@ -96,7 +96,9 @@ class RolloutConfig:
     mem_fraction_static: float = _f(0.7, "SGLang static memory fraction.", "--sglang-mem-fraction-static")
     update_weight_buffer_size: int = _f(512 * 1024**2, "Weight-sync bucket size in bytes.")
     check_weight_sync_every: int = _f(1, "Probe engine vs trainer logprobs every N syncs (0 = never).")
-    weight_sync_tolerance: float = _f(1e-3, "Max |logp_engine - logp_trainer| on the probe before failing.")
+    weight_sync_tolerance: Optional[float] = _f(
+        None, "Max |logp_engine - logp_trainer| on the weight-sync probe before failing (default by parameter dtype: "
+        "fp32 1e-4, bf16 0.25).")
     offload_train: Optional[bool] = _f(
         None, "Offload trainer params, grads and optimizer state while the engine generates "
         "(default: on with GPUs, off on CPU)."
@@ -151,7 +153,9 @@ class CheckpointConfig:
     save: Optional[str] = _f(None, "Directory for checkpoints.")
     save_interval: int = _f(0, "Save every N rollout steps (0 = only at the end when --save is given).")
     keep_last: int = _f(2, "Keep the N newest checkpoints.")
-    save_hf_interval: int = _f(0, "Also export HF weights every N steps (0 = off).")
+    save_hf_interval: int = _f(
+        0, "Export the trainer's weights as an HF checkpoint every N rollout steps to RUN_DIR/hf/step_XXXXXX (0 = off).")
+    save_hf_final: bool = _f(False, "Export the trainer's final weights as an HF checkpoint to RUN_DIR/final_hf.")
 
 
 @dataclass

@@ -134,14 +134,6 @@ class EngineActor:
     def shutdown(self):
         self.engine.shutdown()
 
-    def save_hf(self, directory: str):
-        """Write the engine's current (synced) weights as an HF checkpoint (HFEngine only)."""
-        os.makedirs(directory, exist_ok=True)
-        self.engine.model.save_pretrained(directory, safe_serialization=True)
-        if getattr(self, "tokenizer", None) is not None:
-            self.tokenizer.save_pretrained(directory)
-        return directory
-
 
 class RemoteEngine:
     """A RolloutEngine-like client of an EngineActor (for evaluation from the driver)."""

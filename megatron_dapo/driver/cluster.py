@@ -57,6 +57,8 @@ class Cluster:
                 # SGLang's TP ranks use GPUs base_gpu_id .. base_gpu_id + K - 1 of the node: Ray
                 # must not narrow the actor's visible devices to the one GPU of its bundle.
                 opts["runtime_env"] = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}
+            else:  # the trainer's logprobs are at the rollout temperature (logits / T): the engine's too
+                kw = {"logprobs_mode": "processed"}
             handle = EngineActor.options(
                 scheduling_strategy=strat(i * r.num_gpus_per_engine), num_cpus=bundle_cpus / 2,
                 num_gpus=gpus * 0.5 if gpus else 0, **opts,
@@ -99,6 +101,18 @@ class Cluster:
         return {"bytes": fed[0]["bytes"] if fed else 0, "buckets": outs[0]["buckets"],
                 "seconds": max(o["seconds"] for o in outs), "engines": len(handles)}
 
+    # -- the hybrid step's trainer protocol (hybrid/phases.py): the same worker methods as the
+    #    in-process trainer, called on every rank
+    def onload(self) -> None:
+        self.call("onload")
+
+    def offload(self) -> None:
+        self.call("offload")
+
+    def probe_logprobs(self, sequences) -> list:
+        _, reporters = self.dp_layout()
+        return self.call("probe_logprobs", sequences)[reporters[0]]
+
     def dp_layout(self):
         dp = self.infos[0]["dp_size"]
         # the rank whose results stand for DP rank d: last PP stage, TP rank 0
@@ -122,3 +136,26 @@ class Cluster:
             ray.util.remove_placement_group(self.pg)
         except Exception:
             pass
+
+
+class RemoteEngines:
+    """The hybrid step's engines protocol over EngineActor handles: every call goes to all
+    engines at once and waits for all of them."""
+
+    def __init__(self, handles):
+        self.members = list(handles)
+
+    def release_memory(self, tags) -> None:
+        import ray
+
+        ray.get([h.release_memory.remote(list(tags)) for h in self.members])
+
+    def resume_memory(self, tags) -> None:
+        import ray
+
+        ray.get([h.resume_memory.remote(list(tags)) for h in self.members])
+
+    def score(self, sequences, prompt_lens) -> list:
+        import ray
+
+        return ray.get([h.score.remote(sequences, prompt_lens) for h in self.members])

@@ -1,97 +1,145 @@
-"""The hybrid engine's per-step phase order (training and rollout share the same devices).
+"""The hybrid step: the ONE owner of the phase order of a colocated trainer and its engines.
 
-One step::
+Training and rollout share the same devices. One step::
 
-    generate                                  (engine awake, trainer offloaded)
-    -> engine.release_memory([weights, kv_cache])
-    -> trainer onload                         (params, grads, optimizer state)
-    -> train                                  (the caller's train function)
-    -> engine.resume_memory([weights])
-    -> sync weights                           (bucketed, see weight_sync.py)
+    generate                                  (engines awake, trainer offloaded)
+    -> engines.release_memory(all tags)       (weights, KV cache, CUDA graphs)
+    -> trainer.onload()                       (params, grads, optimizer state)
+    -> [old logprobs, train]                  (the caller, between to_train and to_rollout)
+    -> engines.resume_memory([weights])
+    -> trainer.sync(engines)                  (bucketed TP/PP -> HF, weight_sync.py)
     -> probe, megatron half (every N-th sync) (needs the trainer's weights: before offload)
-    -> trainer offload
-    -> engine.resume_memory([kv_cache])
+    -> trainer.offload()
+    -> engines.resume_memory([kv_cache, cuda_graph])
     -> probe, engine half (score + compare)   (needs the engine's KV cache: after resume)
     -> generate ...
 
-Why (docs/hybrid.md has the long version): the engine and the trainer are never both
-resident at their peak; the engine's weight memory must exist before the sync writes into
-it, and the trainer's weights must still be resident while they are read (sync and probe);
-the KV cache, the largest allocation of the engine, comes back only after the trainer's
-memory is gone; ``finish_weight_update`` flushes the engine's prefix cache, which was
+Why (docs/hybrid.md has the long version): the engine and the trainer are never both resident
+at their peak; the engine's weight memory must exist before the sync writes into it; the
+trainer's weights must be resident while they are read (sync and probe); the KV cache and CUDA
+graphs, the largest allocations of the engine, come back only after the trainer's memory is
+gone; ``finish_weight_update`` (inside the sync) flushes the engine's prefix cache, which was
 computed with the old weights.
 
-``HybridEngine`` is collective: every rank constructs it and calls the same methods in the
-same order; only feeder ranks hold an engine. It keeps ``phase`` ("rollout" or "train")
-and refuses calls out of order.
+``HybridStep`` is single-controller: the driver (``megatron_dapo.train``) holds one and gives
+it a *trainer* and, per call, the *engines*. The same object drives the Ray path (trainer:
+``driver.cluster.Cluster``, engines: ``driver.cluster.RemoteEngines``) and the in-process path
+(trainer: :class:`InProcessTrainer` around one ``PolicyWorker``, engines: :class:`LocalEngines`,
+used by ``benchmarks/gpu_check.py``); both trainers call the same ``PolicyWorker`` methods.
+
+Trainer protocol: ``onload()``, ``offload()``, ``sync(engines) -> dict`` (at least ``bytes``),
+``probe_logprobs(sequences) -> [[float]]`` (megatron's logprobs of tokens 1.. of each sequence
+at temperature 1, what ``RolloutEngine.score`` returns with prompt length 1).
+Engines protocol: ``release_memory(tags)``, ``resume_memory(tags)``,
+``score(sequences, prompt_lens) -> [per engine: [[float]]]``.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
-from typing import Callable, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
-import torch.distributed as dist
+import torch
 
-from ..rollout.base import KV_CACHE, WEIGHTS
-from .offload import TrainerOffloader
-from .probe import compare_with_engine, default_probe_tokens, megatron_probe_logprobs, model_threshold, should_check
-from .weight_sync import DEFAULT_BUCKET_BYTES, WeightSync
+from ..rollout.base import MEMORY_TAGS, WEIGHTS
+from .probe import default_threshold, should_check
+from .weight_sync import WeightSyncError
 
 log = logging.getLogger(__name__)
 
 ROLLOUT, TRAIN, INIT = "rollout", "train", "init"
+# everything but the weights comes back after the sync (KV cache, CUDA graphs)
+AFTER_SYNC_TAGS = tuple(t for t in MEMORY_TAGS if t != WEIGHTS)
 
 
 class PhaseError(RuntimeError):
-    """A hybrid-engine method called in the wrong phase."""
+    """A hybrid-step method called in the wrong phase."""
 
 
-class HybridEngine:
-    """Drive the phase order of one trainer (``policy``: ``training.setup.Policy``) and its
-    engine(s) (on feeder ranks; None elsewhere).
+class LocalEngines:
+    """Engines living in this process (``RolloutEngine`` objects), one call after another."""
 
-    ``check_weight_sync_every``: probe after every N-th sync (0: never); ``probe_tokens``
-    and ``probe_threshold`` as in :func:`probe.check_weight_sync`. ``offload``: False keeps
-    the trainer resident (e.g. separate devices for the engine). ``preserve_grads``: see
-    :class:`offload.TrainerOffloader` (False is faster; gradients are zeroed every step).
+    def __init__(self, engines):
+        self.members = list(engines) if isinstance(engines, (list, tuple)) else [engines]
+
+    def release_memory(self, tags: Sequence[str]) -> None:
+        for e in self.members:
+            e.release_memory(list(tags))
+
+    def resume_memory(self, tags: Sequence[str]) -> None:
+        for e in self.members:
+            e.resume_memory(list(tags))
+
+    def score(self, sequences, prompt_lens) -> list:
+        return [e.score(sequences, prompt_lens) for e in self.members]
+
+
+class InProcessTrainer:
+    """The trainer protocol over one in-process ``PolicyWorker`` (a world of one rank)."""
+
+    def __init__(self, worker, offload: bool = True):
+        self.worker = worker
+        self.offload_enabled = offload
+
+    def onload(self) -> None:
+        if self.offload_enabled:
+            self.worker.onload()
+
+    def offload(self) -> None:
+        if self.offload_enabled:
+            self.worker.offload()
+
+    def sync(self, engines) -> dict:
+        members = engines.members
+        return self.worker.sync_weights(members[0] if len(members) == 1 else members)
+
+    def probe_logprobs(self, sequences) -> list:
+        return self.worker.probe_logprobs(sequences)
+
+
+def probe_max_diff(reference: list, per_engine: list) -> float:
+    """max |logp_engine - logp_megatron| over engines, sequences and tokens (NaN -> inf)."""
+    worst = 0.0
+    for scored in per_engine:
+        if len(scored) != len(reference):
+            raise WeightSyncError(f"probe: engine scored {len(scored)} sequences, megatron {len(reference)}")
+        for got, ref in zip(scored, reference):
+            if len(got) != len(ref):
+                raise WeightSyncError(f"probe: engine returned {len(got)} logprobs for a sequence, megatron {len(ref)}")
+            for x, y in zip(got, ref):
+                d = abs(float(x) - float(y))
+                worst = max(worst, d if not math.isnan(d) else math.inf)
+    return worst
+
+
+class HybridStep:
+    """Drive the phase order of one trainer and its engines (see the module docstring).
+
+    ``offload``: False keeps the trainer resident (separate devices for the engines, or a CPU
+    run). ``check_weight_sync_every``: probe after every N-th sync (0: never; the first sync
+    is sync 0). ``probe_tolerance``: max |logp_engine - logp_megatron|; None takes the
+    parameter dtype's (:func:`probe.default_threshold`: fp32 1e-4, bf16 0.25).
     """
 
     def __init__(
         self,
-        policy,
-        engine=None,
+        trainer,
         *,
-        feeder_ranks: Sequence[int] = (0,),
-        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        offload: bool,
         check_weight_sync_every: int = 1,
-        probe_tokens=None,
-        probe_threshold: Optional[float] = None,
-        offload: bool = True,
-        preserve_grads: bool = False,
-        tp_group=None,
-        pp_group=None,
-        mp_group=None,
+        probe_tolerance: Optional[float] = None,
+        param_dtype: torch.dtype = torch.float32,
     ):
-        self.policy = policy
-        self.engines: List = [] if engine is None else (list(engine) if isinstance(engine, (list, tuple)) else [engine])
-        self.sync = WeightSync(
-            policy.model, policy.arch, feeder_ranks=feeder_ranks, bucket_bytes=bucket_bytes,
-            tp_group=tp_group, pp_group=pp_group, mp_group=mp_group,
-        )
-        if self.engines and not self.sync.is_feeder:
-            raise ValueError(f"rank {dist.get_rank()} got an engine but is not in feeder_ranks {list(feeder_ranks)}")
-        if self.sync.is_feeder and not self.engines:
-            raise ValueError(f"rank {dist.get_rank()} is a feeder rank but got no engine")
-        self.pp_group = pp_group
+        self.trainer = trainer
+        self.offload = offload
         self.check_every = check_weight_sync_every
-        self.probe_tokens = probe_tokens if probe_tokens is not None else default_probe_tokens(policy.arch.vocab_size)
-        self.probe_threshold = probe_threshold
-        self.offloader = TrainerOffloader(policy.model, policy.optimizer, preserve_grads=preserve_grads) if offload else None
+        self.tolerance = probe_tolerance if probe_tolerance is not None else default_threshold(param_dtype)
         self.phase = INIT
+        self.trainer_resident = True  # a fresh trainer is on its devices
         self.num_syncs = 0
-        self.events: List[str] = []  # what happened, in order (tests, logs)
+        self.events: List[str] = []  # what happened, in order (tests, hybrid_events.jsonl)
         self.timings: dict = {}
 
     # ---------------------------------------------------------------- helpers ----
@@ -102,81 +150,97 @@ class HybridEngine:
     def _timed(self, key: str, fn, *a, **k):
         t0 = time.perf_counter()
         out = fn(*a, **k)
-        self.timings[key] = time.perf_counter() - t0
+        self.timings[key] = self.timings.get(key, 0.0) + time.perf_counter() - t0
         return out
 
     def _require(self, *phases: str, what: str) -> None:
         if self.phase not in phases:
-            raise PhaseError(f"HybridEngine.{what}() in phase {self.phase!r}; allowed in {list(phases)}")
+            raise PhaseError(f"HybridStep.{what}() in phase {self.phase!r}; allowed in {list(phases)}")
 
-    # ----------------------------------------------------------------- phases ----
-    def to_rollout(self) -> dict:
-        """train (or init) -> rollout: resume weights, sync, probe, offload, resume KV cache."""
-        self._require(INIT, TRAIN, what="to_rollout")
-        for e in self.engines:
-            e.resume_memory([WEIGHTS])
-        self._event("engine_resume_weights")
-        stats = self._timed("sync_s", self.sync.sync, self.engines)
+    def _onload(self) -> None:
+        if self.offload and not self.trainer_resident:
+            self._timed("onload_s", self.trainer.onload)
+            self._event("trainer_onload")
+        self.trainer_resident = True
+
+    def _offload(self) -> None:
+        if self.offload and self.trainer_resident:
+            self._timed("offload_s", self.trainer.offload)
+            self._event("trainer_offload")
+            self.trainer_resident = False
+
+    def _sync_and_probe_reference(self, engines, probe: Optional[list]):
+        stats = self._timed("sync_s", self.trainer.sync, engines)
         self._event("sync_weights")
-        probe, ref = None, None
-        check = should_check(self.num_syncs, self.check_every)
-        if check:  # megatron's half of the probe needs the trainer's weights: before offload
-            ref = self._timed(
-                "probe_megatron_s", megatron_probe_logprobs, self.policy.model, self.policy.arch,
-                self.probe_tokens, pp_group=self.pp_group,
-            )
+        ref = None
+        if probe and should_check(self.num_syncs, self.check_every):
+            ref = self._timed("probe_s", self.trainer.probe_logprobs, probe)
             self._event("probe_megatron")
         self.num_syncs += 1
-        if self.offloader is not None:
-            self._timed("offload_s", self.offloader.offload)
-            self._event("trainer_offload")
-        for e in self.engines:
-            e.resume_memory([KV_CACHE])
-        self._event("engine_resume_kv_cache")
-        self.phase = ROLLOUT
-        if check:  # the engine's half needs its KV cache: after resume
-            threshold = self.probe_threshold
-            if threshold is None:
-                threshold = model_threshold(self.policy.model)
-            probe = self._timed("probe_engine_s", compare_with_engine, ref, self.engines or None, self.probe_tokens, threshold)
-            self._event("probe_engine")
-        return {"sync": stats, "probe_max_abs": probe}
+        return stats, ref
 
-    def to_train(self) -> None:
-        """rollout -> train: release the engine's weights and KV cache, onload the trainer."""
+    def _probe_engines(self, engines, probe: list, ref: list) -> float:
+        got = self._timed("probe_s", engines.score, probe, [1] * len(probe))
+        self._event("probe_engine")
+        worst = probe_max_diff(ref, got)
+        if not worst <= self.tolerance:
+            raise WeightSyncError(
+                f"weight sync probe: max |logp_engine - logp_megatron| = {worst:.4g} > tolerance {self.tolerance:.4g} "
+                f"(--weight-sync-tolerance) after sync {self.num_syncs}: the engine's weights differ from the "
+                "trainer's (wrong bucket or layout?)"
+            )
+        return worst
+
+    # ----------------------------------------------------------------- phases ----
+    def to_train(self, engines) -> None:
+        """rollout -> train: the engines release all their memory, the trainer onloads."""
         self._require(ROLLOUT, what="to_train")
-        for e in self.engines:
-            e.release_memory([WEIGHTS, KV_CACHE])
+        self.timings = {}
+        self._timed("release_s", engines.release_memory, list(MEMORY_TAGS))
         self._event("engine_release")
-        if self.offloader is not None:
-            self._timed("onload_s", self.offloader.onload)
-            self._event("trainer_onload")
+        self._onload()
         self.phase = TRAIN
 
-    def generate(self, fn: Callable, *args, **kwargs):
-        """Run ``fn(engines, *args, **kwargs)`` in the rollout phase (engines is [] off-feeder)."""
-        self._require(ROLLOUT, what="generate")
-        out = fn(self.engines, *args, **kwargs)
-        self._event("generate")
-        return out
+    def to_rollout(self, engines, probe: Optional[list] = None) -> dict:
+        """train (or init) -> rollout: resume weights, sync, probe (megatron half), offload,
+        resume KV cache and CUDA graphs, probe (engine half).
 
-    def train(self, fn: Callable, *args, **kwargs):
-        """Run ``fn(policy, *args, **kwargs)`` in the train phase."""
-        self._require(TRAIN, what="train")
-        out = fn(self.policy, *args, **kwargs)
-        self._event("train")
-        return out
-
-    def step(self, generate_fn: Callable, train_fn: Callable):
-        """One full step: generate -> to_train -> train(rollouts) -> to_rollout.
-
-        ``generate_fn(engines)`` returns the rollouts; ``train_fn(policy, rollouts)`` trains
-        on them. Returns ``(rollouts, train_output, to_rollout_info)``.
+        ``probe``: token sequences to compare engine and megatron logprobs on (every N-th
+        sync); None skips the probe. Returns ``{"sync": stats, "probe_max_abs": float|None}``.
         """
+        self._require(INIT, TRAIN, what="to_rollout")
         if self.phase == INIT:
-            self.to_rollout()
-        rollouts = self.generate(generate_fn)
-        self.to_train()
-        out = self.train(train_fn, rollouts)
-        info = self.to_rollout()
-        return rollouts, out, info
+            self.timings = {}
+            self._onload()
+        self._timed("resume_s", engines.resume_memory, [WEIGHTS])
+        self._event("engine_resume_weights")
+        stats, ref = self._sync_and_probe_reference(engines, probe)
+        self._offload()
+        self._timed("resume_s", engines.resume_memory, list(AFTER_SYNC_TAGS))
+        self._event("engine_resume_kv_cache")
+        self.phase = ROLLOUT
+        worst = self._probe_engines(engines, probe, ref) if ref is not None else None
+        return {"sync": stats, "probe_max_abs": worst}
+
+    def resync(self, engines, probe: Optional[list] = None) -> dict:
+        """Re-sync engines that were (re)started awake mid-rollout: onload the trainer if it is
+        offloaded, sync, probe, put the trainer back as it was."""
+        self._require(ROLLOUT, INIT, what="resync")
+        was = self.trainer_resident
+        self._onload()
+        stats, ref = self._sync_and_probe_reference(engines, probe)
+        if not was:
+            self._offload()
+        worst = self._probe_engines(engines, probe, ref) if ref is not None else None
+        return {"sync": stats, "probe_max_abs": worst}
+
+    def while_trainer_resident(self, fn, *args, **kwargs):
+        """Run ``fn`` with the trainer onloaded (e.g. a checkpoint save during rollout), then
+        offload it again if it was offloaded."""
+        was = self.trainer_resident
+        self._onload()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if not was:
+                self._offload()

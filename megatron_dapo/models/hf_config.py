@@ -153,3 +153,18 @@ def padded_vocab_size(vocab_size: int, divisible_by: int, tp_size: int) -> int:
     """Megatron pads the vocabulary so every TP rank holds an equal, aligned slice."""
     multiple = divisible_by * tp_size
     return ((vocab_size + multiple - 1) // multiple) * multiple
+
+
+def generation_eos_ids(model_dir: str) -> list:
+    """The end-of-sequence token ids a checkpoint declares (generation_config.json and
+    config.json ``eos_token_id``, int or list): the stop tokens of generation and evaluation."""
+    ids = []
+    for fname in ("generation_config.json", "config.json"):
+        try:
+            with open(os.path.join(model_dir, fname)) as f:
+                eos = json.load(f).get("eos_token_id")
+        except (OSError, ValueError):
+            continue
+        if eos is not None:
+            ids += [eos] if isinstance(eos, int) else list(eos)
+    return sorted(set(int(t) for t in ids))

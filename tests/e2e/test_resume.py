@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 from tests.e2e.fixtures import make_prompts, make_tiny_qwen2_dir
 from tests.e2e.test_train_e2e import base_args, read_metrics
+from tests.launch.procs import leftovers
 
 pytestmark = [pytest.mark.slow]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -26,19 +27,32 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _cmd(hf, prompts, run, save, steps, extra=()):
     args = base_args(hf, prompts, run, **{"--num-rollout": str(steps), "--save": save, "--save-interval": "1",
-                                          "--keep-last": "3", "--deterministic": None})
+                                          "--keep-last": "3", "--deterministic": None, "--save-hf-final": None})
     return [sys.executable, "-m", "megatron_dapo.train", *args, *extra]
 
 
 def _env():
-    env = dict(os.environ, MEGATRON_DAPO_EXPORT_FINAL_HF="1", PYTHONPATH=ROOT, RAY_ADDRESS="")
+    env = dict(os.environ, PYTHONPATH=ROOT, RAY_ADDRESS="")
     env.pop("RAY_ADDRESS")
     return env
 
 
-def _run(cmd, timeout=600):
-    r = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+def _run(cmd, timeout=600, check=True):
+    """Run the driver in a session of its own; whatever it started (Ray, workers) is killed
+    when it ends, also after a timeout or a failed assertion."""
+    p = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        leftovers(p)
+        out, err = p.communicate()
+        pytest.fail(f"driver did not finish in {timeout} s:\n{out[-3000:]}{err[-5000:]}")
+    finally:
+        leftovers(p)
+    r = subprocess.CompletedProcess(cmd, p.returncode, out, err)
+    if check:
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     return r
 
 
@@ -68,13 +82,16 @@ def test_kill9_and_resume_is_exact(tiny, tmp_path):
     run_b, save_b = str(tmp_path / "b"), str(tmp_path / "b_ckpt")
     p = subprocess.Popen(_cmd(hf, prompts, run_b, save_b, 4), cwd=ROOT, env=_env(), start_new_session=True,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 600
-    while _latest(save_b) != "step_000002":
-        assert p.poll() is None, "run B ended before it could be killed"
-        assert time.time() < deadline, "run B never reached its step-2 checkpoint"
-        time.sleep(0.1)
-    os.killpg(p.pid, signal.SIGKILL)  # kill -9 of the whole run (driver, Ray, workers)
-    p.wait()
+    try:
+        deadline = time.time() + 600
+        while _latest(save_b) != "step_000002":
+            assert p.poll() is None, "run B ended before it could be killed"
+            assert time.time() < deadline, "run B never reached its step-2 checkpoint"
+            time.sleep(0.1)
+        os.killpg(p.pid, signal.SIGKILL)  # kill -9 of the whole run (driver, Ray, workers)
+    finally:
+        leftovers(p)  # the whole session, also when an assertion above failed
+        p.wait()
     assert _latest(save_b) in ("step_000002", "step_000003")
     _run(_cmd(hf, prompts, run_b, save_b, 4, extra=["--load", save_b]))
 
@@ -91,8 +108,7 @@ def test_kill9_and_resume_is_exact(tiny, tmp_path):
 def test_crash_during_save_keeps_previous_checkpoint(tiny, tmp_path):
     hf, prompts = tiny
     run, save = str(tmp_path / "c"), str(tmp_path / "c_ckpt")
-    r = subprocess.run(_cmd(hf, prompts, run, save, 3, extra=["--debug-crash-during-save-step", "2"]), cwd=ROOT,
-                       env=_env(), capture_output=True, text=True, timeout=600, start_new_session=True)
+    r = _run(_cmd(hf, prompts, run, save, 3, extra=["--debug-crash-during-save-step", "2"]), check=False)
     assert r.returncode == -signal.SIGKILL
     assert _latest(save) == "step_000001"  # the interrupted save never became 'latest'
     assert any(n.startswith(".tmp-step_000002") for n in os.listdir(save))

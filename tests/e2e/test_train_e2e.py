@@ -108,7 +108,7 @@ def test_tp2_three_steps_probe_keys_and_replay(tiny, tmp_path):
                                              # comparison about the math, not the rounding
                                              "--lr": "1e-4",
                                              "--eval-data": prompts, "--eval-interval": "3", "--eval-k": "2",
-                                             "--apply-chat-template": "false"}))
+                                             "--apply-chat-template": "false", "--save-hf-final": None}))
     assert rc == 0
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2, 3]
@@ -129,6 +129,18 @@ def test_tp2_three_steps_probe_keys_and_replay(tiny, tmp_path):
     worst, moved = _replay(hf, before, after, lr=1e-4, weight_decay=0.1, clip=1.0, eps_low=0.2, eps_high=0.28, clip_c=10.0)
     assert moved > 5e-5  # the step really changed the weights (2 Adam steps of ~lr each)
     assert worst < 1e-5, worst
+    # --save-hf-final: the trainer's final weights (not an engine's) through the one mapping
+    from safetensors.torch import load_file
+
+    from megatron_dapo.checkpoint.mapping import megatron_to_hf
+    from megatron_dapo.models import parse_hf_config
+
+    final = load_file(os.path.join(run, "final_hf", "model.safetensors"))
+    last = torch.load(os.path.join(dump, "step_000003_after.pt"), weights_only=False)["weights"]
+    arch = parse_hf_config(hf)
+    want = {hn: ht for n, t in last.items() for hn, ht in megatron_to_hf(arch, n, t)}
+    assert final.keys() == want.keys()
+    assert all(torch.equal(final[k], want[k]) for k in want)
 
 
 def test_pp2_engine_kill_and_nan_step(tiny, tmp_path):
@@ -152,6 +164,15 @@ def test_pp2_engine_kill_and_nan_step(tiny, tmp_path):
     assert by[3]["skipped_optimizer_steps"] == by[3]["optimizer_steps"] >= 1
     assert all(by[s]["skipped_optimizer_steps"] == 0 for s in (1, 2, 4))
     assert math.isfinite(by[4]["grad_norm"])
+    # the driver's phase order (hybrid/phases.py HybridStep over the Ray cluster), offload on
+    step = ["engine_release", "trainer_onload", "engine_resume_weights", "sync_weights", "probe_megatron",
+            "trainer_offload", "engine_resume_kv_cache", "probe_engine"]
+    with open(os.path.join(run, "hybrid_events.jsonl")) as f:
+        events = {r["step"]: r["events"] for r in map(json.loads, f)}
+    assert events[0] == step[2:]  # the first sync fills the engine built without weights
+    assert events[1] == events[3] == events[4] == step
+    # step 2: the killed engine was restarted mid-rollout and re-synced with the trainer onloaded
+    assert events[2] == ["trainer_onload", "sync_weights", "probe_megatron", "trainer_offload", "probe_engine"] + step
 
 
 def test_kl_to_reference_model(tiny, tmp_path):

@@ -249,50 +249,54 @@ def _expect(exc_type, fn, *a):
     return False
 
 
-def phase_order(hf_cfg: dict, tp: int, pp: int):
-    import torch.distributed as dist
+def phase_order(hf_dir: str, steps: int = 2):
+    """The in-process trainer path of the hybrid step (what benchmarks/gpu_check.py runs on a
+    GPU): a real PolicyWorker (world of one), a strict HF engine, HybridStep with offload."""
+    from transformers import AutoConfig
 
-    from megatron_dapo.hybrid.phases import HybridEngine, PhaseError
+    from megatron_dapo.config import parse_args
+    from megatron_dapo.hybrid.phases import HybridStep, InProcessTrainer, LocalEngines, PhaseError
     from megatron_dapo.rollout.base import EngineReleasedError, SamplingParams
+    from megatron_dapo.training.worker import PolicyWorker
 
-    policy = build_trained_policy(hf_cfg, tp, pp)
-    rank = dist.get_rank()
-    engine = None
-    if rank == 0:
-        torch.manual_seed(99)
-        engine = _strict_engine_cls()(hf_config_obj(hf_cfg))
-    he = HybridEngine(policy, engine, bucket_bytes=32 * 1024, check_weight_sync_every=1, probe_threshold=1e-5,
-                      preserve_grads=True)
-    if engine is not None:
-        engine.trainer = he.offloader
-    res = {"rank": rank}
-    res["generate_in_init"] = _expect(PhaseError, he.generate, lambda e: None)
-    he.to_rollout()
-    res["resident_in_rollout"] = he.offloader.resident_bytes()
-    res["train_in_rollout"] = _expect(PhaseError, he.train, lambda p: None)
+    cfg = parse_args(["--hf-checkpoint", hf_dir, "--micro-batch-size", "2", "--global-batch-size", "2",
+                         "--rollout-batch-size", "1", "--n-samples-per-prompt", "2", "--lr", "1e-3",
+                         "--update-weight-buffer-size", str(32 * 1024)])
+    worker = PolicyWorker(0, 1, "127.0.0.1", 0, cfg, hf_dir)
+    worker.load_initial_weights()
+    torch.manual_seed(99)
+    engine = _strict_engine_cls()(AutoConfig.from_pretrained(hf_dir))
+
+    class _Residency:  # what the strict engine asks: is the trainer offloaded right now?
+        @property
+        def is_offloaded(self):
+            off = getattr(worker, "_offloader", None)
+            return off is not None and off.is_offloaded
+
+    engine.trainer = _Residency()
+    engines = LocalEngines([engine])
+    hybrid = HybridStep(InProcessTrainer(worker, offload=True), offload=True, check_weight_sync_every=1)
+    res = {"tolerance": hybrid.tolerance, "probe": []}
+    res["to_train_in_init"] = _expect(PhaseError, hybrid.to_train, engines)
+    probe = [[5, 6, 7, 8, 9, 10]]
+    res["probe"].append(hybrid.to_rollout(engines, probe=probe)["probe_max_abs"])
+    res["to_rollout_in_rollout"] = _expect(PhaseError, hybrid.to_rollout, engines)
     sp = SamplingParams(temperature=0.0, max_new_tokens=3)
-
-    def gen(engines):
-        return [e.generate([[5, 6, 7]], sp)[0][0].output_ids for e in engines]
-
-    def train(pol, rollouts):
-        if engine is not None:  # while training the engine is released: it must refuse
-            res.setdefault("released_refusals", []).append(
-                (
-                    _expect(EngineReleasedError, engine.generate, [[1, 2]], sp),
-                    _expect(EngineReleasedError, engine.update_weights, []),
-                    _expect(EngineReleasedError, engine.score, [[1, 2]], [1]),
-                )
-            )
-        res.setdefault("resident_in_train", []).append(he.offloader.resident_bytes())
-        return nll_step(pol, seed=20 + len(res["resident_in_train"]))
-
-    for _ in range(2):
-        rollouts, out, info = he.step(gen, train)
-        res.setdefault("probe", []).append(info["probe_max_abs"])
-    res["events"] = list(he.events)
-    res["calls"] = list(engine.calls) if engine is not None else None
-    res["rollouts"] = rollouts
+    for k in range(steps):
+        out = engine.generate([[5, 6, 7]], sp)[0][0]
+        hybrid.to_train(engines)
+        res.setdefault("released_refusals", []).append((
+            _expect(EngineReleasedError, engine.generate, [[1, 2]], sp),
+            _expect(EngineReleasedError, engine.update_weights, []),
+            _expect(EngineReleasedError, engine.score, [[1, 2]], [1]),
+        ))
+        sample = {"tokens": [5, 6, 7] + list(out.output_ids), "prompt_len": 3}
+        sample["old_logprobs"] = worker.compute_logprobs([sample])[0]
+        batch = [dict(sample, advantage=1.0), dict(sample, advantage=-0.5 - k)]
+        res.setdefault("train", []).append(worker.train([batch])[0]["update_successful"])
+        res["probe"].append(hybrid.to_rollout(engines, probe=[sample["tokens"]])["probe_max_abs"])
+    res["events"] = list(hybrid.events)
+    res["calls"] = list(engine.calls)
     return res
 
 

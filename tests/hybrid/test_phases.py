@@ -1,40 +1,137 @@
-"""The hybrid step order, with an engine that refuses work while released and checks residency."""
+"""The hybrid step (hybrid/phases.py): the one phase order of the driver and of gpu_check.
+
+* with recording fakes: the order, refusals out of phase, the probe's failure and its dtype
+  tolerance, re-sync of a restarted engine while the trainer is offloaded;
+* the in-process trainer path for real: a PolicyWorker, a strict HF engine that refuses work
+  while released and checks the trainer's residency at every call, two DAPO updates.
+The Ray path (driver.cluster.Cluster) runs the same object in tests/e2e (hybrid_events.jsonl).
+"""
+
+from __future__ import annotations
+
+import math
 
 import pytest
+import torch
 
-from tests.hybrid import bodies
-from tests.tiny import tiny_qwen2_config
+from megatron_dapo.hybrid.phases import HybridStep, PhaseError, probe_max_diff
+from megatron_dapo.hybrid.weight_sync import WeightSyncError
+from megatron_dapo.rollout.base import MEMORY_TAGS, WEIGHTS
 
-pytestmark = [pytest.mark.gloo]
-
-STEP = [
-    "generate",
-    "engine_release",
-    "trainer_onload",
-    "train",
-    "engine_resume_weights",
-    "sync_weights",
-    "probe_megatron",
-    "trainer_offload",
-    "engine_resume_kv_cache",
-    "probe_engine",
-]
-INIT = STEP[4:]
+STEP = ["engine_release", "trainer_onload", "engine_resume_weights", "sync_weights", "probe_megatron",
+        "trainer_offload", "engine_resume_kv_cache", "probe_engine"]
+INIT = STEP[2:]
 
 
-def test_phase_order_pp2(gloo):
-    outs = gloo(2).run(bodies.phase_order, tiny_qwen2_config(), 1, 2)
-    for o in outs:
-        assert o["events"] == INIT + STEP + STEP
-        assert o["generate_in_init"] and o["train_in_rollout"]
-        assert o["resident_in_rollout"] == 0
-        assert all(r > 0 for r in o["resident_in_train"])
-        assert all(p is not None and p < 1e-5 for p in o["probe"]), o["probe"]
-    e = outs[0]
-    assert e["released_refusals"] == [(True, True, True)] * 2
-    one = ["release:weights,kv_cache", "resume:weights", "update_weights", "finish_weight_update", "resume:kv_cache"]
-    assert e["calls"] == ["resume:weights", "update_weights", "finish_weight_update", "resume:kv_cache"] + (
-        ["generate"] + one
-    ) * 2
-    assert e["rollouts"] and len(e["rollouts"][0]) == 3
-    assert outs[1]["calls"] is None
+class FakeTrainer:
+    def __init__(self, log, logprobs=((-1.0, -2.0),)):
+        self.log, self.logprobs = log, [list(x) for x in logprobs]
+
+    def onload(self):
+        self.log.append("onload")
+
+    def offload(self):
+        self.log.append("offload")
+
+    def sync(self, engines):
+        self.log.append("sync")
+        return {"bytes": 10}
+
+    def probe_logprobs(self, seqs):
+        self.log.append("probe_logprobs")
+        return self.logprobs
+
+
+class FakeEngines:
+    def __init__(self, log, scored=((-1.0, -2.0),)):
+        self.log, self.scored = log, [list(x) for x in scored]
+
+    def release_memory(self, tags):
+        self.log.append(("release", tuple(tags)))
+
+    def resume_memory(self, tags):
+        self.log.append(("resume", tuple(tags)))
+
+    def score(self, seqs, lens):
+        self.log.append(("score", tuple(lens)))
+        return [self.scored]
+
+
+def test_order_of_one_step_and_refusals():
+    log = []
+    h = HybridStep(FakeTrainer(log), offload=True, check_weight_sync_every=1)
+    e = FakeEngines(log)
+    with pytest.raises(PhaseError, match="to_train"):
+        h.to_train(e)
+    out = h.to_rollout(e, probe=[[1, 2, 3]])
+    assert out == {"sync": {"bytes": 10}, "probe_max_abs": 0.0}
+    with pytest.raises(PhaseError, match="to_rollout"):
+        h.to_rollout(e)
+    h.to_train(e)
+    h.to_rollout(e, probe=[[1, 2, 3]])
+    assert h.events == INIT + STEP
+    rest = [t for t in MEMORY_TAGS if t != WEIGHTS]
+    assert log == [
+        ("resume", (WEIGHTS,)), "sync", "probe_logprobs", "offload", ("resume", tuple(rest)), ("score", (1,)),
+        ("release", tuple(MEMORY_TAGS)), "onload",
+        ("resume", (WEIGHTS,)), "sync", "probe_logprobs", "offload", ("resume", tuple(rest)), ("score", (1,)),
+    ]
+
+
+def test_no_offload_and_probe_every_other_sync():
+    log = []
+    h = HybridStep(FakeTrainer(log), offload=False, check_weight_sync_every=2)
+    e = FakeEngines(log)
+    assert h.to_rollout(e, probe=[[1, 2, 3]])["probe_max_abs"] == 0.0  # sync 0
+    h.to_train(e)
+    assert h.to_rollout(e, probe=[[1, 2, 3]])["probe_max_abs"] is None  # sync 1
+    assert "onload" not in log and "offload" not in log
+    assert h.events[-4:] == ["engine_release", "engine_resume_weights", "sync_weights", "engine_resume_kv_cache"]
+
+
+def test_probe_failure_names_the_tolerance_and_dtype_defaults():
+    log = []
+    assert HybridStep(FakeTrainer(log), offload=False).tolerance == 1e-4
+    assert HybridStep(FakeTrainer(log), offload=False, param_dtype=torch.bfloat16).tolerance == 0.25
+    assert HybridStep(FakeTrainer(log), offload=False, probe_tolerance=0.5).tolerance == 0.5
+    h = HybridStep(FakeTrainer(log), offload=False)
+    with pytest.raises(WeightSyncError, match=r"0\.3 > tolerance 0\.0001"):
+        h.to_rollout(FakeEngines(log, scored=((-1.0, -2.3),)), probe=[[1, 2, 3]])
+
+
+def test_probe_max_diff_shapes_and_nan():
+    assert probe_max_diff([[0.0, 1.0]], [[[0.5, 1.0]], [[0.0, 0.75]]]) == 0.5
+    assert math.isinf(probe_max_diff([[0.0]], [[[float("nan")]]]))
+    with pytest.raises(WeightSyncError, match="2 logprobs"):
+        probe_max_diff([[0.0]], [[[0.0, 1.0]]])
+
+
+def test_resync_of_a_restarted_engine_while_offloaded():
+    log = []
+    h = HybridStep(FakeTrainer(log), offload=True)
+    e = FakeEngines(log)
+    h.to_rollout(e)
+    log.clear()
+    h.resync(e, probe=[[1, 2]])
+    assert log == ["onload", "sync", "probe_logprobs", "offload", ("score", (1,))]
+    assert not h.trainer_resident
+    log.clear()
+    assert h.while_trainer_resident(lambda: "saved") == "saved"
+    assert log == ["onload", "offload"]
+
+
+@pytest.mark.gloo
+def test_in_process_trainer_path(gloo, tmp_path):
+    from tests.e2e.fixtures import make_tiny_qwen2_dir
+    from tests.hybrid import bodies
+
+    hf = make_tiny_qwen2_dir(str(tmp_path / "hf"))
+    (o,) = gloo(1).run(bodies.phase_order, hf, 2)
+    assert o["tolerance"] == 1e-4  # fp32 parameters
+    assert o["to_train_in_init"] and o["to_rollout_in_rollout"]
+    assert o["events"] == INIT + STEP + STEP
+    assert o["released_refusals"] == [(True, True, True)] * 2
+    assert o["train"] == [True, True]
+    assert all(p is not None and p < 1e-5 for p in o["probe"]), o["probe"]
+    assert o["calls"][:3] == ["resume:weights", "update_weights", "finish_weight_update"]
+    assert o["calls"].count("generate") == 2
