@@ -13,6 +13,24 @@ from ..config import world_size
 from ..distributed import free_port
 
 
+def engine_options(cfg, kind: str, index: int, base_gpu_id: int, tokenizer_dir: str):
+    """(engine constructor kwargs, Ray actor options) of engine ``index``.
+
+    SGLang: TP over the engine's GPUs from the physical ``base_gpu_id`` (Ray must not narrow the
+    actor's visible devices to the one GPU of its bundle), the tokenizer, a seed per engine,
+    deterministic inference with --deterministic (SGLang ignores per-request seeds without it).
+    Both engines return logprobs of the tempered distribution, as the trainer computes them.
+    """
+    r = cfg.rollout
+    if kind == "sglang":
+        kw = dict(tp_size=r.num_gpus_per_engine, mem_fraction_static=r.mem_fraction_static,
+                  base_gpu_id=base_gpu_id, enable_memory_saver=True, tokenizer_path=tokenizer_dir,
+                  random_seed=cfg.optim.seed + index, enable_deterministic_inference=cfg.run.deterministic,
+                  dtype="bfloat16" if cfg.model.bf16 else "float32", logprobs_mode="processed")
+        return kw, {"runtime_env": {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}}
+    return {"logprobs_mode": "processed"}, {}
+
+
 class Cluster:
     """Trainer actors and engine actors on one Ray placement group (colocated bundles)."""
 
@@ -50,15 +68,7 @@ class Cluster:
         self.engine_plan = engine_gpu_plan(ray.get([a.placement.remote() for a in self.actors]), r.num_gpus_per_engine)
 
         def make_engine(i):
-            kw, opts = {}, {}
-            if self.engine_kind == "sglang":
-                kw = dict(tp_size=r.num_gpus_per_engine, mem_fraction_static=r.mem_fraction_static,
-                          base_gpu_id=self.engine_plan[i]["base_gpu_id"], enable_memory_saver=True)
-                # SGLang's TP ranks use GPUs base_gpu_id .. base_gpu_id + K - 1 of the node: Ray
-                # must not narrow the actor's visible devices to the one GPU of its bundle.
-                opts["runtime_env"] = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}
-            else:  # the trainer's logprobs are at the rollout temperature (logits / T): the engine's too
-                kw = {"logprobs_mode": "processed"}
+            kw, opts = engine_options(cfg, self.engine_kind, i, self.engine_plan[i]["base_gpu_id"], tokenizer_dir)
             handle = EngineActor.options(
                 scheduling_strategy=strat(i * r.num_gpus_per_engine), num_cpus=bundle_cpus / 2,
                 num_gpus=gpus * 0.5 if gpus else 0, **opts,

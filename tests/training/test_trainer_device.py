@@ -122,3 +122,23 @@ def test_truncated_training_sampling_is_refused(flags):
     with pytest.raises(ConfigError, match="--rollout-top-p .* / --rollout-top-k .*full"):
         validate(_cfg(*flags), on_gpu=True)
     validate(_cfg("--rollout-top-p", "1.0", "--rollout-top-k", "-1"), on_gpu=True)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_sglang_engine_options(deterministic):
+    """What each SGLang engine actor is launched with (GPU first contact: visible devices, seeds,
+    tokenizer, deterministic inference, tempered logprobs); every kwarg is one the adapter takes."""
+    import inspect
+
+    from megatron_dapo.driver.cluster import engine_options
+    from megatron_dapo.rollout.sglang_engine import USED_API, SGLangEngine
+
+    cfg = _cfg("--rollout-num-gpus-per-engine", "2", "--seed", "7", *(["--deterministic"] if deterministic else []))
+    kw, opts = engine_options(cfg, "sglang", 3, 2, "/tok")
+    assert kw["tp_size"] == 2 and kw["base_gpu_id"] == 2 and kw["tokenizer_path"] == "/tok"
+    assert kw["random_seed"] == 10 and kw["enable_deterministic_inference"] is deterministic
+    assert kw["logprobs_mode"] == "processed"
+    assert opts["runtime_env"]["env_vars"]["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] == "1"
+    named = set(inspect.signature(SGLangEngine.__init__).parameters) | set(USED_API["server_args"])
+    assert set(kw) <= named, set(kw) - named
+    assert engine_options(cfg, "hf", 0, 0, "/tok") == ({"logprobs_mode": "processed"}, {})
