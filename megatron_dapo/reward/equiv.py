@@ -179,13 +179,26 @@ def _interval(v):
     if isinstance(v, Rel):
         return _rel_to_set(v)
     if _is_inequality_list(v):
-        sets = [_interval(_unlabel(item)) for item in v.items]
+        sets = [_point_set(item) or _interval(_unlabel(item)) for item in v.items]
         if any(x is None for x in sets):
             return None
         try:
             return sympy.Intersection(*sets) if v.left == "and" else sympy.Union(*sets)
         except Exception:  # noqa: BLE001
             return None
+    return None
+
+
+def _point_set(item):
+    """{c} for an item "x = c" of an inequality list ("a <= -2 or a = 1"), else None."""
+    if isinstance(item, Labeled) and _is_plain_expr(item.value):
+        sym, value = parse_label(item.label), item.value
+    elif isinstance(item, Rel) and item.ops == ("=",) and all(_is_plain_expr(p) for p in item.parts):
+        sym, value = item.parts if isinstance(item.parts[0], sympy.Symbol) else item.parts[::-1]
+    else:
+        return None
+    if isinstance(sym, sympy.Symbol) and value.is_number and value.is_real:
+        return sympy.FiniteSet(value)
     return None
 
 
@@ -312,7 +325,9 @@ def _dedupe(xs: list) -> list:
 
 
 def _set_equal(xs: list, ys: list) -> bool:
-    """Set equality (duplicates ignored), any order."""
+    """Set equality (duplicates ignored), any order; as multisets first (w=16, a=1, b=1 vs 16, 1, 1)."""
+    if len(xs) == len(ys) and _multiset_equal(xs, ys):
+        return True
     return _multiset_equal(_dedupe(xs), _dedupe(ys))
 
 
@@ -474,7 +489,19 @@ def _ratio_equal(a: Seq, b: Seq) -> bool:
     return all(expr_equal(a.items[0] * y, b.items[0] * x) for x, y in zip(a.items[1:], b.items[1:]))
 
 
+def ratio_value(v):
+    """The number a two-part ratio a:b stands for (a/b), else None."""
+    if isinstance(v, Seq) and v.kind == "ratio" and len(v.items) == 2:
+        num, den = v.items
+        if _is_plain_expr(num) and _is_plain_expr(den) and num.is_number and den.is_number and den != 0:
+            return num / den
+    return None
+
+
 def _collection_equal(a, b) -> bool:
+    for x, y in ((a, b), (b, a)):
+        if _is_plain_expr(y) and ratio_value(x) is not None:
+            return expr_equal(ratio_value(x), y)  # 5:8 is 5/8
     if _is_inequality_list(a) or _is_inequality_list(b):
         # "x < -1 or x > 2" against (-oo, -1) U (2, oo): compare the sets of reals.
         sa, sb = _interval(a), _interval(b)

@@ -17,7 +17,8 @@ MAX_TEXT_CHARS = 20000
 
 _KNOWN_CMDS = (
     "boxed|frac|dfrac|tfrac|cfrac|left|right|text|textbf|mathrm|sqrt|pi|cdot|times|infty|quad|"
-    "qquad|in|cup|pm|mp|le|ge|leq|geq|neq|begin|end|overline|mathbf|approx|fbox|circ|sum|binom"
+    "qquad|in|cup|pm|mp|le|ge|leq|geq|neq|begin|end|overline|mathbf|approx|fbox|circ|sum|binom|"
+    "big|bigg|Big|Bigg|sin|cos|tan|log|ln|dbinom"
 )
 _DOUBLE_ESCAPED = re.compile(r"\\\\(?=(?:" + _KNOWN_CMDS + r")(?![a-zA-Z]))")
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
@@ -156,6 +157,19 @@ def _answer_phrase(text: str, after: int = 0, final_only: bool = False) -> str |
     return line.strip() or None
 
 
+# JSON strings written without escaping the backslash turn "\\frac" into a form feed and
+# "\\beta" / "\\binom" into a backspace; those characters never belong to an answer. (A tab
+# is left alone: "\\t" + "ext" is ambiguous with a real tab before "ext".)
+_CONTROL_ESCAPES = {"\x0c": "\\f", "\x08": "\\b", "\x07": "\\a", "\x0b": "\\v"}
+
+
+def _restore_control_escapes(text: str) -> str:
+    if any(ch in text for ch in _CONTROL_ESCAPES):
+        for ch, escape in _CONTROL_ESCAPES.items():
+            text = re.sub(re.escape(ch) + r"(?=[a-zA-Z])", lambda _m, e=escape: e, text)
+    return text
+
+
 def preprocess(text: str) -> str:
     """Drop chat markup and thinking, undo double escaping."""
     if "</think>" in text:
@@ -167,6 +181,7 @@ def preprocess(text: str) -> str:
     if len(text) > MAX_TEXT_CHARS:
         text = text[-MAX_TEXT_CHARS:]
     text = _DOUBLE_ESCAPED.sub(r"\\", text)
+    text = _restore_control_escapes(text)
     # Literal "\n" escapes (double-encoded JSON); "\neq", "\nu", "\not" ... stay commands.
     text = re.sub(r"\\n(?![a-z])", "\n", text)
     return text
@@ -259,6 +274,7 @@ _DEGREES_MINUTES = re.compile(rf"(?<![\d.])({_NUM})\s*{_DEG}\s*({_NUM})\s*(?!{_S
 _ORDINAL = re.compile(
     r"(?<![\d.])(\d+)\s*(?:\^\s*\{\s*(?:\\text\s*\{\s*)?(?:st|nd|rd|th)\s*\}?\s*\}|\^\s*(?:st|nd|rd|th)\b|(?:st|nd|rd|th)\b)"
 )
+_QUALIFIER = re.compile(r"(?<=\S)\s*,?\s*\\text\s*\{\s*(?:for|where|with|when|if)\b.*$")
 _INEQUALITY = re.compile(r"[<>]|\\(?:le|ge|leq|geq|lt|gt|leqslant|geqslant)(?![a-zA-Z])")
 # {x | 0 < x < 2}, {x \in R : x > 1}: the set of x satisfying a condition is that condition.
 _SET_BUILDER = re.compile(
@@ -300,6 +316,9 @@ def clean_answer(text: str) -> str:
     s = re.sub(r"\\(?:mbox|textnormal|textrm|textit|textup|textsf|textbf|mathrm|mathit|mathbf|mathsf|operatorname)(?![a-zA-Z])", r"\\text", s)
     s = re.sub(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\\degree", "", s)
     s = re.sub(r"\\(?:therefore|because)(?![a-zA-Z])", " ", s).strip()
+    s = re.sub(r"\\text\s*\{\s*(sin|cos|tan|cot|sec|csc|log|ln|exp|arcsin|arccos|arctan)\s*\}", r"\\\1 ", s)
+    # A trailing qualifier ("... \text{ for all } x \in Z", "\text{where } k \in Z") is no part of the value.
+    s = _QUALIFIER.sub("", s).strip() or s
     s = re.sub(r"\\text\s*\{\s*([-+]?(?:\d[\d,]*(?:\.\d+)?|\.\d+))\s*\}", r"\1", s)  # \text{13}
     s = _ORDINAL.sub(r"\1", s)  # 7^{th}, 21st
     if _INEQUALITY.search(s):
@@ -391,11 +410,12 @@ def split_label(item: str) -> tuple[str | None, str, bool]:
     worded = colon_label(item)
     if worded is not None:
         return worded[0].strip(), worded[1].strip(), False
-    depth = 0
+    depth = pos = 0
     cuts = []
     for m in _REL_SPLIT.finditer(item):
-        prefix = item[: m.start()]
-        depth = prefix.count("(") + prefix.count("[") + prefix.count("{") - prefix.count(")") - prefix.count("]") - prefix.count("}")
+        chunk = item[pos : m.start()]  # bracket depth kept incrementally: linear in len(item)
+        depth += chunk.count("(") + chunk.count("[") + chunk.count("{") - chunk.count(")") - chunk.count("]") - chunk.count("}")
+        pos = m.start()
         if depth == 0:
             cuts.append(m)
     if not cuts:

@@ -86,6 +86,8 @@ _FUNCS = {
     "sinh": sympy.sinh, "cosh": sympy.cosh, "tanh": sympy.tanh, "exp": sympy.exp,
     "ln": sympy.log, "log": sympy.log, "lg": lambda x: sympy.log(x, 10),
 }
+_INVERSES = {sympy.sin: sympy.asin, sympy.cos: sympy.acos, sympy.tan: sympy.atan, sympy.cot: sympy.acot,
+             sympy.sinh: sympy.asinh, sympy.cosh: sympy.acosh, sympy.tanh: sympy.atanh}
 _GREEK = {
     "alpha", "beta", "gamma", "delta", "epsilon", "varepsilon", "zeta", "eta", "theta", "vartheta",
     "iota", "kappa", "lambda", "mu", "nu", "xi", "rho", "sigma", "tau", "upsilon", "phi",
@@ -556,6 +558,8 @@ class _Parser:
         else:
             arg = self.parse_power()
         arg = _expr(arg)
+        if power == -1 and fn in _INVERSES:
+            return _INVERSES[fn](arg)  # \\tan^{-1} x is arctan x, not 1 / tan x
         value = sympy.log(arg, base) if (base is not None and fn is sympy.log) else fn(arg)
         return make_pow(value, power) if power is not None else value
 

@@ -15,7 +15,7 @@ import re
 
 import sympy
 
-from .equiv import Labeled, values_equal
+from .equiv import Labeled, ratio_value, values_equal
 from .extract import clean_answer, extract_final_answer, split_label, split_top
 from .latex import Seq, Text, parse_latex
 from .result import RewardResult, check_ground_truth
@@ -142,8 +142,8 @@ def math_equivalent(gold: str, pred: str) -> bool:
     p_text = text_answer(pred) if g_text is not None else None
     if g_text is not None and p_text is not None:
         return g_text == p_text
-    for g in _percent_readings(gold, pred):
-        for p in _percent_readings(pred, gold):
+    for g in _unit_readings(gold, pred):
+        for p in _unit_readings(pred, gold):
             for g2 in _comma_readings(g):
                 for p2 in _comma_readings(p):
                     if _equivalent_once(g2, p2):
@@ -185,11 +185,22 @@ def text_answer(text: str) -> str | None:
 _PERCENT = re.compile(r"(?<![\d.])([-+]?(?:\d+(?:\.\d*)?|\.\d+))\s*(?:\\%|%|\\text\s*\{\s*\\?%\s*\}|\s*(?:percent|pct)\b)")
 
 
-def _percent_readings(text: str, other: str) -> list[str]:
-    """37.5% is 37.5 or 0.375: against a side without a percent sign, try both readings."""
+_DEGREES = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\s*(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|°|\\degree)")
+_RADIANS = re.compile(r"\\pi|π")
+
+
+def _unit_readings(text: str, other: str) -> list[str]:
+    """Readings of `text` against `other`: 37.5% is 37.5 or 0.375, and 30° is 30 or pi/6.
+
+    The second reading is tried only when `other` lacks the mark (a percent sign; a degree
+    sign, with pi on the other side), so 50% never matches 0.5%.
+    """
+    readings = [text]
     if _PERCENT.search(text) and not _PERCENT.search(other):
-        return [text, _PERCENT.sub(r"(\1/100)", text)]
-    return [text]
+        readings.append(_PERCENT.sub(r"(\1/100)", text))
+    if _DEGREES.search(text) and not _DEGREES.search(other) and _RADIANS.search(other):
+        readings.append(_DEGREES.sub(r"(\1\\pi/180)", text))
+    return readings
 
 
 # --------------------------------------------------------------------------- rounding
@@ -210,6 +221,8 @@ def _rounded_gold_equal(gold: str, pred: str) -> bool:
     m = _ROUNDED.fullmatch(g_text)
     if m is None:
         return False
+    # 6.67% against 1/15: the response, in percent, rounds to the gold's digits.
+    scale = 100 if _PERCENT.search(g_parts[0]) and not _PERCENT.search(pred) else 1
     p_parts, _ = extract_final_answer(pred)
     p_text = clean_answer(",".join(p_parts))
     if "." in p_text or not p_text:
@@ -222,6 +235,9 @@ def _rounded_gold_equal(gold: str, pred: str) -> bool:
         return False
     if isinstance(value, Labeled):
         value = value.value
+    value = ratio_value(value) if ratio_value(value) is not None else value  # 20:3 is 20/3
+    if isinstance(value, sympy.Expr):
+        value = value * scale
     if not (isinstance(value, sympy.Expr) and value.is_number and not value.free_symbols) or value.is_Integer:
         return False
     decimals = len(m.group(1))

@@ -177,3 +177,59 @@ def test_forms_through_compute_score():
     assert not compute_score("... so\nAnswer: p=7, q=4", "p=4, q=7", mode="math").acc
     assert compute_score("Thus $\\boxed{\\begin{pmatrix} 1 \\\\ -2 \\end{pmatrix}}$.", "(1,-2)", mode="math").acc
     assert compute_score("Answer: 37.5%", "\\frac{3}{8}", mode="math").acc
+
+
+# (gold, pred, equal): further general forms, each with near-misses in the same notation.
+MORE = [
+    # inverse trigonometric functions written with ^{-1}
+    ("\\arctan x + C", "\\tan^{-1} x + C", True),
+    ("\\arcsin \\frac{1}{2}", "\\sin^{-1}(1/2)", True),
+    ("\\arctan x + C", "\\tan^{-1} 2x + C", False),
+    ("\\frac{1}{\\tan x}", "\\tan^{-1} x", False),
+    # a two-part ratio is the quotient
+    ("5:8", "\\frac{5}{8}", True),
+    ("1 : (4/3)", "\\frac{3}{4}", True),
+    ("5:8", "\\frac{8}{5}", False),
+    ("3:1", "2", False),
+    # labelled values with repeats against a bare list
+    ("16, 3, 1, 1", "w=16, d=3, a=1, b=1", True),
+    ("16, 3, 1, 1", "w=16, d=3, a=1, b=2", False),
+    # trailing qualifiers
+    ("(n, 1)", "(n, 1) \\text{ for all positive integers } n", True),
+    ("2k\\pi", "2k\\pi \\text{ where } k \\in \\mathbb{Z}", True),
+    ("(n, 1)", "(n, 2) \\text{ for all positive integers } n", False),
+    # an inequality list with a point
+    ("(-\\infty, -2] \\cup \\{1\\}", "a \\le -2 \\text{ or } a = 1", True),
+    ("(-\\infty, -2] \\cup \\{1\\}", "a \\le -2 \\text{ or } a = 2", False),
+    ("(-\\infty, -2] \\cup \\{1\\}", "a < -2 \\text{ or } a = 1", False),
+    # degrees against radians
+    ("\\frac{\\pi}{6}", "30^\\circ", True),
+    ("\\frac{2\\pi}{3}", "120°", True),
+    ("\\frac{\\pi}{6}", "60^\\circ", False),
+    ("30", "\\frac{\\pi}{6}", False),
+    # control characters left by unescaped JSON (\f of \frac)
+    ("\x0crac{1}{2}", "0.5", True),
+    ("\x0crac{1}{2}", "0.25", False),
+    # \text{sin}
+    ("\\text{sin}(x)", "\\sin x", True),
+    ("\\text{sin}(x)", "\\cos x", False),
+]
+
+
+@pytest.mark.parametrize("gold,pred,equal", MORE, ids=[f"{p}" for _, p, _ in MORE])
+def test_more_forms(gold, pred, equal):
+    assert is_equivalent(gold, pred) is equal
+    assert is_equivalent(pred, gold) is equal
+
+
+@pytest.mark.parametrize(
+    "gold,pred,ok",
+    [
+        ("6.67\\%", "\\frac{1}{15}", True),  # 6.666...%
+        ("6.67\\%", "\\frac{1}{16}", False),  # 6.25%
+        ("6.67", "20:3", True),
+        ("6.67", "20:4", False),
+    ],
+)
+def test_rounded_percent_and_ratio(gold, pred, ok):
+    assert is_equivalent(gold, pred) is ok

@@ -2,8 +2,9 @@
 
 Reward hacks must score wrong, and hostile answers (huge powers, long runs that make
 regexes backtrack) must get a verdict quickly in-process, without the pool's timeout.
-The time bound (1 s per answer) is generous on purpose: it catches exponential or
-quadratic blow-ups (seconds to hours), not ordinary slowness of a loaded machine.
+The bound (1 s of this process's CPU time per answer) is generous on purpose: it catches
+exponential or quadratic blow-ups (seconds to hours), not ordinary slowness; CPU time, not
+wall time, so that other processes on a loaded machine do not count.
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ HOSTILE = [
     "45^\\circ " * 500,
     "7^{th} " * 1000,
     "p=4, " * 300,
+    "x=" * 5000,
+    "(=" * 3000,
     "Smallest: " * 500,
     "\\{x | " * 500,
     "x < 1 or " * 300,
@@ -94,9 +97,9 @@ def test_hostile_answers_answered_quickly(hostile):
             lambda: compute_score("Answer: " + hostile, gold, mode="math"),
             lambda: compute_score("Answer: " + hostile, gold, mode="dapo"),
         ):
-            start = time.perf_counter()
+            start = time.process_time()
             call()
-            elapsed = time.perf_counter() - start
+            elapsed = time.process_time() - start
             assert elapsed < BOUND_S, (hostile[:60], gold, f"{elapsed:.2f}s")
 
 
@@ -128,14 +131,15 @@ def test_fuzz_random_and_hostile_answers_bounded_time():
         pred = _hostile_sample(rng)
         gold = rng.choice(golds)
         for mode in ("math", "dapo"):
-            start = time.perf_counter()
+            start = time.process_time()
             result = compute_score("Answer: " + pred, gold, mode=mode)
-            elapsed = time.perf_counter() - start
+            elapsed = time.process_time() - start
             assert result.score in (1.0, -1.0)
             if elapsed >= BOUND_S:
                 slow.append((mode, pred[:80], gold, round(elapsed, 2)))
-        start = time.perf_counter()
+        start = time.process_time()
         is_equivalent(gold, pred)
-        if time.perf_counter() - start >= BOUND_S:
-            slow.append(("is_equivalent", pred[:80], gold, round(time.perf_counter() - start, 2)))
+        elapsed = time.process_time() - start
+        if elapsed >= BOUND_S:
+            slow.append(("is_equivalent", pred[:80], gold, round(elapsed, 2)))
     assert not slow, slow
