@@ -157,6 +157,73 @@ def placement_plan(cfg: DAPOConfig) -> PlacementPlan:
     return PlacementPlan(p.nnodes, g, world, tp, pp, cp, dp, e, nodes, engines)
 
 
+# ----------------------------------------------------------------------------- weight sync
+
+#: Stated bandwidths of the sync estimate (GB/s per GPU, effective): the TP all-gather and PP
+#: broadcast inside a node (NVLink, NCCL bus bandwidth), a PP broadcast between nodes
+#: (InfiniBand, 400 Gb/s per GPU), and the engine's copy out of the feeder's memory (HBM
+#: read + write).
+INTRA_NODE_GBPS = 200.0
+INTER_NODE_GBPS = 40.0
+ENGINE_COPY_GBPS = 1000.0
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineFeed:
+    engine: int
+    node: Optional[int]  # None: the engine's GPUs span nodes (refused at launch)
+    feeders: range  # feeder rank = engine TP rank + feeders.start
+    cross_node_bytes: int  # bytes each feeder receives over the network (PP stages on other nodes)
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncPlan:
+    """Who feeds which engine, and the expected cost of one sync (all engines in parallel)."""
+
+    feeds: List[EngineFeed]
+    bytes_per_feeder: int  # the full HF model in the parameters' dtype: every feeder holds it all
+    bucket_bytes: int
+    num_buckets: int
+    buffers: int  # bucket buffers per feeder (2 for HFEngine; 3 for SGLang, which reads a bucket until the next call returns)
+    seconds: float
+
+    @property
+    def extra_peak_bytes(self) -> int:
+        return min(self.bucket_bytes, self.bytes_per_feeder) * self.buffers
+
+
+def sync_plan(cfg: DAPOConfig, arch: ModelArch, engine_kind: str = "hf") -> SyncPlan:
+    """The weight-sync plan (hybrid/weight_sync.py ``engine_feeders`` and ``PayloadSink``): engine
+    ``e`` is fed by the ranks on its GPUs; each feeder gathers (TP) and receives (PP) every
+    bucket, so it moves the whole model; the estimate is that volume at the stated bandwidths
+    (intra-node for the gathers and same-node stages, inter-node for stages on other nodes)
+    plus the engine's copy."""
+    p = cfg.parallel
+    tp, pp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size
+    world, g, k = world_size(cfg), p.gpus_per_node, cfg.rollout.num_gpus_per_engine
+    dtype_bytes = 2 if cfg.model.bf16 else 4
+    total = arch.num_parameters * dtype_bytes
+    stages = stage_params(arch, tp, pp, cfg.model.make_vocab_size_divisible_by)
+    share = [x / sum(stages) for x in stages]
+    per_stage = world // pp  # ranks per PP stage (megatron order: PP outermost)
+    feeds, worst_cross = [], 0
+    for e in range(world // k):
+        ranks = range(e * k, (e + 1) * k)
+        nodes = {r // g for r in ranks}
+        cross = 0
+        for r in ranks:
+            me = r % per_stage
+            c = sum(share[s] for s in range(pp) if (me + s * per_stage) // g != r // g) * total
+            cross = max(cross, int(c))
+        worst_cross = max(worst_cross, cross)
+        feeds.append(EngineFeed(e, nodes.pop() if len(nodes) == 1 else None, ranks, cross))
+    bucket = cfg.rollout.update_weight_buffer_size
+    buffers = 3 if engine_kind == "sglang" else 2
+    seconds = (total - worst_cross) / (INTRA_NODE_GBPS * GB) + worst_cross / (INTER_NODE_GBPS * GB) + total / (
+        ENGINE_COPY_GBPS * GB)
+    return SyncPlan(feeds, total, bucket, math.ceil(total / bucket), buffers, seconds)
+
+
 # ----------------------------------------------------------------------------- memory
 
 
@@ -334,7 +401,7 @@ def _gb(x: float) -> str:
 
 def _target_is_gpu(cfg: DAPOConfig) -> bool:
     p = cfg.parallel
-    return bool(cfg.model.bf16 or cfg.rollout.engine == "sglang" or p.context_parallel_size > 1 or p.sequence_parallel)
+    return bool(cfg.model.bf16 or cfg.rollout.engine == "sglang" or p.sequence_parallel)
 
 
 def plan_warnings(cfg: DAPOConfig, arch: ModelArch, on_gpu: bool) -> List[str]:
@@ -421,8 +488,8 @@ def dry_run_report(
     """Validate ``cfg`` against ``arch`` and describe the run without starting anything.
 
     ``on_gpu``: the target hardware; by default a GPU cluster when the config asks for GPU
-    features (``--bf16``, ``--rollout-engine sglang``, ``--sequence-parallel``, CP > 1),
-    else CPU. Raises ``ConfigError`` on an invalid configuration.
+    features (``--bf16``, ``--rollout-engine sglang``, ``--sequence-parallel``), else CPU
+    (context parallelism runs on both). Raises ``ConfigError`` on an invalid configuration.
     """
     if on_gpu is None:
         on_gpu = _target_is_gpu(cfg)
@@ -466,6 +533,40 @@ def dry_run_report(
         if len(plan.engines) > 32 and i == 4:
             add(f"  ... {len(plan.engines) - 8} more engines ...")
         add(f"  engine {en.index:>3}: GPUs {_span(en.gpus)} (node {_span(en.nodes)})")
+
+    add("")
+    engine_kind = r.engine if r.engine != "auto" else ("sglang" if on_gpu else "hf")
+    sp = sync_plan(cfg, arch, engine_kind)
+    add("--- weight sync plan (every rank feeds the engine on its own GPUs; docs/hybrid.md) ---")
+    add(
+        f"each feeder gathers (TP) and receives (PP) every bucket: {_gb(sp.bytes_per_feeder)} per feeder and sync "
+        f"({'bf16' if cfg.model.bf16 else 'fp32'}), {sp.num_buckets} buckets of {sp.bucket_bytes / 2**20:.0f} MiB "
+        f"(--update-weight-buffer-size), {sp.buffers} bucket buffers per GPU = {_gb(sp.extra_peak_bytes)} extra peak"
+    )
+    add(
+        f"engine TP rank j <- feeder rank (first + j) on the same node: one payload of memory handles per feeder "
+        f"({'CUDA IPC' if on_gpu else 'shared memory'}); Ray carries one small call per bucket and engine, "
+        "no tensor bytes (object store unused)"
+    )
+    shown_f = sp.feeds if len(sp.feeds) <= 32 else sp.feeds[:4] + sp.feeds[-4:]
+    for i, f in enumerate(shown_f):
+        if len(sp.feeds) > 32 and i == 4:
+            add(f"  ... {len(sp.feeds) - 8} more engines ...")
+        where = f"node {f.node}" if f.node is not None else "SPANS NODES (refused at launch)"
+        cross = f", {_gb(f.cross_node_bytes)} of it from PP stages on other nodes" if f.cross_node_bytes else ""
+        add(f"  engine {f.engine:>3} ({where}) <- ranks {_span(f.feeders)}: {_gb(sp.bytes_per_feeder)} per feeder{cross}")
+    add(
+        f"expected sync: {sp.seconds:.2f} s for all engines in parallel at {INTRA_NODE_GBPS:.0f} GB/s intra-node "
+        f"(NVLink gathers), {INTER_NODE_GBPS:.0f} GB/s between nodes, {ENGINE_COPY_GBPS:.0f} GB/s engine copy (HBM)"
+        if on_gpu else
+        f"expected sync: {sp.seconds:.2f} s at the GPU figures ({INTRA_NODE_GBPS:.0f} GB/s intra-node); on CPU "
+        "the copies run at memory bandwidth (benchmarks/bench_weight_sync.py)"
+    )
+    if any(f.node is None for f in sp.feeds):
+        warnings.append(
+            f"--rollout-num-gpus-per-engine {plan.gpus_per_engine} does not divide --actor-num-gpus-per-node "
+            f"{plan.gpus_per_node}: an engine would span nodes (CUDA IPC does not cross nodes)"
+        )
 
     add("")
     add("--- per-GPU memory estimate (GB = 1e9 bytes; rough) ---")
