@@ -11,8 +11,23 @@ the same run, after one warm-up sync:
       no engine (``WeightSync.iter_buckets(convert=False)``);
   (c) a plain in-memory copy of the same number of bytes (bucket-sized chunks) on rank 0.
 
-Prints bytes/s of each and, as the last line, ``sync/collectives ratio: X.XX`` (a's rate
-over b's). Weights are left uninitialised (their values do not change the cost).
+Prints bytes/s of each and ``sync/collectives ratio: X.XX`` (a's rate over b's). Weights are
+left uninitialised (their values do not change the cost).
+
+Then the scale-out path, through the driver's own Ray ``Cluster`` (a fresh local Ray): 4
+trainer ranks (DP 4, fp32, a 50M-parameter Qwen2-shaped model, buckets of
+``--ray-bucket-mb``), 4 HF engine actors of one "GPU" each, every rank feeding the engine on
+its own bundle by shared-memory handles (docs/hybrid.md). Same run, interleaved repeats,
+medians:
+
+  (d) sync of all 4 engines;  (e) sync of engine 0 alone (the other ranks only produce their
+      buckets, as a restarted engine's re-sync does): same bytes per engine;
+  (f) a plain copy of one engine's bytes in one process (bucket-sized chunks);
+  (g) bytes Ray's object store created during each sync (Ray's own counter, all nodes).
+
+Prints, last: ``sync weak scaling 1->4 engines: X.XX`` (d over e), ``object store bytes per
+sync: N`` (the largest over the syncs), ``sync/memcpy ratio: X.XX`` (e over f) and
+``sync/collectives ratio: X.XX`` (from the first part).
 
     .venv/bin/python benchmarks/bench_weight_sync.py            # the documented run
     .venv/bin/python benchmarks/bench_weight_sync.py --small    # a quick smoke run
@@ -145,8 +160,96 @@ def _worker(rank: int, world: int, port: int, args) -> None:
         print(f"(b) collectives only    : {b:7.3f} s  {total / b / 1e9:7.3f} GB/s")
         print(f"(c) in-memory copy      : {c:7.3f} s  {total / c / 1e9:7.3f} GB/s")
         print(f"sync/collectives ratio: {(total / a) / (total / b):.2f}", flush=True)
+        with open(args.result_file, "w") as f:
+            f.write(f"{(total / a) / (total / b):.2f}")
     dist.barrier()
     dist.destroy_process_group()
+
+
+def ray_config(args) -> dict:
+    h, f, v = (256, 512, 4096) if args.small else (768, 2048, 16384)
+    return dict(
+        model_type="qwen2", vocab_size=v, hidden_size=h, intermediate_size=f, num_hidden_layers=4,
+        num_attention_heads=12 if not args.small else 4, num_key_value_heads=4 if not args.small else 2,
+        max_position_embeddings=1024, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False,
+        hidden_act="silu", use_sliding_window=False, bos_token_id=1, eos_token_id=2, dtype="float32",
+    )
+
+
+def ray_part(args, work: str) -> dict:
+    """(d)-(g) through the driver's Cluster on a fresh local Ray (see the module docstring)."""
+    import ray
+    import torch
+    from ray._private.internal_api import get_memory_info_reply, get_state_from_address
+    from transformers import AutoConfig
+
+    from megatron_dapo.config import parse_args
+    from megatron_dapo.driver.cluster import Cluster
+    from megatron_dapo.launch.placement import start_ray
+
+    hf_dir = os.path.join(work, "hf")
+    AutoConfig.for_model(**ray_config(args)).save_pretrained(hf_dir)
+    os.environ.pop("RAY_ADDRESS", None)
+    start_ray(address="local", num_cpus=args.engines)
+    cluster = None
+    try:
+        cfg = parse_args(["--hf-checkpoint", hf_dir, "--actor-num-gpus-per-node", str(args.engines),
+                          "--rollout-num-gpus-per-engine", "1", "--rollout-engine", "hf",
+                          "--micro-batch-size", "1", "--global-batch-size", str(args.engines),
+                          "--rollout-batch-size", "1", "--n-samples-per-prompt", str(args.engines),
+                          "--update-weight-buffer-size", str(args.ray_bucket_mb * 2**20)])
+        t0 = time.perf_counter()
+        cluster = Cluster(cfg, hf_dir, None)
+        handles = [cluster.make_engine(i) for i in range(cluster.num_engines)]
+        print(f"Ray cluster: {cluster.world} ranks, {len(handles)} engines up in {time.perf_counter() - t0:.1f} s",
+              flush=True)
+        state = get_state_from_address(ray.get_runtime_context().gcs_address)
+
+        def created() -> int:
+            return int(get_memory_info_reply(state).store_stats.cumulative_created_bytes)
+
+        def timed(targets):
+            before = created()
+            t = time.perf_counter()
+            out = cluster.sync(targets)
+            return time.perf_counter() - t, created() - before, out
+
+        _, _, out = timed(handles)  # warm-up: plans, buffers, engine mappings
+        nbytes = out["bytes"]
+        timed(handles[:1])
+        all_t, one_t, store = [], [], []
+        for _ in range(args.repeats):  # interleaved
+            t, b, _ = timed(handles)
+            all_t.append(t)
+            store.append(b)
+            t, b, _ = timed(handles[:1])
+            one_t.append(t)
+            store.append(b)
+        chunk = args.ray_bucket_mb * 2**20
+        src = torch.empty(chunk, dtype=torch.uint8).fill_(1)
+        dst = torch.empty_like(src)
+        copy_t = []
+        for _ in range(args.repeats):
+            t = time.perf_counter()
+            left = nbytes
+            while left > 0:
+                n = min(chunk, left)
+                dst[:n].copy_(src[:n])
+                left -= n
+            copy_t.append(time.perf_counter() - t)
+        d, e, f = statistics.median(all_t), statistics.median(one_t), statistics.median(copy_t)
+        print(f"runs (s): {len(handles)} engines {['%.3f' % x for x in all_t]}, 1 engine {['%.3f' % x for x in one_t]}, "
+              f"copy {['%.3f' % x for x in copy_t]}; object store bytes per sync {store}")
+        print(f"bytes per engine and sync: {nbytes} ({nbytes / 1e6:.1f} MB), {out['buckets']} buckets of "
+              f"{args.ray_bucket_mb} MiB, fp32, {cluster.world} trainer ranks (DP {cluster.world})")
+        print(f"(d) sync into {len(handles)} engines : {d:7.3f} s")
+        print(f"(e) sync into 1 engine   : {e:7.3f} s  {nbytes / e / 1e9:7.3f} GB/s")
+        print(f"(f) in-memory copy       : {f:7.3f} s  {nbytes / f / 1e9:7.3f} GB/s", flush=True)
+        return {"weak": d / e, "store": max(store), "memcpy": e / f}
+    finally:
+        if cluster is not None:
+            cluster.shutdown()
+        ray.shutdown()
 
 
 def main(argv=None) -> int:
@@ -160,11 +263,24 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     p.add_argument("--small", action="store_true", help="hidden 512 / FFN 2048 / vocab 4096: a smoke run")
+    p.add_argument("--engines", type=int, default=4, help="engines (and trainer ranks) of the Ray part")
+    p.add_argument("--ray-bucket-mb", type=int, default=32, help="bucket size of the Ray part")
     args = p.parse_args(argv)
+    import tempfile
+
     import torch.multiprocessing as mp
 
-    world = args.tp * args.pp
-    mp.spawn(_worker, args=(world, free_port(), args), nprocs=world, join=True)
+    with tempfile.TemporaryDirectory() as work:
+        args.result_file = os.path.join(work, "collectives_ratio")
+        world = args.tp * args.pp
+        mp.spawn(_worker, args=(world, free_port(), args), nprocs=world, join=True)
+        with open(args.result_file) as f:
+            collectives = f.read()
+        r = ray_part(args, work)
+    print(f"sync weak scaling 1->{args.engines} engines: {r['weak']:.2f}")
+    print(f"object store bytes per sync: {r['store']}")
+    print(f"sync/memcpy ratio: {r['memcpy']:.2f}")
+    print(f"sync/collectives ratio: {collectives}", flush=True)
     return 0
 
 
