@@ -396,8 +396,15 @@ def colon_label(item: str) -> tuple[str, str] | None:
 
 
 def has_colon_labels(text: str) -> bool:
-    """Whether a text is a list of worded labels with values ("Min: 1, Max: 5")."""
-    return any(colon_label(part) is not None for part in split_top(re.sub(r"\band\b", ",", text)))
+    """Whether a text is a list of worded labels with values ("Min: 1, Max: 5") and nothing else."""
+    found = False
+    for part in split_top(re.sub(r"\band\b", ",", text)):
+        labelled = colon_label(part)
+        value = labelled[1] if labelled is not None else part
+        found = found or labelled is not None
+        if not re.fullmatch(r"[-+\s\w.,/^*(){}\[\]\\=<>']*", value) or re.search(r"(?<![\\A-Za-z])[A-Za-z]{2,}", value):
+            return False  # prose or stray symbols outside the labels
+    return found
 
 
 def split_label(item: str) -> tuple[str | None, str, bool]:

@@ -45,29 +45,30 @@ def mcq_gold_letter(gold: str) -> str | None:
     return None
 
 
-_MCQ_PHRASE = re.compile(r"(?i:answer)\s*(?:is|:)")
-_MCQ_LETTER = re.compile(r"(?<![A-Za-z'])([A-E])(?![A-Za-z'])")
+# Several option letters in a row ("C, B, D, E, A", "A or C", "(A) (B) (C)"): an enumeration.
+_MCQ_ENUM = re.compile(
+    r"\(?(?<![A-Za-z'])[A-E](?![A-Za-z'])\)?"
+    r"(?:(?:\s*(?:[,;/&]|\b(?:or|and|maybe|perhaps)\b))*\s*\(?(?<![A-Za-z'])[A-E](?![A-Za-z'])\)?)+"
+)
 
 
 def mcq_pred_letter(pred: str) -> str | None:
-    """The option letter a response chose, or None (also when it names several options).
+    """The option letter a response chose, or None (also when it lists several options).
 
-    A response that names several different letters in its answer ("C, B, D, E, A", "A or
-    C") chose none of them: taking the first or last letter would reward listing all options.
-    The answer region is the text after the last "answer is" / "answer:", up to the end of
-    that sentence or line (the whole text when there is no such phrase).
+    A response whose chosen letter stands in a list of different letters ("C, B, D, E, A",
+    "A or C") chose none of them: taking the first or last would reward naming every option.
+    A letter named elsewhere in prose ("D, it can't be A or B") does not count against it.
     """
     text = re.sub(r"\\text\{\s*\(?([A-E])\)?\s*\}", r"\1", pred)
-    phrases = list(_MCQ_PHRASE.finditer(text))
-    region = text[phrases[-1].end() :] if phrases else text
-    if phrases:
-        region = re.split(r"\n|\.\s", region, maxsplit=1)[0]
-    if len(set(_MCQ_LETTER.findall(region))) > 1:
-        return None
     for k, pattern in enumerate(_MCQ_PRED):
         matches = list(pattern.finditer(text))
         if matches:
-            return (matches[-1] if k != 1 else matches[0]).group(1)
+            chosen = matches[-1] if k != 1 else matches[0]
+            at = chosen.start(1)
+            for enum in _MCQ_ENUM.finditer(text):
+                if enum.start() <= at < enum.end() and len(set(re.findall(r"[A-E]", enum.group()))) > 1:
+                    return None
+            return chosen.group(1)
     return None
 
 

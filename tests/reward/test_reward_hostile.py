@@ -33,6 +33,8 @@ def _warm():
         ("C", "Answer: C, B, D, E, A"),
         ("C", "The answer is A or C"),
         ("(C) 12", "(A) (B) (C) (D) (E)"),
+        ("C", "C or maybe B"),
+        ("C", "C/D"),
         ("\\pi", "\\pi + 10^{-10}\\pi"),
         ("\\pi", "\\pi(1 + 10^{-12})"),
         ("\\sqrt{2}", "\\sqrt{2} - 10^{-15}"),
@@ -50,6 +52,7 @@ def test_hack_neighbours_still_accepted():
     # The fixes refuse the hacks, not the honest answers next to them.
     assert is_equivalent("C", "Answer: C")
     assert is_equivalent("C", "The answer is (C). A is wrong because ...")
+    assert is_equivalent("D", "The answer is for sure D, it can't be A or B")  # other letters in prose
     assert is_equivalent("\\pi", "\\pi + 0 \\cdot 10^{-10}")
     assert is_equivalent("\\frac{\\pi}{4}", "\\arctan\\frac{1}{2} + \\arctan\\frac{1}{3}")  # sympy cannot simplify it
     assert is_equivalent("\\sqrt{2} + \\sqrt{3}", "\\sqrt{5 + 2\\sqrt{6}}")
