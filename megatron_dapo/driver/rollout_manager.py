@@ -223,11 +223,10 @@ class RolloutManager:
                     buffer.append(g)
             bars.kept(min(len(buffer), N), rounds)
 
+        cparts, cchunks = [], []  # --partial-rollout: continuations of the kept prefixes
         if r.partial_rollout and self.pending:
-            t0 = time.perf_counter()
-            done = self._continue_pending(step, partial)
-            t_gen += time.perf_counter() - t0
-            admit(done)
+            cparts, cchunks = self._continuations(step, partial)
+            admit(self._pop_complete(step))  # groups that were already complete
         while len(buffer) < N:
             if r.max_num_gen_batches and rounds >= r.max_num_gen_batches:
                 raise RolloutStallError(
@@ -243,20 +242,34 @@ class RolloutManager:
                 idx = idx + self.sampler.next_indices(per_round - len(idx))
             n_chunks = max(1, min(len(idx), 2 * len(self.engines.handles)))
             parts = [idx[k::n_chunks] for k in range(n_chunks)]
-            chunks = [
+            # the continuations go first, in the first round only; they are aborted and kept like the rest
+            nc = len(cchunks)
+            chunks = cchunks + [
                 ([self.dataset[i].prompt_ids for i in part], self.sampling_params(self._seed(step, rounds, k)))
                 for k, part in enumerate(parts)
             ]
+            cchunks = []
 
-            def on_result(k, outs, parts=parts):
-                groups = self._to_groups(parts[k], outs, step)
+            def on_result(k, outs, parts=parts, nc=nc):
+                if k < nc:
+                    for s, o in zip(cparts[k], outs):
+                        extend_sample(s, o[0], step, a.max_response_length)
+                    if len(buffer) < N:
+                        admit(self._pop_complete(step))
+                    return len(buffer) >= N and not self.cfg.run.deterministic
+                groups = self._to_groups(parts[k - nc], outs, step)
                 if r.partial_rollout and len(buffer) >= N:  # deterministic mode: kept whole for the next step
                     self.pending.extend(groups)
                     return False
                 admit(groups)
                 return len(buffer) >= N and not self.cfg.run.deterministic
 
-            def on_leftover(k, outs, parts=parts):
+            def on_leftover(k, outs, parts=parts, nc=nc):
+                if k < nc:  # a continuation aborted again (its samples stay pending) or never started
+                    for s, o in zip(cparts[k], outs or []):
+                        extend_sample(s, o[0], step, a.max_response_length)
+                    return
+                k -= nc
                 if not r.partial_rollout:
                     partial["discarded"] += sum(len(x) for x in outs) if outs else 0
                 elif outs is None:
@@ -277,11 +290,12 @@ class RolloutManager:
             partial["resumed"], partial["dropped"], len(self.pending), partial["discarded"],
         )
 
-    def _continue_pending(self, step: int, counts: dict) -> list:
-        """--partial-rollout: continue every unfinished sample of the kept groups under the current
-        weights (prompt + prefix as the engine's prompt, the remaining length budget), after
-        dropping prefixes older than --partial-rollout-max-staleness. Returns the groups whose
-        samples have all finished (removed from ``self.pending``), with ``stale_len`` set."""
+    def _continuations(self, step: int, counts: dict) -> tuple:
+        """--partial-rollout: the chunks that continue every unfinished sample of the kept groups
+        under the current weights (prompt + prefix as the engine's prompt, the remaining length
+        budget), after dropping prefixes older than --partial-rollout-max-staleness (their
+        samples start again from the prompt). Returns ``(parts, chunks)``: ``parts[k]`` are the
+        samples of chunk ``k``."""
         r, L = self.cfg.rollout, self.cfg.algo.max_response_length
         todo = []
         for g in self.pending:
@@ -292,24 +306,24 @@ class RolloutManager:
                 if s.finish_reason == "abort":
                     todo.append(s)
         counts["resumed"] += len(todo)
+        parts, chunks = [], []
         if todo:
-            # similar remaining budgets share a chunk (each output is cut to its own budget)
-            todo.sort(key=lambda s: len(s.response_ids))
-            n_chunks = max(1, min(len(todo), 2 * len(self.engines.handles)))
-            size = -(-len(todo) // n_chunks)
-            parts = [todo[i : i + size] for i in range(0, len(todo), size)]
-            chunks = []
+            # a group's samples share a chunk, so a finished chunk completes whole groups (each
+            # output is cut to its own sample's budget)
+            by_group = [[s for s in g.samples if s.finish_reason == "abort"] for g in self.pending]
+            by_group = [x for x in by_group if x]
+            n_chunks = max(1, min(len(by_group), 2 * len(self.engines.handles)))
+            size = -(-len(by_group) // n_chunks)
+            parts = [sum(by_group[i : i + size], []) for i in range(0, len(by_group), size)]
             for k, part in enumerate(parts):
                 params = dataclasses.replace(self.sampling_params(self._seed(step, 0, k)), n=1,
                                              max_new_tokens=L - min(len(s.response_ids) for s in part))
                 chunks.append(([list(s.prompt_ids) + list(s.response_ids) for s in part], params))
+        return parts, chunks
 
-            def on_result(k, outs):
-                for s, o in zip(parts[k], outs):
-                    extend_sample(s, o[0], step, L)
-                return False
-
-            self.engines.run_chunks(chunks, on_result, ordered=True)
+    def _pop_complete(self, step: int) -> list:
+        """The kept groups whose samples have all finished, removed from ``self.pending``, with
+        ``stale_len`` (tokens generated before ``step``) set."""
         done = [g for g in self.pending if all(s.finish_reason != "abort" for s in g.samples)]
         self.pending = [g for g in self.pending if any(s.finish_reason == "abort" for s in g.samples)]
         for g in done:

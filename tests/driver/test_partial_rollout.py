@@ -95,7 +95,7 @@ def _roundtrip(state):
 
 
 def test_aborted_prefixes_are_kept_and_continued_next_step():
-    mgr, pool, _ = _mgr()
+    mgr, pool, sampler = _mgr()
     r1 = mgr.collect(1)
     # 6 prompts in 4 chunks [0, 4], [1, 5], [2], [3]: chunk 0 fills the batch; chunks 1 and 2 were
     # in flight (aborted after 2 tokens), chunk 3 never started
@@ -106,31 +106,44 @@ def test_aborted_prefixes_are_kept_and_continued_next_step():
         for s in g.samples:
             assert s.finish_reason == "abort" and len(s.response_ids) == 2 and s.token_versions == [1, 1]
             assert s.score == 0.0 and not s.acc  # not scored before the whole group finished
-    state = _roundtrip(mgr.state_dict())
+    state = _roundtrip({"mgr": mgr.state_dict(), "sampler": sampler.state_dict()})
     pool.prompts.clear()
     r2 = mgr.collect(2)
-    # the engines continued prompt + prefix with the remaining budget, before any new prompt
-    assert pool.prompts[0][:2] == [1, 7] and len(pool.prompts[0]) == 4 and len(pool.prompts) == 6
-    assert r2.num_gen_batches == 0 and r2.partial_resumed == 6
+    # the engines continue prompt + prefix (remaining budget) before any new prompt, in the first
+    # round; the continuations of groups 1 and 5 fill the batch, so the one of group 2 and the
+    # first new chunk (kept prompt 3 first, then 9) are in flight and aborted in their turn
+    assert [p[:2] for p in pool.prompts[:6]] == [[1, 7], [1, 7], [5, 7], [5, 7], [2, 7], [2, 7]]
+    assert all(len(p) == 4 for p in pool.prompts[:6]) and pool.prompts[6] == [3, 7]
+    assert r2.num_gen_batches == 1 and r2.partial_resumed == 6
     assert [g.prompt_index for g in r2.groups] == [1, 5]
-    for g in r2.groups + r2.generated:
+    for g in r2.groups:
         for j, s in enumerate(g.samples):
             # the same tokens as an uninterrupted generation (the weights did not change here)
             assert s.response_ids == full_response(g.prompt_index, j, None)
             assert s.token_versions == [1, 1] + [2] * (len(s.response_ids) - 2)
             assert s.stale_len == 2 and s.step_generated == 2 and s.finish_reason == "stop"
             assert len(s.engine_logprobs) == len(s.response_ids)
-    assert mgr.pending == [] and mgr.pending_prompts == [3]
-    # the next round starts with the kept prompt, then new ones
+    # group 2 was continued by 2 more tokens, then aborted again: still waiting, both versions
+    g2 = {g.prompt_index: g for g in mgr.pending}[2]
+    assert all(s.token_versions == [1, 1, 2, 2] and s.finish_reason == "abort" for s in g2.samples)
+    assert [g.prompt_index for g in mgr.pending] == [2, 3, 9] and mgr.pending_prompts == [6, 10, 7, 8]
+    # step 3: the continuations of groups 2 and 3 fill the batch (group 2 with 4 stale tokens per
+    # sample); group 9's is aborted a second time; the first new chunk starts with kept prompt 6
     pool.prompts.clear()
-    mgr.collect(3)
-    assert pool.prompts[0] == [3, 7]
+    r3 = mgr.collect(3)
+    assert [g.prompt_index for g in r3.groups] == [2, 3] and pool.prompts[6] == [6, 7]
+    for j, s in enumerate(r3.groups[0].samples):
+        assert s.response_ids == full_response(2, j, None) and s.stale_len == 4
+    g9 = {g.prompt_index: g for g in mgr.pending}[9]
+    assert all(s.token_versions == [2, 2, 3, 3] and s.finish_reason == "abort" for s in g9.samples)
     # the checkpointed state continues identically
-    mgr2, pool2, _ = _mgr()
-    mgr2.load_state_dict(state)
+    mgr2, pool2, sampler2 = _mgr()
+    mgr2.load_state_dict(state["mgr"])
+    sampler2.load_state_dict(state["sampler"])
     r2b = mgr2.collect(2)
     assert [[s.response_ids for s in g.samples] for g in r2b.groups] == [[s.response_ids for s in g.samples]
                                                                          for g in r2.groups]
+    assert [g.prompt_index for g in mgr2.pending] == [2, 3, 9]
 
 
 def test_staleness_bound_drops_old_prefixes():
@@ -139,8 +152,11 @@ def test_staleness_bound_drops_old_prefixes():
     pool.prompts.clear()
     r = mgr.collect(3)  # prefixes of step 1 are 2 steps old at step 3 > bound 1
     assert r.partial_dropped == 6 and r.partial_resumed == 6
-    assert all(len(p) == 2 for p in pool.prompts[:6])  # regenerated from the bare prompt
-    for g in r.groups:
+    # regenerated from the bare prompt, as continuations (n = 1) of an empty prefix
+    assert [p[0] for p in pool.prompts[:6]] == [1, 1, 5, 5, 2, 2] and all(len(p) == 2 for p in pool.prompts[:6])
+    again = [g for g in r.generated if g.prompt_index in (1, 5, 2)]
+    assert again
+    for g in again:
         for s in g.samples:
             assert s.stale_len == 0 and set(s.token_versions) == {3}
 
