@@ -146,3 +146,38 @@ def chunked_logprobs_tp(seed: int = 0):
     ref_g = ref_x.grad[..., r * 32 : (r + 1) * 32]
     return {"lp": float((lp.double() - ref_lp).abs().max()), "ent": float((ent.double() - ref_ent).abs().max()),
             "grad": float((shard.grad.double() - ref_g).abs().max())}
+
+
+def minibatch_step(hf_cfg: dict, cp: int, packing: bool, shard: bool):
+    """One ``train_on_minibatch`` optimizer step on 2 ranks: DP 2 (each its own Karmarkar-Karp
+    shard when ``shard``) or CP 2 (both ranks the whole mini-batch). Returns the full
+    parameters after the step, the reduced metric sums, the grad norm and the imbalance."""
+    from megatron.core import parallel_state as ps
+
+    from megatron_dapo.algo.config import AlgorithmConfig
+    from megatron_dapo.checkpoint.model_io import gather_full_weights, load_hf_weights
+    from megatron_dapo.distributed import init_parallel
+    from megatron_dapo.driver.batch import dp_shards
+    from megatron_dapo.models import ModelBuildOptions
+    from megatron_dapo.training.dapo_step import train_on_minibatch
+    from megatron_dapo.training.setup import OptimizerOptions, build_policy
+    from tests.tiny import random_hf_model
+
+    init_parallel(1, 1, cp, seed=1234)
+    hf = random_hf_model(hf_cfg, seed=0)
+    sd = hf.state_dict()
+    policy = build_policy(hf_cfg, ModelBuildOptions(context_parallel_size=cp), OptimizerOptions(lr=1e-4, clip_grad=1.0))
+    load_hf_weights(policy.model, policy.arch, lambda n: sd[n], policy.padded_vocab)
+    policy.optimizer.reload_model_params()
+    samples = _samples(policy.arch.vocab_size, n=6)
+    g = torch.Generator().manual_seed(9)
+    samples = [dict(s, old_logprobs=(-3.0 + 0.3 * torch.randn(len(s["tokens"]) - s["prompt_len"], generator=g)).tolist())
+               for s in samples]
+    if shard:
+        samples = dp_shards(samples, ps.get_data_parallel_world_size())[ps.get_data_parallel_rank()]
+    out = train_on_minibatch(policy, samples, AlgorithmConfig(entropy_coef=0.01), policy.arch.vocab_size, 2, 48,
+                             packing=packing)
+    assert out["update_successful"] and out["packed"] == (packing or cp > 1)
+    full = {n: t.clone() for n, t in gather_full_weights(policy.model, policy.arch)}
+    return {"params": full, "sums": out["sums"], "grad_norm": out["grad_norm"], "imbalance": out["dp_token_imbalance"],
+            "tokens": out["global_tokens"]}
