@@ -154,6 +154,17 @@ class PolicyWorker:
         stats = ws.sync(target)
         return {"seconds": time.perf_counter() - t0, "bytes": stats.bytes, "buckets": stats.buckets}
 
+    def export_hf(self, directory: str) -> list:
+        """Write the trainer's current weights as an HF checkpoint (collective; see
+        ``checkpoint.hf_export.export_model_to_hf``): config.json from --hf-checkpoint, the
+        tokenizer from --tokenizer (or --hf-checkpoint)."""
+        from ..checkpoint.hf_export import export_model_to_hf
+
+        m = self.cfg.model
+        tok = m.tokenizer or m.hf_checkpoint
+        return export_model_to_hf(self.policy.model, self.arch, directory, hf_config_dir=self.hf_config_path,
+                                  tokenizer_dir=tok if tok and os.path.isdir(tok) else None)
+
     # ------------------------------------------------------------------ DAPO
     def compute_logprobs(self, samples: list) -> Optional[list]:
         from .dapo_step import compute_logprobs
