@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .config import ConfigError, parse_args, validate
-from .driver.batch import assign_advantages, dp_shards, minibatches
+from .driver.batch import assign_advantages, dp_partition, dp_shards, minibatches
 from .driver.cluster import Cluster
 from .models import parse_hf_config
 
@@ -259,13 +259,12 @@ class Trainer:
             return
         dp, reporters = self.cluster.dp_layout()
         items = [s.to_worker() for s in samples]
-        shards = [items[d::dp] for d in range(dp)]
-        per_rank = [(shards[info["dp_rank"]],) for info in self.cluster.infos]
+        parts = dp_partition(items, dp)  # balanced by tokens, like the training shards
+        per_rank = [([items[i] for i in parts[info["dp_rank"]]],) for info in self.cluster.infos]
         outs = self.cluster.call(method, per_rank=per_rank)
         for d in range(dp):
-            got = outs[reporters[d]]
-            for s, lp in zip(samples[d::dp], got):
-                setattr(s, field, lp)
+            for i, lp in zip(parts[d], outs[reporters[d]] or []):
+                setattr(samples[i], field, lp)
 
     def _train(self, samples: list, inject_nan: bool) -> dict:
         from .driver.metrics import reduce_train_outputs

@@ -128,9 +128,16 @@ def dp_shards(minibatch: list, dp_size: int) -> list:
     reports the result as ``dp_token_imbalance``); counts may differ (the loss is normalised
     by the step's global token count, so that is exact). Every rank gets at least one sample;
     deterministic; each shard keeps the mini-batch's order."""
-    from ..training.packing import karmarkar_karp
-
     if len(minibatch) < dp_size:
         raise ValueError(f"mini-batch of {len(minibatch)} smaller than DP size {dp_size}")
-    parts = karmarkar_karp([max(1, len(x["tokens"])) for x in minibatch], dp_size)
-    return [[minibatch[i] for i in p] for p in parts]
+    return [[minibatch[i] for i in p] for p in dp_partition(minibatch, dp_size)]
+
+
+def dp_partition(items: list, dp_size: int) -> list:
+    """Indices of ``items`` (worker dicts with ``tokens``) per DP rank, balancing tokens
+    (Karmarkar-Karp); with fewer items than ranks, one each in order (the rest get none)."""
+    from ..training.packing import karmarkar_karp
+
+    if len(items) < dp_size:
+        return [[d] if d < len(items) else [] for d in range(dp_size)]
+    return karmarkar_karp([max(1, len(x["tokens"])) for x in items], dp_size)

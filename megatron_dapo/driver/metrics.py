@@ -36,6 +36,8 @@ def reduce_train_outputs(outs: list, reporters: dict) -> dict:
         "optimizer_steps": len(norms),
         "skipped_optimizer_steps": skipped,
         "lr": outs[0][-1]["lr"] if outs[0] else 0.0,
+        # max over mean of the DP ranks' tokens, worst optimizer step (the same on every rank)
+        "dp_token_imbalance": max((o.get("dp_token_imbalance", 1.0) for o in outs[0]), default=1.0),
     })
     return m
 

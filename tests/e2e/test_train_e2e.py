@@ -164,6 +164,7 @@ def test_pp2_engine_kill_and_nan_step(tiny, tmp_path):
     assert by[3]["skipped_optimizer_steps"] == by[3]["optimizer_steps"] >= 1
     assert all(by[s]["skipped_optimizer_steps"] == 0 for s in (1, 2, 4))
     assert math.isfinite(by[4]["grad_norm"])
+    assert all(r["dp_token_imbalance"] == 1.0 for r in rows)  # one DP rank: balanced by definition
     # the driver's phase order (hybrid/phases.py HybridStep over the Ray cluster), offload on
     step = ["engine_release", "trainer_onload", "engine_resume_weights", "sync_weights", "probe_megatron",
             "trainer_offload", "engine_resume_kv_cache", "probe_engine"]
