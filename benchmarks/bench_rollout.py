@@ -221,7 +221,7 @@ def run(args, seed: int, partial: bool) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--batch", type=int, default=64, help="rollout batch (prompts kept per step)")
     ap.add_argument("--over-sampling", type=int, default=3, help="prompts per round = batch x this")

@@ -326,7 +326,11 @@ def dapo_loss_fn(
         )
         eng = x.get("engine_logprobs", old)
         stale = x.get("stale", torch.zeros_like(mask))
-        w, tis = tis_weights(old, eng, mask, algo.tis_mode, algo.tis_cap)
+        w, _ = tis_weights(old, eng, mask, algo.tis_mode, algo.tis_cap)
+        # the logged mismatch is the engine/trainer one: over the tokens of the current weights
+        fresh = (mask != 0) & (stale == 0)
+        _, tis = tis_weights(old, eng, fresh, algo.tis_mode, algo.tis_cap)
+        n_fresh = fresh.sum()
         if offpolicy:
             w = w * offpolicy_token_weights(old, eng, mask, stale, offpolicy, algo.tis_cap)
         per_tok = per_tok * w.to(device=per_tok.device, dtype=per_tok.dtype)
@@ -355,9 +359,9 @@ def dapo_loss_fn(
             "approx_kl": (m["approx_kl"].detach() * n_mask, n_mask),
             "ratio_mean": (m["ratio_mean"].detach() * n_mask, n_mask),
             "kl": (kl_sum, n_mask),
-            "tis_weight_mean": (tis["tis_weight_mean"] * n_mask, n_mask),
-            "tis_clip_frac": (tis["tis_clip_frac"] * n_mask, n_mask),
-            "mismatch_kl": (tis["mismatch_kl"] * n_mask, n_mask),
+            "tis_weight_mean": (tis["tis_weight_mean"] * n_fresh, n_fresh),
+            "tis_clip_frac": (tis["tis_clip_frac"] * n_fresh, n_fresh),
+            "mismatch_kl": (tis["mismatch_kl"] * n_fresh, n_fresh),
             "offpolicy_token_frac": (((stale != 0) & (mask != 0)).sum(), n_mask),
             "ratio_max": (m["ratio_max"].detach(), None),
         }

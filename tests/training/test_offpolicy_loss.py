@@ -58,6 +58,8 @@ def test_stale_tokens_masked_contribute_no_loss_and_no_gradient():
     assert grad[0, 3].item() > 0 and grad[1, 1].item() > 0
     s, c = stats["offpolicy_token_frac"]
     assert (float(s), float(c)) == (2.0, 7.0)
+    # the mismatch metrics cover the tokens of the current weights only
+    assert float(stats["mismatch_kl"][1]) == 5.0 and float(stats["tis_weight_mean"][1]) == 5.0
     # the same batch without the stale tokens' losses: removing them changes the loss only there
     fresh, _, _ = _loss_and_grad(_samples(), algo)
     assert not torch.isclose(loss, fresh)
