@@ -233,3 +233,26 @@ def test_more_forms(gold, pred, equal):
 )
 def test_rounded_percent_and_ratio(gold, pred, ok):
     assert is_equivalent(gold, pred) is ok
+
+
+def test_reward_modules_have_no_import_cycle():
+    """equiv.py (values) must not import math_mode.py (which imports it): one direction only."""
+    import ast
+    from pathlib import Path
+
+    import megatron_dapo.reward as reward
+
+    folder = Path(reward.__file__).parent
+    graph = {}
+    for path in folder.glob("*.py"):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+                names.add(node.module.split(".")[0])
+        graph[path.stem] = names
+
+    def reaches(start, goal, seen=()):
+        return any(n == goal or (n not in seen and reaches(n, goal, seen + (n,))) for n in graph.get(start, ()))
+
+    cycles = sorted(m for m in graph if reaches(m, m))
+    assert not cycles, cycles
