@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from tests.e2e.fixtures import make_prompts, make_tiny_qwen2_dir
 from tests.e2e.test_train_e2e import base_args, read_metrics
-from tests.launch.procs import leftovers
+from tests.launch.procs import leftovers, run_in_session
 
 pytestmark = [pytest.mark.slow]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -40,17 +40,7 @@ def _env():
 def _run(cmd, timeout=600, check=True):
     """Run the driver in a session of its own; whatever it started (Ray, workers) is killed
     when it ends, also after a timeout or a failed assertion."""
-    p = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        leftovers(p)
-        out, err = p.communicate()
-        pytest.fail(f"driver did not finish in {timeout} s:\n{out[-3000:]}{err[-5000:]}")
-    finally:
-        leftovers(p)
-    r = subprocess.CompletedProcess(cmd, p.returncode, out, err)
+    r = run_in_session(cmd, timeout, cwd=ROOT, env=_env())
     if check:
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     return r

@@ -48,3 +48,22 @@ def leftovers(proc, pattern: str = "", grace_s: float = 0.0) -> list:
         except ProcessLookupError:
             pass
     return sorted(left)
+
+
+def run_in_session(cmd, timeout: float, **popen_kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True)`` in a session of its own: after
+    it ends (or at the timeout, when the test fails naming the command) every process it left
+    in its session is killed."""
+    import pytest
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            **popen_kwargs)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        leftovers(proc)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{' '.join(map(str, cmd))} did not finish in {timeout} s:\n{stdout[-3000:]}{stderr[-5000:]}")
+    finally:
+        leftovers(proc)  # nothing it started outlives the test
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)

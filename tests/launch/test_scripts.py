@@ -16,6 +16,7 @@ import pytest
 
 from megatron_dapo.config import parse_args
 from tests.launch.procs import leftovers as _leftovers
+from tests.launch.procs import run_in_session
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "examples" / "run_qwen32b.sh"
@@ -44,18 +45,7 @@ def shim(tmp_path):
 
 
 def _run(cmd, env, timeout=120):
-    """Run ``cmd`` in its own session; on a timeout every process of that session is killed."""
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _leftovers(proc)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"{' '.join(map(str, cmd))} did not finish in {timeout} s:\n{(stdout + stderr)[-4000:]}")
-    finally:
-        _leftovers(proc)  # nothing it started outlives the test
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+    return run_in_session(cmd, timeout, env=env, cwd=ROOT)
 
 
 def _driver_argv(stderr: str) -> list:
