@@ -44,8 +44,9 @@ class PolicyActor:
         rank = self.w.rank
         handle = engine_handles[rank // k]
         calls = engine_calls(handle, engine_kind) if handle is not None and rank % k == 0 else None
+        active = [r for e, h in enumerate(engine_handles) if h is not None for r in range(e * k, (e + 1) * k)]
         return self.w.sync_weights(bucket_bytes=bucket_bytes, engine_calls=calls, feed_engines=True,
-                                   skip_engine=handle is None)
+                                   skip_engine=handle is None, active_feeders=active)
 
     def placement(self) -> dict:
         """Where this rank runs: Ray node id and the GPU ids Ray gave it (physical on its node)."""

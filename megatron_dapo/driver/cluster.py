@@ -108,7 +108,7 @@ class Cluster:
             by_index[i] = h
         outs = ray.get([a.sync_to.remote(by_index, self.engine_kind) for a in self.actors])
         fed = [o for r, o in enumerate(outs) if by_index[r // self.cfg.rollout.num_gpus_per_engine] is not None]
-        return {"bytes": fed[0]["bytes"] if fed else 0, "buckets": outs[0]["buckets"],
+        return {"bytes": fed[0]["bytes"] if fed else 0, "buckets": max(o["buckets"] for o in outs),
                 "seconds": max(o["seconds"] for o in outs), "engines": len(handles)}
 
     # -- the hybrid step's trainer protocol (hybrid/phases.py): the same worker methods as the

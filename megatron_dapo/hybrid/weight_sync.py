@@ -170,6 +170,7 @@ class WeightSync:
         self.is_feeder = self.rank in self.feeder_ranks
         # A replica without a feeder sits the sync out entirely.
         self.participates = any(r in mp_ranks for r in self.feeder_ranks)
+        self.mp_ranks = mp_ranks
         # Does this rank's PP group receive buckets (it holds a feeder)?
         self.pp_feeders = [r for r in pp_ranks if r in self.feeder_ranks]
         self.device = next(iter(self._local_params()))[1].device if self._has_params() else torch.device("cpu")
@@ -347,10 +348,11 @@ class WeightSync:
         finally:
             self._free_buffers()
 
-    def _buckets(self, convert: bool, num_buffers: int, sinks: Sequence["BucketSink"], shared: bool = False):
+    def _buckets(self, convert: bool, num_buffers: int, sinks: Sequence["BucketSink"], shared: bool = False,
+                 participates: Optional[bool] = None):
         """Yields (index, HF views, flat buffer) per bucket on feeders; bucket i is written into
         buffer ``i % num_buffers`` after every sink said the bucket that held it before is free."""
-        if not self.participates:
+        if not (self.participates if participates is None else participates):
             return
         plan = self.plan
         todo = [(b, *self._role(b)) for b in plan]
@@ -406,13 +408,17 @@ class WeightSync:
             return owner, bool(self.pp_feeders)
         return owner, self.pp_size > 1 and any(r != src for r in self.pp_feeders)
 
-    def sync(self, engines=None) -> SyncStats:
+    def sync(self, engines=None, *, active_feeders: Optional[Sequence[int]] = None) -> SyncStats:
         """One full weight sync. ``engines`` (feeder ranks only, None elsewhere): an engine, a
         :class:`BucketSink`, or a list of them. An engine (``update_weights`` /
         ``finish_weight_update``, e.g. an in-process ``RolloutEngine``) gets the bucket's views
         and must have copied them when it returns; a sink gets handles to this rank's buffer
         and may acknowledge later (double buffering). Returns the stats (bytes delivered per
-        engine on feeders)."""
+        engine on feeders). ``active_feeders`` (the same on every rank): the feeder ranks whose
+        engines are synced this time; a model-parallel replica without one sits this sync out
+        (e.g. re-syncing one restarted engine). Default: every feeder rank."""
+        participates = self.participates if active_feeders is None else any(
+            int(r) in self.mp_ranks for r in active_feeders)
         if engines is None:
             engines = []
         elif not isinstance(engines, (list, tuple)):
@@ -435,7 +441,7 @@ class WeightSync:
         # makes every rank raise together.
         error: Optional[BaseException] = None
         try:
-            for i, bucket, flat in self._buckets(True, num_buffers, sinks, shared):
+            for i, bucket, flat in self._buckets(True, num_buffers, sinks, shared, participates):
                 for s in sinks:
                     try:
                         s.submit(i, bucket, flat)
@@ -456,7 +462,7 @@ class WeightSync:
                     error = error or exc
         finally:
             self._free_buffers()
-        if self.participates and dist.get_world_size(self.mp_group) > 1:
+        if participates and dist.get_world_size(self.mp_group) > 1:
             flag = torch.tensor([0 if error is None else 1], dtype=torch.int32, device=self.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.mp_group)
             failed_elsewhere = bool(flag.item()) and error is None

@@ -126,14 +126,15 @@ class PolicyWorker:
         return {n: t.clone() for n, t in gather_full_weights(self.policy.model, self.arch)}
 
     def sync_weights(self, engine=None, bucket_bytes: Optional[int] = None, *, engine_calls=None,
-                     feed_engines: bool = False, skip_engine: bool = False) -> dict:
+                     feed_engines: bool = False, skip_engine: bool = False, active_feeders=None) -> dict:
         """Bucketed TP/PP -> HF weight sync.
 
         ``feed_engines``: one engine per group of ``--rollout-num-gpus-per-engine`` ranks, fed by
         the ranks of its group with handles to their own bucket buffers
         (``hybrid.weight_sync.PayloadSink``); ``engine_calls`` (``EngineCalls``) is given on the
         first rank of each group; ``skip_engine`` (every rank of a group alike): this rank's
-        engine is not synced this time, the rank only takes part in the collectives. Otherwise
+        engine is not synced this time, the rank only takes part in the collectives (or in none,
+        when no rank of its model-parallel replica is in ``active_feeders``). Otherwise
         ``engine`` is an in-process engine (or a list of them) on rank 0 only."""
         from ..hybrid.weight_sync import DiscardSink, EngineFeeding, WeightSync
 
@@ -151,7 +152,7 @@ class PolicyWorker:
             target = DiscardSink() if skip_engine else feeding.sink(engine_calls)
         else:
             target = engine if self.rank == 0 else None
-        stats = ws.sync(target)
+        stats = ws.sync(target, active_feeders=active_feeders)
         return {"seconds": time.perf_counter() - t0, "bytes": stats.bytes, "buckets": stats.buckets}
 
     def export_hf(self, directory: str) -> list:
