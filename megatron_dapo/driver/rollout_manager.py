@@ -10,8 +10,9 @@ prompts until it is full:
   chunk of a round finishes so that no timing decides which samples are kept);
 * an engine that dies or does not answer within ``--engine-timeout-s`` is restarted and
   re-synced (``EnginePool``), and its chunk is re-queued;
-* verification runs in the reward process pool; the filter uses ``acc`` (or the sample field
-  that ``--dynamic-sampling-metric`` names: a group is kept when that field varies within it);
+* verification runs in the reward process pool, which sees each sample's whole record
+  (prompt, response, label, data source, metadata); the filter uses ``acc`` (or the sample
+  field that ``--dynamic-sampling-metric`` names: a group is kept when that field varies within it);
 * with ``--reuse-surplus-groups``, kept groups beyond the batch are carried to the next step
   (with the old-policy logprobs of the step that generated them);
 * with ``--partial-rollout``, the aborted in-flight generations keep their prefixes (tokens,
