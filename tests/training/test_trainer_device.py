@@ -1,4 +1,4 @@
-"""The trainer on a GPU, checked on the CPU (GPU first contact, issue 12 item 4).
+"""The trainer on a GPU, checked on the CPU (the GPU-first-contact table of docs/hybrid.md).
 
 Each test fails on the code before the fix: batches left on the host, token counts reduced
 from a host tensor over NCCL, sequence-parallel micro-batches of any length, logprobs of the
