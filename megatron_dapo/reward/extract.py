@@ -274,7 +274,8 @@ _DEGREES_MINUTES = re.compile(rf"(?<![\d.])({_NUM})\s*{_DEG}\s*({_NUM})\s*(?!{_S
 _ORDINAL = re.compile(
     r"(?<![\d.])(\d+)\s*(?:\^\s*\{\s*(?:\\text\s*\{\s*)?(?:st|nd|rd|th)\s*\}?\s*\}|\^\s*(?:st|nd|rd|th)\b|(?:st|nd|rd|th)\b)"
 )
-_QUALIFIER = re.compile(r"(?<=\S)\s*,?\s*\\text\s*\{\s*(?:for|where|with|when|if)\b.*$")
+# Only quantifiers: a condition ("x \text{ if } x > 0, ...") is part of a piecewise value.
+_QUALIFIER = re.compile(r"(?<=\S)\s*,?\s*\\text\s*\{\s*(?:for\s+(?:all|any|every|each|some)|where)\b.*$")
 _INEQUALITY = re.compile(r"[<>]|\\(?:le|ge|leq|geq|lt|gt|leqslant|geqslant)(?![a-zA-Z])")
 # {x | 0 < x < 2}, {x \in R : x > 1}: the set of x satisfying a condition is that condition.
 _SET_BUILDER = re.compile(

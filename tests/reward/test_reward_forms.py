@@ -198,6 +198,8 @@ MORE = [
     ("(n, 1)", "(n, 1) \\text{ for all positive integers } n", True),
     ("2k\\pi", "2k\\pi \\text{ where } k \\in \\mathbb{Z}", True),
     ("(n, 1)", "(n, 2) \\text{ for all positive integers } n", False),
+    ("x", "x \\text{ if } x \\ge 0, -x \\text{ if } x < 0", False),  # a condition is no qualifier
+    ("1", "1 \\text{ for } n \\text{ odd}, 2 \\text{ for } n \\text{ even}", False),
     # an inequality list with a point
     ("(-\\infty, -2] \\cup \\{1\\}", "a \\le -2 \\text{ or } a = 1", True),
     ("(-\\infty, -2] \\cup \\{1\\}", "a \\le -2 \\text{ or } a = 2", False),
