@@ -6,7 +6,11 @@ LaTeX (`extract.clean_answer`), split top-level lists and "label = value" items
 compare (`equiv.values_equal`). Anything the parser refuses (unknown LaTeX) or that the
 guards reject (huge powers, 10^5-digit numbers, deep nesting) falls back to exact
 comparison of the cleaned strings, so it can still be right when identical and is never
-evaluated. Multiple-choice golds ("C", "(D) Alina") compare the chosen letter.
+evaluated. Multiple-choice golds ("C", "(D) Alina") compare the chosen letter (a letter
+inside a list of letters chose nothing). Short worded answers on both sides compare as
+normalised strings. A side with a percent or degree sign is also read as a fraction or in
+radians against a side without one, and a gold given to 2-3 decimals also accepts an exact
+response that rounds to it (`_rounded_gold_equal`).
 """
 
 from __future__ import annotations
