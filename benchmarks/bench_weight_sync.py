@@ -20,8 +20,8 @@ trainer ranks (DP 4, fp32, a 50M-parameter Qwen2-shaped model, buckets of
 its own bundle by shared-memory handles (docs/hybrid.md). Same run, interleaved repeats,
 medians:
 
-  (d) sync of all 4 engines;  (e) sync of engine 0 alone (the other ranks only produce their
-      buckets, as a restarted engine's re-sync does): same bytes per engine;
+  (d) sync of all 4 engines;  (e) sync of engine 0 alone (as a restarted engine's re-sync: the
+      other DP replicas sit it out): same bytes per engine;
   (f) a plain copy of one engine's bytes in one process (bucket-sized chunks);
   (g) bytes Ray's object store created during each sync (Ray's own counter, all nodes).
 
