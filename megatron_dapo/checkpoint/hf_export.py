@@ -214,6 +214,13 @@ def finalize_shards(directory: str, parts: list, total_bytes: int) -> list[str]:
     return names
 
 
+def write_config_and_tokenizer(save_dir: str, cfg: dict, tokenizer_dir=None) -> list[str]:
+    """config.json and (from ``tokenizer_dir``) the tokenizer files of an HF checkpoint."""
+    with open(os.path.join(save_dir, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+    return ["config.json"] + (copy_tokenizer(tokenizer_dir, save_dir) if tokenizer_dir is not None else [])
+
+
 def copy_tokenizer(src, dst) -> list[str]:
     """Copy the tokenizer files found in ``src`` into ``dst``; error if there are none."""
     src = os.fspath(src)
@@ -259,12 +266,7 @@ def torch_dist_to_hf(
         for name, full in gather_full_weights(model, arch):
             for hf_name, t in mapping.megatron_to_hf(arch, name, full):
                 writer.add(hf_name, t.to(out_dtype))
-        written = writer.close()
-        with open(os.path.join(save_dir, "config.json"), "w") as f:
-            json.dump(cfg, f, indent=2, sort_keys=True)
-        written.append("config.json")
-        if tokenizer_dir is not None:
-            written += copy_tokenizer(tokenizer_dir, save_dir)
+        written = writer.close() + write_config_and_tokenizer(save_dir, cfg, tokenizer_dir)
     dist.barrier()
     return written
 
@@ -317,10 +319,6 @@ def export_model_to_hf(
         cfg = dict(cfg)
         cfg.pop("torch_dtype", None)
         cfg["dtype"] = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(out_dtype, "float32")
-        with open(os.path.join(save_dir, "config.json"), "w") as f:
-            json.dump(cfg, f, indent=2, sort_keys=True)
-        written.append("config.json")
-        if tokenizer_dir is not None:
-            written += copy_tokenizer(tokenizer_dir, save_dir)
+        written += write_config_and_tokenizer(save_dir, cfg, tokenizer_dir)
     dist.barrier()
     return written
