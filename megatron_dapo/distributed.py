@@ -90,10 +90,27 @@ def init_parallel(
 
 
 def destroy_parallel() -> None:
+    """Tear down megatron's model-parallel state AND its process groups.
+
+    ``destroy_model_parallel`` only forgets megatron's handles; the groups stay registered in
+    torch's c10d maps, and every gloo group keeps its TCP loop threads polling. A process
+    that re-initialises parallel state many times (the test pools, a long-lived actor) would
+    pile up thousands of such threads, so every group but the default one is destroyed here.
+    """
     from megatron.core import parallel_state as ps
 
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
+    if dist.is_initialized():
+        from torch.distributed import distributed_c10d as c10d
+
+        default = c10d._get_default_group()
+        for pg in list(c10d._world.pg_map):
+            if pg is not default:
+                try:
+                    dist.destroy_process_group(pg)
+                except Exception:  # a group torch already tore down
+                    pass
 
 
 def barrier(group=None) -> None:
