@@ -28,7 +28,9 @@ def _env(tmp_path, python=None, **extra):
     # paths that exist nowhere: the dry-run fallbacks must kick in
     env.update(HF_CKPT=str(tmp_path / "no-ckpt"), PROMPT_DATA=str(tmp_path / "no.parquet"),
                EVAL_DATA=str(tmp_path / "no-eval.parquet"), SAVE_DIR=str(tmp_path / "save"),
-               RUN_DIR=str(tmp_path / "run"))
+               RUN_DIR=str(tmp_path / "run"),
+               # the dry run's 16-row DAPO-Math sample: vendored, so a checkout without ../shared works
+               SHARED_DATA=str(ROOT / "tests" / "data"))
     if python:
         env["PYTHON"] = python
     env.update(extra)
