@@ -1,4 +1,4 @@
-"""`math` mode: the answer forms real solutions use (issue 17), each with near-miss negatives.
+"""`math` mode: the answer forms real solutions use, each with near-miss negatives.
 
 Every form has pairs that must be equal and pairs in the same notation with a wrong value
 (or a wrong structure) that must not be. Both directions are checked unless a rule is

@@ -1,4 +1,4 @@
-"""`math` mode against a policy that games the reward (issue 17).
+"""`math` mode against a policy that games the reward.
 
 Reward hacks must score wrong, and hostile answers (huge powers, long runs that make
 regexes backtrack) must get a verdict quickly in-process, without the pool's timeout.
