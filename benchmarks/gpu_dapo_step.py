@@ -167,15 +167,20 @@ def main(argv=None) -> int:
     import warnings
 
     warnings.filterwarnings("ignore")
+    return report(lambda: run(small=args.small, port=args.port), "dapo-step")
+
+
+def report(step, tag: str) -> int:
+    """Run ``step()``; print ``[tag] PASS probe ...`` or the traceback and ``[tag] FAIL``."""
     try:
-        res = run(small=args.small, port=args.port)
+        res = step()
     except Exception:
         import traceback
 
         traceback.print_exc()
-        print("[dapo-step] FAIL")
+        print(f"[{tag}] FAIL")
         return 1
-    print(f"[dapo-step] PASS probe {res['probe']:.3g} <= tolerance {res['tolerance']}")
+    print(f"[{tag}] PASS probe {res['probe']:.3g} <= tolerance {res['tolerance']}")
     return 0
 
 

@@ -30,20 +30,12 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from transformers import AutoTokenizer
 
-    from benchmarks.gpu_dapo_step import run
+    from benchmarks.gpu_dapo_step import report, run
 
     vocab = len(AutoTokenizer.from_pretrained(args.tokenizer))
     vocab = -(-vocab // 128) * 128
-    try:
-        res = run(small=False, port=args.port, engine_kind="sglang", tokenizer=args.tokenizer, vocab=vocab)
-    except Exception:
-        import traceback
-
-        traceback.print_exc()
-        print("[sglang-smoke] FAIL")
-        return 1
-    print(f"[sglang-smoke] PASS probe {res['probe']:.3g} <= tolerance {res['tolerance']}")
-    return 0
+    return report(lambda: run(small=False, port=args.port, engine_kind="sglang", tokenizer=args.tokenizer, vocab=vocab),
+                  "sglang-smoke")
 
 
 if __name__ == "__main__":
