@@ -135,7 +135,11 @@ class Cluster:
         return dp, reporters
 
     def shutdown(self, engine_handles=()):
+        """Kill the engine and trainer actors, then unlink the trainer processes' shared-memory
+        bucket buffers on this node (CPU weight sync; a killed actor's files would outlive it)."""
         import ray
+
+        from ..rollout.payload import remove_shared_memory_files
 
         for a in list(self.actors) + list(engine_handles):
             try:
@@ -146,6 +150,8 @@ class Cluster:
             ray.util.remove_placement_group(self.pg)
         except Exception:
             pass
+        here = ray.util.get_node_ip_address()
+        remove_shared_memory_files([i["pid"] for i in self.infos if i.get("node_ip") == here])
 
 
 class RemoteEngines:

@@ -200,6 +200,39 @@ def use_shared_memory_files() -> None:
         tmp.set_sharing_strategy("file_system")
 
 
+SHM_DIR = "/dev/shm"
+
+
+def shared_memory_files(pid: int) -> List[str]:
+    """The named shared-memory files that torch created for process ``pid`` on this node
+    (``/dev/shm/torch_<pid>_*``: bucket buffers under the ``file_system`` strategy)."""
+    import glob
+    import os
+
+    return sorted(glob.glob(os.path.join(SHM_DIR, f"torch_{int(pid)}_*")))
+
+
+def remove_shared_memory_files(pids: Sequence[int]) -> int:
+    """Unlink the shared-memory files of ``pids`` (trainer processes that are being shut down);
+    returns the bytes freed. Mappings that still exist stay valid; the name is what goes.
+
+    torch's ``torch_shm_manager`` unlinks them when their creator exits, but Ray kills a
+    worker's child processes with it, the manager included, and the files (a bucket ring per
+    feeder, the model's size each) would then hold the node's RAM until reboot."""
+    import os
+
+    freed = 0
+    for pid in pids:
+        for f in shared_memory_files(pid):
+            try:
+                size = os.path.getsize(f)
+                os.unlink(f)
+                freed += size
+            except FileNotFoundError:
+                pass
+    return freed
+
+
 def sglang_codec():
     """(serializer, metadata class) of the pinned SGLang, for payloads SGLang will accept; also
     patches this process's CUDA reductions the way SGLang's receiving side expects."""

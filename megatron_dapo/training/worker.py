@@ -17,6 +17,16 @@ from ..config.schema import DAPOConfig
 from ..models.provider import ModelBuildOptions
 
 
+def _node_ip() -> Optional[str]:
+    """This process's Ray node address (None outside Ray)."""
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address() if ray.is_initialized() else None
+    except ImportError:
+        return None
+
+
 class PolicyWorker:
     def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, cfg: DAPOConfig, hf_config_path: str):
         import warnings
@@ -71,6 +81,7 @@ class PolicyWorker:
             "dp_size": ps.get_data_parallel_world_size(),
             "last_stage": ps.is_pipeline_last_stage(),
             "pid": os.getpid(),
+            "node_ip": _node_ip(),
         }
 
     # ------------------------------------------------------------------ weights

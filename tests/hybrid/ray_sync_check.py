@@ -120,6 +120,20 @@ def main(work: str, tp: int, pp: int) -> int:
         got = engine_state(handles[1])
         assert all(torch.equal(got[n], want[n]) for n in want)
         print("OK a restarted engine re-synced alone")
+        # the feeders' bucket buffers are named shared-memory files: none may outlive the cluster
+        from megatron_dapo.rollout.payload import shared_memory_files
+
+        pids = [i["pid"] for i in cluster.infos]
+        held = sum(len(shared_memory_files(p)) for p in pids)
+        assert held >= len(pids), f"expected each feeder to hold shared-memory buffers, found {held}"
+        cluster.shutdown(handles)
+        cluster = None
+        deadline = time.time() + 30
+        while any(os.path.exists(f"/proc/{p}") for p in pids) and time.time() < deadline:
+            time.sleep(0.5)
+        left = [f for p in pids for f in shared_memory_files(p)]
+        assert not left, f"shared-memory files outlived the cluster: {left}"
+        print(f"OK no shared-memory file outlived the cluster ({held} before shutdown)")
         print("OK all ray sync checks")
         return 0
     finally:

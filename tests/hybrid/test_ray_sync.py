@@ -33,5 +33,5 @@ def test_two_nodes_each_engine_fed_from_its_node(tmp_path, tp, pp):
     assert proc.returncode == 0, out[-5000:]
     assert not left, f"ray_sync_check.py left processes running: {left}"
     for line in ("on its own node", "object store bytes per sync", "exactly the trainer's weights",
-                 "re-synced alone", "OK all ray sync checks"):
+                 "re-synced alone", "no shared-memory file outlived", "OK all ray sync checks"):
         assert line in stdout, out[-5000:]
