@@ -232,7 +232,8 @@ def compute_logprobs(
 
     def loss_fn(batch, logits):
         st = batch["resp_start"]
-        lp, _ = chunked_logprobs_entropy(logits[:, st - 1 : -1], batch["tokens"][:, st:], true_vocab, temperature)
+        lp, _ = chunked_logprobs_entropy(logits[:, st - 1 : -1], batch["tokens"][:, st:], true_vocab, temperature,
+                                         with_entropy=False)
         got.append(lp.detach().float().cpu())  # tokens st..end
         return torch.zeros((), dtype=torch.float32, device=logits.device), {}
 
@@ -258,7 +259,7 @@ def _compute_logprobs_packed(model, samples: list, true_vocab: int, max_tokens, 
     got = []
 
     def loss_fn(batch, logits):
-        lp, _ = chunked_logprobs_entropy(logits[0], batch["labels"][0], true_vocab, temperature)
+        lp, _ = chunked_logprobs_entropy(logits[0], batch["labels"][0], true_vocab, temperature, with_entropy=False)
         got.append(lp.detach().float().cpu())  # [T / cp]: label position t scores token t+1
         return torch.zeros((), dtype=torch.float32, device=logits.device), {}
 

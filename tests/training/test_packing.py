@@ -149,6 +149,44 @@ def test_chunked_logprobs_entropy_match_reference_and_chunking():
         chunked_logprobs_entropy(x, y, 45, 0.0, tp_rank=0)
 
 
+@pytest.mark.parametrize("dtype,T,vocab", [(torch.float32, 1.0, 50), (torch.float32, 1.0, 45),
+                                           (torch.float32, 0.6, 50), (torch.bfloat16, 1.0, 50),
+                                           (torch.bfloat16, 0.8, 45)])
+def test_chunked_logprobs_paths_leave_logits_alone(dtype, T, vocab):
+    """Each scratch-buffer path (a view of fp32 logits at T=1 with no padding: the gradient
+    written in place; copies otherwise) against the float64 reference; the logits are never
+    written; ``with_entropy=False`` gives the same logprobs and logprob gradient."""
+    from megatron_dapo.training.logprobs import chunked_logprobs_entropy
+
+    torch.manual_seed(2)
+    x0 = (torch.randn(2, 11, 50) * 3).to(dtype)
+    y = torch.randint(0, vocab, (2, 11))
+    w1, w2 = torch.randn(2, 11), torch.randn(2, 11)
+    xr = x0.double().requires_grad_(True)
+    z = xr[..., :vocab] / T
+    ref_lp = torch.log_softmax(z, -1).gather(-1, y[..., None]).squeeze(-1)
+    ref_ent = -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
+    ref_g, = torch.autograd.grad((ref_lp * w1).sum() + (ref_ent * w2).sum(), xr, retain_graph=True)
+    ref_g_lp, = torch.autograd.grad((ref_lp * w1).sum(), xr)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2  # bf16 gradients are rounded to bf16
+    for with_entropy in (True, False):
+        x = x0.clone().requires_grad_(True)
+        lp, ent = chunked_logprobs_entropy(x, y, vocab, T, chunk_size=4, tp_rank=0, with_entropy=with_entropy)
+        assert (lp.double() - ref_lp).abs().max() < 1e-4
+        if with_entropy:
+            assert (ent.double() - ref_ent).abs().max() < 1e-4
+            g, = torch.autograd.grad((lp * w1).sum() + (ent * w2).sum(), x)
+            want = ref_g
+        else:
+            assert torch.count_nonzero(ent) == 0
+            g, = torch.autograd.grad((lp * w1).sum() + (ent * w2).sum(), x)  # ent is a constant
+            want = ref_g_lp
+        assert g.dtype == dtype and (g.double() - want).abs().max() < tol
+        assert torch.equal(x.detach(), x0), "the logits were written"
+        if vocab < 50:
+            assert g[..., vocab:].abs().max() == 0
+
+
 def test_dp_shards_balance_tokens_not_counts():
     from megatron_dapo.driver.batch import dp_shards
 
