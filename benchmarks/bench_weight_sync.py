@@ -25,12 +25,18 @@ medians:
   (f) a plain copy of one engine's bytes in one process (bucket-sized chunks);
   (g) bytes Ray's object store created during each sync (Ray's own counter, all nodes).
 
-Prints, last: ``sync weak scaling 1->4 engines: X.XX`` (d over e), ``object store bytes per
+The CPU time of every trainer and engine process is read from /proc around each sync: with
+fewer cores than processes the wall-clock weak scaling measures the cores, while the CPU
+seconds per engine (4 engines over 1) say whether the protocol adds work per engine.
+
+Prints, last: ``sync CPU-seconds per engine, 4 engines over 1: X.XX``,
+``sync weak scaling 1->4 engines: X.XX`` (d over e), ``object store bytes per
 sync: N`` (the largest over the syncs), ``sync/memcpy ratio: X.XX`` (e over f) and
 ``sync/collectives ratio: X.XX`` (from the first part).
 
     .venv/bin/python benchmarks/bench_weight_sync.py            # the documented run
     .venv/bin/python benchmarks/bench_weight_sync.py --small    # a quick smoke run
+    .venv/bin/python benchmarks/bench_weight_sync.py --ray-only # the Ray part alone
 """
 
 from __future__ import annotations
@@ -208,11 +214,27 @@ def ray_part(args, work: str) -> dict:
         def created() -> int:
             return int(get_memory_info_reply(state).store_stats.cumulative_created_bytes)
 
+        pids = [i["pid"] for i in cluster.infos] + ray.get([h.pid.remote() for h in handles])
+        tick = os.sysconf("SC_CLK_TCK")
+
+        def cpu_seconds() -> float:
+            """User + system CPU time of every trainer rank and engine process so far."""
+            total = 0
+            for pid in pids:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])  # utime, stime
+            return total / tick
+
+        cpu = {len(handles): [], 1: []}
+
         def timed(targets):
-            before = created()
+            before, c0 = created(), cpu_seconds()
             t = time.perf_counter()
             out = cluster.sync(targets)
-            return time.perf_counter() - t, created() - before, out
+            dt = time.perf_counter() - t
+            cpu[len(targets)].append(cpu_seconds() - c0)
+            return dt, created() - before, out
 
         _, _, out = timed(handles)  # warm-up: plans, buffers, engine mappings
         nbytes = out["bytes"]
@@ -245,7 +267,12 @@ def ray_part(args, work: str) -> dict:
         print(f"(d) sync into {len(handles)} engines : {d:7.3f} s")
         print(f"(e) sync into 1 engine   : {e:7.3f} s  {nbytes / e / 1e9:7.3f} GB/s")
         print(f"(f) in-memory copy       : {f:7.3f} s  {nbytes / f / 1e9:7.3f} GB/s", flush=True)
-        return {"weak": d / e, "store": max(store), "memcpy": e / f}
+        # CPU time is what 2 cores bound: 4 engines are 4x the copying. Its ratio per engine
+        # says whether the protocol itself adds work per engine (1.00 = none).
+        cd, ce = statistics.median(cpu[len(handles)]), statistics.median(cpu[1])
+        print(f"CPU seconds per sync (all trainer and engine processes): {len(handles)} engines {cd:.2f}, "
+              f"1 engine {ce:.2f}; cores {os.cpu_count()}", flush=True)
+        return {"weak": d / e, "store": max(store), "memcpy": e / f, "cpu_weak": cd / len(handles) / ce}
     finally:
         if cluster is not None:
             cluster.shutdown()
@@ -265,6 +292,7 @@ def main(argv=None) -> int:
     p.add_argument("--small", action="store_true", help="hidden 512 / FFN 2048 / vocab 4096: a smoke run")
     p.add_argument("--engines", type=int, default=4, help="engines (and trainer ranks) of the Ray part")
     p.add_argument("--ray-bucket-mb", type=int, default=32, help="bucket size of the Ray part")
+    p.add_argument("--ray-only", action="store_true", help="only the Ray part (d)-(g); no sync/collectives line")
     args = p.parse_args(argv)
     import tempfile
 
@@ -272,15 +300,19 @@ def main(argv=None) -> int:
 
     with tempfile.TemporaryDirectory() as work:
         args.result_file = os.path.join(work, "collectives_ratio")
-        world = args.tp * args.pp
-        mp.spawn(_worker, args=(world, free_port(), args), nprocs=world, join=True)
-        with open(args.result_file) as f:
-            collectives = f.read()
+        collectives = None
+        if not args.ray_only:
+            world = args.tp * args.pp
+            mp.spawn(_worker, args=(world, free_port(), args), nprocs=world, join=True)
+            with open(args.result_file) as f:
+                collectives = f.read()
         r = ray_part(args, work)
+    print(f"sync CPU-seconds per engine, {args.engines} engines over 1: {r['cpu_weak']:.2f}")
     print(f"sync weak scaling 1->{args.engines} engines: {r['weak']:.2f}")
     print(f"object store bytes per sync: {r['store']}")
     print(f"sync/memcpy ratio: {r['memcpy']:.2f}")
-    print(f"sync/collectives ratio: {collectives}", flush=True)
+    if collectives is not None:
+        print(f"sync/collectives ratio: {collectives}", flush=True)
     return 0
 
 
