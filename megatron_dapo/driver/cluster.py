@@ -41,8 +41,11 @@ class Cluster:
         from .actors import EngineActor, PolicyActor
         from ..launch.placement import create_placement_group, engine_gpu_plan, ranks_to_bundles, start_ray
 
+        from ..rollout.payload import remove_stale_shared_memory_files
+
         self.cfg = cfg
         self.world = world_size(cfg)
+        remove_stale_shared_memory_files()  # buffers of killed runs on this node
         start_ray()
         on_gpu = torch.cuda.is_available()
         gpus = 1 if on_gpu else 0

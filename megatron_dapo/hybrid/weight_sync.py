@@ -388,13 +388,17 @@ class WeightSync:
 
     def _buffers(self, size: int, n: int, shared: bool) -> List[torch.Tensor]:
         have = [t for t in self._bufs if t.numel() >= size]
-        if len(have) < n or (shared and self.device.type == "cpu" and not all(t.is_shared() for t in have)):
+        from ..rollout.payload import is_shared_cpu_buffer, shared_cpu_buffer
+
+        cpu_shared = shared and self.device.type == "cpu"
+        if len(have) < n or (cpu_shared and not all(is_shared_cpu_buffer(t) for t in have)):
             self._bufs = []  # free the old ones before allocating
             have = []
             for _ in range(n):
-                t = torch.empty(_align(size), dtype=torch.uint8, device=self.device)
-                if shared and self.device.type == "cpu":
-                    t.share_memory_()  # the engine process maps it (see rollout/payload.py)
+                if cpu_shared:  # a named /dev/shm file the engine process maps (rollout/payload.py)
+                    t = shared_cpu_buffer(_align(size))
+                else:
+                    t = torch.empty(_align(size), dtype=torch.uint8, device=self.device)
                 have.append(t)
             self._bufs = have
         return have[:n]

@@ -16,19 +16,29 @@ no copy; what the trainer's weight sync does). Receiver side (HFEngine; SGLang h
 :func:`load_payload` (a restricted unpickler: tensors, storages and the metadata class only)
 and :func:`reconstruct_bucket`.
 
-CPU shared memory: torch's default sharing strategy passes file descriptors, which only a
-child process can receive; :func:`use_shared_memory_files` switches the sending process to
-the ``file_system`` strategy (named shared-memory files), which any process of the node can
-open. GPU: SGLang's ``monkey_patch_torch_reductions`` must run in the sending process (CUDA
+CPU shared memory: the trainer's bucket buffers are named files in ``/dev/shm`` of our own
+(:func:`shared_cpu_buffer`); a payload names the file and the receiver maps it by name
+(:func:`map_shared_file`). torch's own strategies do not serve here: file descriptors only
+reach a child process, and the ``file_system`` strategy makes every receiver ask the
+sender's ``torch_shm_manager`` over a socket with a short fixed timeout ("Shared memory
+manager connection has timed out" on a loaded machine). Other CPU tensors still pickle
+through torch's reductions (:func:`use_shared_memory_files` selects ``file_system``). GPU: SGLang's ``monkey_patch_torch_reductions`` must run in the sending process (CUDA
 IPC handles then carry the device UUID, not the sender's device index); see
 :func:`sglang_codec`.
 """
 
 from __future__ import annotations
 
+import atexit
 import base64
+import functools
 import io
+import itertools
+import os
 import pickle
+import secrets
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
@@ -101,14 +111,31 @@ def reconstruct_bucket(flat: torch.Tensor, metadata) -> List[Tuple[str, torch.Te
     return [(m.name, flat[m.start_idx:m.end_idx].view(m.dtype).reshape(m.shape)) for m in metadata]
 
 
-def default_serializer(obj, output_str: bool = True):
-    """Same bytes as SGLang's MultiprocessingSerializer.serialize (ForkingPickler [+ base64])."""
+@functools.lru_cache(maxsize=None)
+def _forking_pickler():
     from multiprocessing.reduction import ForkingPickler
 
     import torch.multiprocessing  # noqa: F401  (registers torch's reductions with ForkingPickler)
 
+    class _Pickler(ForkingPickler):
+        def reducer_override(self, obj):
+            """A view of one of this process's :func:`shared_cpu_buffer` files pickles as its
+            file name and range; everything else as ForkingPickler does."""
+            if isinstance(obj, torch.Tensor) and obj.device.type == "cpu" and obj.dtype == torch.uint8 \
+                    and obj.dim() == 1 and obj.is_contiguous():
+                known = _OWN_FILES.get(obj.untyped_storage().data_ptr())
+                if known is not None:
+                    return map_shared_file, (known[0], known[1], obj.storage_offset(), obj.numel())
+            return NotImplemented
+
+    return _Pickler
+
+
+def default_serializer(obj, output_str: bool = True):
+    """ForkingPickler [+ base64], the bytes of SGLang's MultiprocessingSerializer.serialize,
+    except that a view of a :func:`shared_cpu_buffer` travels as its file name."""
     buf = io.BytesIO()
-    ForkingPickler(buf).dump(obj)
+    _forking_pickler()(buf).dump(obj)
     data = buf.getvalue()
     return base64.b64encode(data).decode("utf-8") if output_str else data
 
@@ -163,7 +190,7 @@ _ALLOWED = {
     "torch._tensor": {"Tensor"},
     "collections": {"OrderedDict"},
     "builtins": {"slice"},
-    __name__: {"BucketEntry"},
+    __name__: {"BucketEntry", "map_shared_file"},
 }
 
 
@@ -201,25 +228,94 @@ def use_shared_memory_files() -> None:
 
 
 SHM_DIR = "/dev/shm"
+SHM_PREFIX = "megatron_dapo"
+_OWN_FILES: dict = {}  # storage data_ptr -> (path, nbytes) of this process's shared buffers
+_COUNTER = itertools.count()
+_MAPPED: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()  # receiver: (path, nbytes) -> mapping
+_MAPPED_KEEP = 16
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def shared_cpu_buffer(nbytes: int) -> torch.Tensor:
+    """A 1-D uint8 CPU tensor of ``nbytes`` in a new file ``/dev/shm/megatron_dapo_<pid>_*``
+    (``MAP_SHARED``), which any process of the node maps by name (:func:`map_shared_file`);
+    payloads of views of it carry the name (:func:`default_serializer`). The file is unlinked
+    when the tensor is freed or the process exits; ``Cluster.shutdown`` removes those of
+    killed trainer processes (:func:`remove_shared_memory_files`)."""
+    nbytes = max(int(nbytes), 1)
+    path = os.path.join(SHM_DIR, f"{SHM_PREFIX}_{os.getpid()}_{next(_COUNTER)}_{secrets.token_hex(4)}")
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, nbytes)
+    finally:
+        os.close(fd)
+    t = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+    ptr = t.untyped_storage().data_ptr()
+    _OWN_FILES[ptr] = (path, nbytes)
+    weakref.finalize(t, _release_own, ptr, path)
+    return t
+
+
+def _release_own(ptr: int, path: str) -> None:
+    _OWN_FILES.pop(ptr, None)
+    _unlink(path)
+
+
+@atexit.register
+def _unlink_own_files() -> None:
+    for path, _ in list(_OWN_FILES.values()):
+        _unlink(path)
+
+
+def is_shared_cpu_buffer(t: torch.Tensor) -> bool:
+    """Whether ``t`` lives in one of this process's :func:`shared_cpu_buffer` files."""
+    return t.device.type == "cpu" and t.untyped_storage().data_ptr() in _OWN_FILES
+
+
+def map_shared_file(path: str, nbytes: int, offset: int, numel: int) -> torch.Tensor:
+    """Receiver: bytes ``[offset, offset + numel)`` of the sender's buffer file ``path``, mapped
+    (no copy, the sender's writes are visible). The last few mappings are kept, so the next
+    bucket in the same buffer maps nothing new."""
+    if os.path.dirname(os.path.abspath(path)) != SHM_DIR or not os.path.basename(path).startswith(SHM_PREFIX + "_"):
+        raise ValueError(f"weight payload names {path!r}, not a megatron_dapo buffer in {SHM_DIR}")
+    if not (0 <= offset <= offset + numel <= nbytes):
+        raise ValueError(f"weight payload range [{offset}, {offset + numel}) lies outside {path} ({nbytes} bytes)")
+    key = (path, int(nbytes))
+    t = _MAPPED.get(key)
+    if t is None:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"weight payload buffer {path} does not exist (its sender freed it or exited)")
+        t = torch.from_file(path, shared=True, size=int(nbytes), dtype=torch.uint8)
+        _MAPPED[key] = t
+        while len(_MAPPED) > _MAPPED_KEEP:
+            _MAPPED.popitem(last=False)
+    else:
+        _MAPPED.move_to_end(key)
+    return t[offset : offset + numel]
 
 
 def shared_memory_files(pid: int) -> List[str]:
-    """The named shared-memory files that torch created for process ``pid`` on this node
-    (``/dev/shm/torch_<pid>_*``: bucket buffers under the ``file_system`` strategy)."""
+    """The named shared-memory files of process ``pid`` on this node: its bucket buffers
+    (``/dev/shm/megatron_dapo_<pid>_*``) and torch's ``file_system`` files (``torch_<pid>_*``)."""
     import glob
-    import os
 
-    return sorted(glob.glob(os.path.join(SHM_DIR, f"torch_{int(pid)}_*")))
+    return sorted(glob.glob(os.path.join(SHM_DIR, f"torch_{int(pid)}_*"))
+                  + glob.glob(os.path.join(SHM_DIR, f"{SHM_PREFIX}_{int(pid)}_*")))
 
 
 def remove_shared_memory_files(pids: Sequence[int]) -> int:
     """Unlink the shared-memory files of ``pids`` (trainer processes that are being shut down);
     returns the bytes freed. Mappings that still exist stay valid; the name is what goes.
 
-    torch's ``torch_shm_manager`` unlinks them when their creator exits, but Ray kills a
-    worker's child processes with it, the manager included, and the files (a bucket ring per
-    feeder, the model's size each) would then hold the node's RAM until reboot."""
-    import os
+    A killed process unlinks nothing (nor does torch's ``torch_shm_manager``, which Ray kills
+    with a worker), and the files (a bucket ring per feeder, the model's size each) would
+    then hold the node's RAM until reboot."""
 
     freed = 0
     for pid in pids:
@@ -231,6 +327,20 @@ def remove_shared_memory_files(pids: Sequence[int]) -> int:
             except FileNotFoundError:
                 pass
     return freed
+
+
+def remove_stale_shared_memory_files() -> int:
+    """Unlink the buffer files (``megatron_dapo_<pid>_*``) of processes of this node that no
+    longer exist (a run that was SIGKILLed, driver and all); returns the bytes freed. Called
+    when a cluster starts."""
+    import glob
+
+    dead = set()
+    for f in glob.glob(os.path.join(SHM_DIR, f"{SHM_PREFIX}_*")):
+        pid = os.path.basename(f)[len(SHM_PREFIX) + 1:].split("_", 1)[0]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            dead.add(int(pid))
+    return remove_shared_memory_files(sorted(dead))
 
 
 def sglang_codec():

@@ -52,6 +52,87 @@ def test_payload_is_a_handle_to_shared_memory_across_processes():
     assert w[0, 0].item() == 1234.5
 
 
+def _globals_in(payload: str) -> set:
+    import pickletools
+
+    ops = list(pickletools.genops(base64.b64decode(payload)))
+    out, strings = set(), []
+    for op, arg, _ in ops:
+        if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
+            strings.append(arg)
+        elif op.name == "STACK_GLOBAL":
+            out.add(".".join(strings[-2:]))
+        elif op.name == "GLOBAL":
+            out.add(arg.replace(" ", "."))
+    return out
+
+
+def test_shared_cpu_buffer_travels_by_file_name_without_torch_shm_manager():
+    """The trainer's CPU bucket buffers: a payload names the /dev/shm file (no torch
+    reduction, so no torch_shm_manager socket with its fixed timeout), another process maps
+    it by name, sees and writes the sender's bytes; the file goes when the buffer does."""
+    import gc
+
+    flat = pl.shared_cpu_buffer(4 * 2**20)
+    path = pl._OWN_FILES[flat.untyped_storage().data_ptr()][0]
+    assert os.path.exists(path) and os.path.basename(path).startswith(f"megatron_dapo_{os.getpid()}_")
+    assert pl.is_shared_cpu_buffer(flat[:8]) and not pl.is_shared_cpu_buffer(torch.zeros(8, dtype=torch.uint8))
+    w = flat[:4096].view(torch.float32).view(32, 32)
+    b = flat[4096:4096 + 64].view(torch.bfloat16)
+    w.copy_(torch.arange(1024, dtype=torch.float32).view(32, 32))
+    b.fill_(2)
+    (payload,) = pl.serialize_flat(flat[:8192], pl.entries_in(flat[:8192], [("w", w), ("b", b)]), 1)
+    refs = _globals_in(payload)
+    assert "megatron_dapo.rollout.payload.map_shared_file" in refs
+    assert not any(r.startswith("torch.multiprocessing") for r in refs), refs
+    out = subprocess.run([sys.executable, "-c", _CHILD], input=payload + "\n", capture_output=True, text=True,
+                         cwd=ROOT, timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(float(torch.arange(1024.0).sum())), "64.0"]
+    assert w[0, 0].item() == 1234.5  # written by the other process into this one's buffer
+    assert path in pl.shared_memory_files(os.getpid())
+    del flat, w, b
+    gc.collect()
+    assert not os.path.exists(path)  # freed with the buffer
+
+
+def test_map_shared_file_checks_what_a_payload_names(tmp_path):
+    with pytest.raises(ValueError, match="not a megatron_dapo buffer"):
+        pl.map_shared_file(str(tmp_path / "x"), 8, 0, 8)
+    with pytest.raises(ValueError, match="not a megatron_dapo buffer"):
+        pl.map_shared_file("/dev/shm/torch_1_2_3", 8, 0, 8)
+    with pytest.raises(ValueError, match="outside"):
+        pl.map_shared_file("/dev/shm/megatron_dapo_1_2_ab", 8, 4, 8)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        pl.map_shared_file("/dev/shm/megatron_dapo_1_2_ab", 8, 0, 8)
+
+
+def test_shared_cpu_buffers_are_unlinked_at_exit_and_swept_after_a_kill():
+    code = ("import os, signal, sys, torch; from megatron_dapo.rollout import payload as pl; "
+            "bufs = [pl.shared_cpu_buffer(1 << 20) for _ in range(2)]; print(os.getpid(), flush=True); "
+            "sys.stdin.readline(); os.kill(os.getpid(), signal.SIGKILL if sys.argv[1] == 'kill' else 0)")
+    for how in ("exit", "kill"):
+        proc = subprocess.Popen([sys.executable, "-c", code, how], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+        try:
+            pid = int(proc.stdout.readline())
+            assert len(pl.shared_memory_files(pid)) == 2
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            proc.wait(timeout=60)
+        finally:
+            proc.kill()
+            proc.wait()
+        if how == "exit":
+            assert pl.shared_memory_files(pid) == []
+        else:  # a SIGKILLed process unlinks nothing: the sweep of dead processes' files does
+            assert len(pl.shared_memory_files(pid)) == 2
+            mine = pl.shared_cpu_buffer(64)  # a live process's file stays
+            assert pl.remove_stale_shared_memory_files() >= 2 << 20
+            assert pl.shared_memory_files(pid) == [] and pl.is_shared_cpu_buffer(mine)
+            assert len(pl.shared_memory_files(os.getpid())) >= 1
+
+
 def test_entries_in_rejects_views_outside_or_unaligned():
     flat = torch.zeros(1024, dtype=torch.uint8)
     with pytest.raises(ValueError, match="not a contiguous view"):
