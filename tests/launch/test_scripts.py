@@ -146,9 +146,18 @@ def _run_fake_slurm_job(tmp_path, **extra):
     stubs = ROOT / "tests" / "launch" / "fake_slurm"
     temp = f"/tmp/rt-{uuid.uuid4().hex[:8]}"  # Ray's socket paths must stay short
     base = free_port()
+    taken = set(range(base, base + 201))  # the worker port range
+
+    def port():  # a free port outside the worker range and unlike the others (Ray refuses overlaps)
+        while True:
+            p = free_port()
+            if p not in taken:
+                taken.add(p)
+                return str(p)
+
     env = _env(tmp_path, sys.executable, PATH=f"{stubs}:{os.environ['PATH']}", SLURM_JOB_ID="fake1",
-               SLURM_JOB_NODELIST="fakehead", GPUS_PER_NODE="1", CPUS_PER_NODE="1", RAY_PORT=str(free_port()),
-               RAY_NODE_MANAGER_PORT=str(free_port()), RAY_OBJECT_MANAGER_PORT=str(free_port()),
+               SLURM_JOB_NODELIST="fakehead", GPUS_PER_NODE="1", CPUS_PER_NODE="1", RAY_PORT=port(),
+               RAY_NODE_MANAGER_PORT=port(), RAY_OBJECT_MANAGER_PORT=port(),
                RAY_MIN_WORKER_PORT=str(base), RAY_MAX_WORKER_PORT=str(base + 200), RAY_TEMP_DIR=temp,
                RAY_HEAD_START_S="1", RAY_WAIT_TIMEOUT="90", DRIVER_SCRIPT=str(stubs / "driver.sh"))
     env.pop("RAY_AUTH_MODE", None)
