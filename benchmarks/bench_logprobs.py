@@ -28,17 +28,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _init_single_rank():
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
+    from megatron_dapo.distributed import free_port, init_distributed, init_parallel
 
-    from megatron_dapo.distributed import free_port
-
-    if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ["MASTER_PORT"] = str(free_port())
-        dist.init_process_group("gloo", rank=0, world_size=1)
-    if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel(1, 1)
+    init_distributed(0, 1, master_port=free_port())
+    init_parallel(1, 1)
 
 
 def cases(x0: torch.Tensor, target: torch.Tensor) -> dict:

@@ -260,10 +260,7 @@ def save_checkpoint(
     import torch.distributed as dist
     from megatron.core import dist_checkpointing, parallel_state as ps
 
-    from .. import platform
-
-    platform.apply_cpu_patches()
-    directory = os.fspath(directory)
+    directory = os.fspath(directory)  # (CPU patches: applied by distributed.init_distributed)
     rank = dist.get_rank()
     if rank == 0:
         os.makedirs(directory, exist_ok=True)
@@ -370,10 +367,8 @@ def load_checkpoint(
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
-    from .. import platform
     from .model_io import unwrap
 
-    platform.apply_cpu_patches()
     directory = os.fspath(directory)
     meta = read_metadata(directory)
     check_metadata(meta, arch, where=f"checkpoint {directory}")

@@ -32,6 +32,7 @@ from __future__ import annotations
 import atexit
 import base64
 import functools
+import glob
 import io
 import itertools
 import os
@@ -303,8 +304,6 @@ def map_shared_file(path: str, nbytes: int, offset: int, numel: int) -> torch.Te
 def shared_memory_files(pid: int) -> List[str]:
     """The named shared-memory files of process ``pid`` on this node: its bucket buffers
     (``/dev/shm/megatron_dapo_<pid>_*``) and torch's ``file_system`` files (``torch_<pid>_*``)."""
-    import glob
-
     return sorted(glob.glob(os.path.join(SHM_DIR, f"torch_{int(pid)}_*"))
                   + glob.glob(os.path.join(SHM_DIR, f"{SHM_PREFIX}_{int(pid)}_*")))
 
@@ -333,8 +332,6 @@ def remove_stale_shared_memory_files() -> int:
     """Unlink the buffer files (``megatron_dapo_<pid>_*``) of processes of this node that no
     longer exist (a run that was SIGKILLed, driver and all); returns the bytes freed. Called
     when a cluster starts."""
-    import glob
-
     dead = set()
     for f in glob.glob(os.path.join(SHM_DIR, f"{SHM_PREFIX}_*")):
         pid = os.path.basename(f)[len(SHM_PREFIX) + 1:].split("_", 1)[0]

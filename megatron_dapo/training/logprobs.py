@@ -53,6 +53,13 @@ def _scratch(n: int, logits: torch.Tensor, chunk: int, n_valid: int) -> torch.Te
     return torch.empty(min(chunk, n), max(n_valid, 1), dtype=torch.float32, device=logits.device)
 
 
+def _z_scratch(n: int, logits: torch.Tensor, chunk: int, n_valid: int, temperature: float):
+    """The buffer :func:`_chunk_z` writes into; None when it returns views of the logits."""
+    if logits.dtype == torch.float32 and temperature == 1.0:
+        return None
+    return _scratch(n, logits, chunk, n_valid)
+
+
 class _ChunkedLogprobEntropy(torch.autograd.Function):
     """Per chunk, on this rank's shard: ``l_r = logsumexp(z)`` and (for the entropy)
     ``E_r = E_{p_r}[z]`` under the shard's own softmax. Over the TP group, with ``M = max_r l_r``
@@ -71,7 +78,7 @@ class _ChunkedLogprobEntropy(torch.autograd.Function):
         ent = torch.zeros_like(lp)
         lse_all = torch.empty_like(lp)  # logsumexp(z) per token
         ez_all = torch.zeros_like(lp)  # E_p[z] per token (entropy only)
-        zbuf, ebuf = _scratch(n, logits, chunk, n_valid), _scratch(n, logits, chunk, n_valid)
+        zbuf, ebuf = _z_scratch(n, logits, chunk, n_valid, temperature), _scratch(n, logits, chunk, n_valid)
         for a in range(0, n, chunk):
             z = _chunk_z(logits[a : a + chunk], temperature, n_valid, zbuf)
             m = z.shape[0]
@@ -119,7 +126,7 @@ class _ChunkedLogprobEntropy(torch.autograd.Function):
         dev = logits.device
         direct = logits.dtype == torch.float32 and n_valid == vloc  # write into grad itself
         grad = torch.zeros_like(logits) if n_valid < vloc else torch.empty_like(logits)
-        zbuf = _scratch(n, logits, chunk, n_valid)
+        zbuf = _z_scratch(n, logits, chunk, n_valid, temperature)
         gbuf = None if direct else _scratch(n, logits, chunk, n_valid)
         hbuf = _scratch(n, logits, chunk, n_valid) if g_ent is not None else None
         for a in range(0, n, chunk):

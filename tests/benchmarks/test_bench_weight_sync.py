@@ -2,12 +2,11 @@
 2 engines) and prints its lines; the sync moves no bytes through Ray's object store."""
 
 import os
-import subprocess
 import sys
 
 import pytest
 
-from tests.launch.procs import leftovers
+from tests.launch.procs import run_in_session
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = [pytest.mark.slow]
@@ -15,19 +14,10 @@ pytestmark = [pytest.mark.slow]
 
 def test_small_ray_part_prints_its_lines():
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "benchmarks", "bench_weight_sync.py"), "--small",
-                             "--ray-only", "--engines", "2", "--repeats", "1", "--ray-bucket-mb", "2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=420)
-    except subprocess.TimeoutExpired:
-        leftovers(proc)
-        out, err = proc.communicate()
-        err += "\nbench_weight_sync.py timed out"
-    finally:
-        left = leftovers(proc, grace_s=15)
-        proc.wait()
+    done = run_in_session([sys.executable, os.path.join(ROOT, "benchmarks", "bench_weight_sync.py"), "--small",
+                           "--ray-only", "--engines", "2", "--repeats", "1", "--ray-bucket-mb", "2"],
+                          timeout=420, grace_s=15, env=env)
+    proc, out, err, left = done, done.stdout, done.stderr, done.leftovers
     assert proc.returncode == 0, (out + err)[-4000:]
     assert not left, f"bench_weight_sync.py left processes running: {left}"
     last = dict(line.rsplit(": ", 1) for line in out.strip().splitlines()[-4:])

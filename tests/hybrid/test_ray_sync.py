@@ -2,13 +2,12 @@
 in its own process so that its cluster never meets the session's Ray)."""
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.launch.procs import leftovers
+from tests.launch.procs import run_in_session
 
 HERE = Path(__file__).resolve().parent
 pytestmark = [pytest.mark.slow]
@@ -17,18 +16,9 @@ pytestmark = [pytest.mark.slow]
 @pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)])
 def test_two_nodes_each_engine_fed_from_its_node(tmp_path, tp, pp):
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
-    proc = subprocess.Popen([sys.executable, str(HERE / "ray_sync_check.py"), str(tmp_path), str(tp), str(pp)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=480)
-    except subprocess.TimeoutExpired:
-        leftovers(proc)
-        stdout, stderr = proc.communicate()
-        stderr += "\nray_sync_check.py timed out after 480 s"
-    finally:
-        left = leftovers(proc, grace_s=15)  # the script's session: whatever outlived its shutdown
-        proc.wait()
+    done = run_in_session([sys.executable, str(HERE / "ray_sync_check.py"), str(tmp_path), str(tp), str(pp)],
+                          timeout=480, grace_s=15, env=env)  # grace: its cluster's own shutdown
+    proc, stdout, stderr, left = done, done.stdout, done.stderr, done.leftovers
     out = stdout + stderr
     assert proc.returncode == 0, out[-5000:]
     assert not left, f"ray_sync_check.py left processes running: {left}"

@@ -50,20 +50,28 @@ def leftovers(proc, pattern: str = "", grace_s: float = 0.0) -> list:
     return sorted(left)
 
 
-def run_in_session(cmd, timeout: float, **popen_kwargs) -> subprocess.CompletedProcess:
+def run_in_session(cmd, timeout: float, grace_s: float = 0.0, pattern: str = "",
+                   **popen_kwargs) -> subprocess.CompletedProcess:
     """``subprocess.run(cmd, capture_output=True, text=True)`` in a session of its own: after
     it ends (or at the timeout, when the test fails naming the command) every process it left
-    in its session is killed."""
+    in its session (or matching ``pattern``) is killed, after ``grace_s`` to exit on their own;
+    their pids are in the result's ``leftovers``."""
     import pytest
 
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             **popen_kwargs)
+    timed_out = False
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         leftovers(proc)
         stdout, stderr = proc.communicate()
-        pytest.fail(f"{' '.join(map(str, cmd))} did not finish in {timeout} s:\n{stdout[-3000:]}{stderr[-5000:]}")
+        timed_out = True
     finally:
-        leftovers(proc)  # nothing it started outlives the test
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+        left = leftovers(proc, pattern, grace_s=grace_s)  # nothing it started outlives the test
+        proc.wait()
+    if timed_out:
+        pytest.fail(f"{' '.join(map(str, cmd))} did not finish in {timeout} s:\n{stdout[-3000:]}{stderr[-5000:]}")
+    done = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+    done.leftovers = left
+    return done

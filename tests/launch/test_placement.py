@@ -1,7 +1,6 @@
 """Ray placement: local group, fast failure of impossible groups, two-node placement (subprocess)."""
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from megatron_dapo.launch.placement import (
     default_cpus_per_bundle,
     missing_nodes,
 )
-from tests.launch.procs import leftovers
+from tests.launch.procs import run_in_session
 
 HERE = Path(__file__).resolve().parent
 
@@ -108,19 +107,10 @@ def test_impossible_placement_fails_fast_with_message(local_ray):
 def test_two_node_placement_in_subprocess():
     """STRICT_SPREAD over ray.cluster_utils.Cluster's two nodes; timeouts; node waits."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
-    proc = subprocess.Popen([sys.executable, str(HERE / "multinode_check.py")], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        leftovers(proc)
-        stdout, stderr = proc.communicate()
-        stderr += "\nmultinode_check.py timed out after 240 s"
-    finally:
-        # the script's own session (Ray's daemons and the wait-nodes client included): end
-        # whatever is still running once it has had time to shut its cluster down
-        left = leftovers(proc, grace_s=15)
-        proc.wait()
+    # the script's own session (Ray's daemons and the wait-nodes client included): whatever
+    # still runs once it has had time to shut its cluster down is ended
+    done = run_in_session([sys.executable, str(HERE / "multinode_check.py")], timeout=240, grace_s=15, env=env)
+    proc, stdout, stderr, left = done, done.stdout, done.stderr, done.leftovers
     out = stdout + stderr
     assert proc.returncode == 0, out[-4000:]
     assert not left, f"multinode_check.py left processes running: {left}"

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from megatron_dapo.config import parse_args
-from tests.launch.procs import leftovers as _leftovers
 from tests.launch.procs import run_in_session
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -164,22 +163,11 @@ def _run_fake_slurm_job(tmp_path, **extra):
     env.pop("RAY_AUTH_TOKEN", None)
     env.update(extra)
     # The script runs in its own session, so that every process it starts (srun stubs,
-    # `ray start --block`, the wait-nodes client, the driver stub) can be ended as a group.
-    proc = subprocess.Popen(["bash", str(SBATCH), "--foo", "1"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True)
-    try:
-        try:
-            stdout, stderr = proc.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            _leftovers(proc)
-            stdout, stderr = proc.communicate()
-            stderr += "\nsubmit_dapo.sbatch under fake Slurm did not finish in 240 s"
-    finally:
-        # the script's trap stops `ray start --block`; whatever is left in its session, or under
-        # our Ray temp dir (Ray daemons may start sessions of their own), is ours to end
-        left = _leftovers(proc, temp, grace_s=15)
-        proc.wait()
-    return proc.returncode, stdout, stderr, env["RAY_PORT"], left
+    # `ray start --block`, the wait-nodes client, the driver stub) can be ended as a group;
+    # Ray daemons may start sessions of their own: whatever runs under our temp dir is ours too
+    done = run_in_session(["bash", str(SBATCH), "--foo", "1"], timeout=240, grace_s=15, pattern=temp, env=env,
+                          cwd=ROOT)
+    return done.returncode, done.stdout, done.stderr, env["RAY_PORT"], done.leftovers
 
 
 @pytest.mark.slow
