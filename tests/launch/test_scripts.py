@@ -7,6 +7,7 @@ and whatever it started is killed when the test ends, also when it fails or time
 """
 
 import os
+import shutil
 import shlex
 import subprocess
 import sys
@@ -165,8 +166,11 @@ def _run_fake_slurm_job(tmp_path, **extra):
     # The script runs in its own session, so that every process it starts (srun stubs,
     # `ray start --block`, the wait-nodes client, the driver stub) can be ended as a group;
     # Ray daemons may start sessions of their own: whatever runs under our temp dir is ours too
-    done = run_in_session(["bash", str(SBATCH), "--foo", "1"], timeout=240, grace_s=15, pattern=temp, env=env,
-                          cwd=ROOT)
+    try:
+        done = run_in_session(["bash", str(SBATCH), "--foo", "1"], timeout=240, grace_s=15, pattern=temp, env=env,
+                              cwd=ROOT)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)  # Ray's session logs of this job
     return done.returncode, done.stdout, done.stderr, env["RAY_PORT"], done.leftovers
 
 
@@ -190,17 +194,38 @@ def test_sbatch_starts_ray_and_the_driver_under_fake_slurm(tmp_path):
     assert "['slurm_node:fakehead'] 1.0 ARGS --foo 1" in line[0] and f":{port} " in line[0]
 
 
-def test_sbatch_stops_at_once_when_ray_start_fails(tmp_path):
-    """A `ray start --block` that exits (here a stand-in that fails at once) stops the job,
-    naming the node, instead of waiting out RAY_WAIT_TIMEOUT (a day here: waiting for it
-    would run into the 240 s limit of the run and fail this test)."""
+@pytest.mark.parametrize("client_ignores_term", [False, True], ids=["wait-nodes", "wait-client-ignores-TERM"])
+def test_sbatch_stops_at_once_when_ray_start_fails(tmp_path, client_ignores_term):
+    """A `ray start --block` that exits (here a stand-in that fails) stops the job, naming the
+    node, instead of waiting out RAY_WAIT_TIMEOUT (a day here: waiting for it would run into
+    the 240 s limit of the run and fail this test).
+
+    ``wait-client-ignores-TERM``: the node-wait client does not end on SIGTERM, as happens
+    when the real one is inside ray.init (Ray's Python SIGTERM handler cannot run while its
+    C++ client retries an unreachable GCS; seen once under load). The stand-in `ray` fails
+    only once that client is ignoring TERM, so the script must end it another way."""
+    ready = tmp_path / "client-ignores-term"
     fake_ray = tmp_path / "ray"
-    fake_ray.write_text("#!/usr/bin/env bash\necho 'ray start failed: The current node timed out during startup' >&2\nexit 1\n")
+    wait_first = f"for _ in $(seq 600); do [ -e {ready} ] && break; sleep 0.2; done\n" if client_ignores_term else ""
+    fake_ray.write_text("#!/usr/bin/env bash\n" + wait_first
+                        + "echo 'ray start failed: The current node timed out during startup' >&2\nexit 1\n")
     fake_ray.chmod(0o755)
+    extra = {}
+    if client_ignores_term:
+        stand_in = tmp_path / "python"
+        ignore = ("import pathlib, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                  f"pathlib.Path({str(ready)!r}).touch(); time.sleep(3600)")
+        stand_in.write_text(
+            "#!/usr/bin/env bash\n"
+            f'if [ "$1 $2 $3" = "-m megatron_dapo.launch.placement wait-nodes" ]; then exec {sys.executable} -c "{ignore}"; fi\n'
+            f'exec {sys.executable} "$@"\n')
+        stand_in.chmod(0o755)
+        extra["PYTHON"] = str(stand_in)
     rc, stdout, stderr, _, left = _run_fake_slurm_job(tmp_path / "job", RAY_BIN=str(fake_ray),
-                                                      RAY_WAIT_TIMEOUT="86400")
+                                                      RAY_WAIT_TIMEOUT="86400", **extra)
     assert not left, f"processes left running by the script: {left}"
     assert "did not finish in 240 s" not in stderr, stderr[-3000:]
     assert rc == 1, (stdout + stderr)[-3000:]
     assert "`ray start` on fakehead exited during startup" in stderr, stderr[-3000:]
     assert "DRIVER " not in stdout
+    assert not client_ignores_term or ready.exists()
