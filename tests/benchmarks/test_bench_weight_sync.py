@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.launch.procs import run_in_session
+from tests.launch.procs import RAY_SHUTDOWN_GRACE_S, run_in_session
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = [pytest.mark.slow]
@@ -16,7 +16,7 @@ def test_small_ray_part_prints_its_lines():
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
     done = run_in_session([sys.executable, os.path.join(ROOT, "benchmarks", "bench_weight_sync.py"), "--small",
                            "--ray-only", "--engines", "2", "--repeats", "1", "--ray-bucket-mb", "2"],
-                          timeout=420, grace_s=15, env=env)
+                          timeout=420, grace_s=RAY_SHUTDOWN_GRACE_S, env=env)
     proc, out, err, left = done, done.stdout, done.stderr, done.leftovers
     assert proc.returncode == 0, (out + err)[-4000:]
     assert not left, f"bench_weight_sync.py left processes running: {left}"

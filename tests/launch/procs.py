@@ -12,6 +12,22 @@ import signal
 import subprocess
 import time
 
+# Grace for scripts that run Ray daemons: Ray's agents (runtime env, dashboard) notice that
+# their raylet has ended by polling a pipe, and may then report to the GCS with a 60 s
+# timeout before they exit (ray/_private/process_watcher.py). With two suites on 2 cores
+# (load average ~90) a runtime env agent that had logged "Exiting" was still alive 15 s
+# after its script ended. A process that never ends still fails the test.
+RAY_SHUTDOWN_GRACE_S = 75.0
+
+
+def command_line(pid: int) -> str:
+    """``pid: cmdline`` (what a leftover process was, for the failure message)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f"{pid}: " + f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:300]
+    except OSError:
+        return f"{pid}: (gone)"
+
 
 def session_pids(sid: int) -> list:
     """Live processes of session ``sid`` (from /proc; field 6 of stat is the session id)."""
@@ -32,7 +48,7 @@ def session_pids(sid: int) -> list:
 def leftovers(proc, pattern: str = "", grace_s: float = 0.0) -> list:
     """Processes still alive in ``proc``'s session (it was started with start_new_session) or
     whose command line contains ``pattern``, after waiting up to ``grace_s`` for them to exit
-    on their own; every one of them is SIGKILLed. Returns their pids."""
+    on their own; every one of them is SIGKILLed. Returns them as ``pid: command line``."""
     deadline = time.monotonic() + grace_s
     while True:
         left = {p for p in session_pids(proc.pid) if p != proc.pid}
@@ -42,12 +58,13 @@ def leftovers(proc, pattern: str = "", grace_s: float = 0.0) -> list:
         if not left or time.monotonic() >= deadline:
             break
         time.sleep(0.2)
+    described = [command_line(pid) for pid in sorted(left)]
     for pid in [*([proc.pid] if proc.poll() is None else []), *left]:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    return sorted(left)
+    return described
 
 
 def run_in_session(cmd, timeout: float, grace_s: float = 0.0, pattern: str = "",
@@ -55,7 +72,7 @@ def run_in_session(cmd, timeout: float, grace_s: float = 0.0, pattern: str = "",
     """``subprocess.run(cmd, capture_output=True, text=True)`` in a session of its own: after
     it ends (or at the timeout, when the test fails naming the command) every process it left
     in its session (or matching ``pattern``) is killed, after ``grace_s`` to exit on their own;
-    their pids are in the result's ``leftovers``."""
+    they are in the result's ``leftovers`` (``pid: command line``)."""
     import pytest
 
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,

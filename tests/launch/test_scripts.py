@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from megatron_dapo.config import parse_args
-from tests.launch.procs import run_in_session
+from tests.launch.procs import RAY_SHUTDOWN_GRACE_S, run_in_session
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "examples" / "run_qwen32b.sh"
@@ -167,8 +167,8 @@ def _run_fake_slurm_job(tmp_path, **extra):
     # `ray start --block`, the wait-nodes client, the driver stub) can be ended as a group;
     # Ray daemons may start sessions of their own: whatever runs under our temp dir is ours too
     try:
-        done = run_in_session(["bash", str(SBATCH), "--foo", "1"], timeout=240, grace_s=15, pattern=temp, env=env,
-                              cwd=ROOT)
+        done = run_in_session(["bash", str(SBATCH), "--foo", "1"], timeout=240, grace_s=RAY_SHUTDOWN_GRACE_S,
+                              pattern=temp, env=env, cwd=ROOT)
     finally:
         shutil.rmtree(temp, ignore_errors=True)  # Ray's session logs of this job
     return done.returncode, done.stdout, done.stderr, env["RAY_PORT"], done.leftovers
