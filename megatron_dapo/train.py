@@ -18,7 +18,9 @@ import codecs
 import json
 import os
 import random
+import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -122,6 +124,7 @@ class Trainer:
 
         cfg = self.cfg
         self.cluster = Cluster(cfg, self.hf_dir, self.tokenizer_dir)
+        stop_on_sigterm()  # after ray.init, which replaced it
         self.hybrid = HybridStep(
             self.cluster, offload=self.offload_train, check_weight_sync_every=cfg.rollout.check_weight_sync_every,
             probe_tolerance=cfg.rollout.weight_sync_tolerance,
@@ -353,9 +356,33 @@ class Trainer:
             self.export_hf(os.path.join(self.run_dir, "final_hf"))
 
 
+class Terminated(SystemExit):
+    """SIGTERM reached the driver (scancel, a job's time limit, a plain ``kill``)."""
+
+
+def _on_sigterm(signum, frame):
+    """Turn SIGTERM into an exception in the main thread, so that ``main``'s ``finally`` stops
+    the actors and unlinks the trainers' shared-memory buffers (the default action would end
+    the driver at once: nothing cleaned up, the bucket files left in /dev/shm). A second
+    SIGTERM during that cleanup is ignored; Slurm's KILL after its KillWait still ends it."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print("megatron_dapo.train: SIGTERM: stopping the run (checkpoints already committed are kept)",
+          file=sys.stderr, flush=True)
+    raise Terminated(128 + signum)
+
+
+def stop_on_sigterm():
+    """Install :func:`_on_sigterm` (main thread only); returns the handler it replaced. Called
+    again once Ray is up: ``ray.init`` installs its own C++ handler (it logs and aborts)."""
+    if threading.current_thread() is threading.main_thread():
+        return signal.signal(signal.SIGTERM, _on_sigterm)
+    return None
+
+
 def main(argv=None) -> int:
     cfg = parse_args(argv)
     cfg.rollout.stop = [codecs.decode(s, "unicode_escape") for s in cfg.rollout.stop]
+    previous = stop_on_sigterm()
     try:
         arch = parse_hf_config(hf_config_source(cfg))
         if cfg.run.dry_run:  # validates for the target hardware (GPU flags on a CPU login node)
@@ -374,6 +401,8 @@ def main(argv=None) -> int:
         t = locals().get("trainer")
         if t is not None and getattr(t, "cluster", None) is not None:
             t.cluster.shutdown(t.engines.handles if getattr(t, "engines", None) else ())
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return 0
 
 

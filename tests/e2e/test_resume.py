@@ -1,9 +1,11 @@
-"""Exact resume in --deterministic mode, and a crash during a save (both with kill -9).
+"""Exact resume in --deterministic mode, a crash during a save (both with kill -9), and SIGTERM.
 
 A: 4 steps uninterrupted. B: the same run killed (SIGKILL, whole process group) once the
 step-2 checkpoint is committed, then resumed with --load for the remaining steps. Metrics
 (except timings) and the final weights must be identical, bitwise. C: a run killed in the
-middle of its step-2 save resumes from the step-1 checkpoint.
+middle of its step-2 save resumes from the step-1 checkpoint. D: SIGTERM to the driver alone
+(as scancel or a time limit sends it) stops the run with everything it started, and its
+trainers' shared-memory bucket buffers are gone.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from safetensors.torch import load_file
 
 from tests.e2e.fixtures import make_prompts, make_tiny_qwen2_dir
 from tests.e2e.test_train_e2e import base_args, read_metrics
-from tests.launch.procs import leftovers, run_in_session
+from tests.launch.procs import RAY_SHUTDOWN_GRACE_S, leftovers, run_in_session, session_pids
 
 pytestmark = [pytest.mark.slow]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -106,3 +108,38 @@ def test_crash_during_save_keeps_previous_checkpoint(tiny, tmp_path):
     assert "continuing after step 1" in out.stdout
     assert not any(n.startswith(".tmp-") for n in os.listdir(save))  # stale partial save removed
     assert [r["step"] for r in read_metrics(run)] == [1, 2]
+
+
+def test_sigterm_stops_the_run_and_frees_its_buffers(tiny, tmp_path):
+    from megatron_dapo.rollout.payload import shared_memory_files
+
+    hf, prompts = tiny
+    run = str(tmp_path / "d")
+    err_path = tmp_path / "d.stderr"
+    with open(err_path, "w") as err:
+        p = subprocess.Popen(_cmd(hf, prompts, run, str(tmp_path / "d_ckpt"), 50), cwd=ROOT, env=_env(),
+                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=err)
+    left = ["(not reached)"]
+    try:
+        deadline = time.time() + 600
+        files = []
+        while not (files and os.path.exists(os.path.join(run, "metrics.jsonl")) and read_metrics(run)):
+            assert p.poll() is None, "the run ended before it could be stopped:\n" + err_path.read_text()[-3000:]
+            assert time.time() < deadline, "the run never logged its first step"
+            time.sleep(0.2)
+            # the trainer's bucket buffers (CPU weight sync), kept between syncs
+            files = [f for pid in session_pids(p.pid) for f in shared_memory_files(pid)]
+        os.kill(p.pid, signal.SIGTERM)  # the driver only
+        try:
+            code = p.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            code = None
+    finally:
+        left = leftovers(p, grace_s=RAY_SHUTDOWN_GRACE_S)  # the whole session; killed if still there
+        p.wait()
+    stderr = err_path.read_text()
+    assert code == 128 + signal.SIGTERM, f"exit code {code}:\n{stderr[-3000:]}"
+    assert "SIGTERM: stopping the run" in stderr
+    assert [f for f in files if os.path.exists(f)] == [], "bucket buffers outlived the run"
+    assert left == [], left
+    assert len(read_metrics(run)) < 50
