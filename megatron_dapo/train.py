@@ -168,6 +168,8 @@ class Trainer:
         last = {}
         try:
             while self.step < cfg.run.num_rollout_steps:
+                if _SIGTERM.is_set():  # in case a library swallowed the interruption
+                    raise Terminated()
                 self.step += 1
                 last = self.one_step(self.step)
                 if cfg.checkpoint.save and (
@@ -356,8 +358,15 @@ class Trainer:
             self.export_hf(os.path.join(self.run_dir, "final_hf"))
 
 
-class Terminated(SystemExit):
-    """SIGTERM reached the driver (scancel, a job's time limit, a plain ``kill``)."""
+_SIGTERM = threading.Event()  # set once SIGTERM has reached the driver
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM reached the driver (scancel, a job's time limit, a plain ``kill``).
+
+    A KeyboardInterrupt because that is what a blocking Ray call (``ray.get``) passes on intact
+    from a signal handler; a SystemExit raised there comes out as ``SystemExit(1)``. Either way
+    ``main`` goes by :data:`_SIGTERM`, not by the exception it sees."""
 
 
 def _on_sigterm(signum, frame):
@@ -365,10 +374,11 @@ def _on_sigterm(signum, frame):
     the actors and unlinks the trainers' shared-memory buffers (the default action would end
     the driver at once: nothing cleaned up, the bucket files left in /dev/shm). A second
     SIGTERM during that cleanup is ignored; Slurm's KILL after its KillWait still ends it."""
+    _SIGTERM.set()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     print("megatron_dapo.train: SIGTERM: stopping the run (checkpoints already committed are kept)",
           file=sys.stderr, flush=True)
-    raise Terminated(128 + signum)
+    raise Terminated()
 
 
 def stop_on_sigterm():
@@ -397,6 +407,10 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"megatron_dapo.train: configuration error: {e}", file=sys.stderr)
         return 2
+    except BaseException:
+        if not _SIGTERM.is_set():
+            raise
+        return 128 + signal.SIGTERM  # whatever form the interruption took on its way out
     finally:
         t = locals().get("trainer")
         if t is not None and getattr(t, "cluster", None) is not None:

@@ -5,7 +5,8 @@ step-2 checkpoint is committed, then resumed with --load for the remaining steps
 (except timings) and the final weights must be identical, bitwise. C: a run killed in the
 middle of its step-2 save resumes from the step-1 checkpoint. D: SIGTERM to the driver alone
 (as scancel or a time limit sends it) stops the run with everything it started, and its
-trainers' shared-memory bucket buffers are gone.
+trainers' shared-memory bucket buffers are gone; E: the same while the driver waits in
+``ray.get`` (which turns an exception raised by the handler into another one), exit 143.
 """
 
 from __future__ import annotations
@@ -143,3 +144,37 @@ def test_sigterm_stops_the_run_and_frees_its_buffers(tiny, tmp_path):
     assert [f for f in files if os.path.exists(f)] == [], "bucket buffers outlived the run"
     assert left == [], left
     assert len(read_metrics(run)) < 50
+
+
+def test_sigterm_inside_ray_get_still_exits_143_after_the_cleanup(tmp_path):
+    """Inside ``ray.get`` a SystemExit raised by a signal handler comes out as SystemExit(1) and a
+    KeyboardInterrupt as a fresh KeyboardInterrupt: ``main`` must still clean up and exit 143."""
+    from transformers import AutoConfig
+
+    from tests.tiny import tiny_qwen2_config
+
+    cfg = tiny_qwen2_config(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    conf = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
+    conf.save_pretrained(str(tmp_path / "hf"))
+    marker = tmp_path / "shutdown"
+    script = os.path.join(ROOT, "tests", "e2e", "sigterm_driver.py")
+    p = subprocess.Popen([sys.executable, script, str(marker), str(tmp_path / "hf")], cwd=str(tmp_path), env=_env(),
+                         start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    left = ["(not reached)"]
+    try:
+        line = p.stdout.readline()  # "blocking" once the driver is about to wait in ray.get
+        assert line.strip() == "blocking", line + p.stderr.read()[-3000:]
+        time.sleep(2)
+        os.kill(p.pid, signal.SIGTERM)
+        try:
+            code = p.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            code = None
+    finally:
+        left = leftovers(p, grace_s=RAY_SHUTDOWN_GRACE_S)
+        p.wait()
+    stderr = p.stderr.read()
+    assert code == 128 + signal.SIGTERM, f"exit code {code}:\n{stderr[-3000:]}"
+    assert marker.read_text() == "shutdown\n"
+    assert left == [], left
