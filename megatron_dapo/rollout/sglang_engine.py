@@ -78,6 +78,8 @@ INSTALL_HINT = (
 )
 
 RAW_LOGPROB_ENV = "SGLANG_RETURN_ORIGINAL_LOGPROB"
+#: Captures SGLang's CUDA graphs under its memory saver (tag "cuda_graph"); see graph_saver_launch.
+GRAPH_SAVER_ENV = "SGLANG_MEMORY_SAVER_CUDA_GRAPH"
 FLATTENED_BUCKET = "flattened_bucket"
 
 # Single source of truth for what the adapter uses of SGLang. Checked against the pinned
@@ -117,7 +119,7 @@ USED_API: Dict[str, Any] = {
         "model_path", "tokenizer_path", "tp_size", "mem_fraction_static", "base_gpu_id",
         "enable_memory_saver", "dtype", "random_seed", "enable_deterministic_inference",
         "trust_remote_code", "log_level", "disable_cuda_graph", "context_length", "port",
-        "load_format",
+        "load_format", "cuda_graph_backend_prefill",
     ),
     # keys of the sampling_params dicts we send (sglang.srt.sampling.sampling_params.SamplingParams)
     "sampling_params": (
@@ -143,6 +145,10 @@ USED_API: Dict[str, Any] = {
          ("update_weights_from_tensor must run between begin_weight_update() and end_weight_update()",)),
         # load_format="dummy": random weights at launch, the first sync fills them
         ("sglang.srt.configs.load_config", ("dummy",)),
+        # why the prefill graph is disabled when graphs are captured under the memory saver
+        ("sglang.srt.model_executor.runner_backend.breakable_cuda_graph_backend",
+         ("Breakable CUDA graph is not compatible with memory saver mode",)),
+        ("sglang.srt.model_executor.cuda_graph_config", ("disabled",)),
     ],
     # module-level constants: (module, name, value)
     "constants": [
@@ -154,6 +160,8 @@ USED_API: Dict[str, Any] = {
     "env_vars": [
         ("sglang.srt.environ", RAW_LOGPROB_ENV),
         ("sglang.srt.layers.sampler", RAW_LOGPROB_ENV),
+        ("sglang.srt.environ", GRAPH_SAVER_ENV),
+        ("sglang.srt.model_executor.runner_backend.full_cuda_graph_backend", GRAPH_SAVER_ENV),
     ],
 }
 
@@ -182,6 +190,7 @@ def build_engine_kwargs(
     ``load_format="dummy"`` (default): SGLang starts with random weights instead of reading the
     checkpoint (the first weight sync fills them); ``tokenizer_path`` defaults to ``model_path``.
     """
+    _, graph_args = graph_saver_launch(enable_memory_saver, disable_cuda_graph)
     kw: Dict[str, Any] = dict(
         model_path=str(model_path),
         tokenizer_path=str(tokenizer_path if tokenizer_path is not None else model_path),
@@ -194,12 +203,30 @@ def build_engine_kwargs(
         log_level=log_level,
         disable_cuda_graph=bool(disable_cuda_graph),
         enable_deterministic_inference=bool(enable_deterministic_inference),
+        **graph_args,
     )
     for k, v in (("random_seed", random_seed), ("context_length", context_length),
                  ("port", port), ("load_format", load_format)):
         if v is not None:
             kw[k] = v
     return kw
+
+
+def graph_saver_launch(enable_memory_saver: bool, disable_cuda_graph: bool) -> Tuple[Dict[str, str], Dict[str, Any]]:
+    """(environment, server args) that make ``release_memory(["cuda_graph"])`` free SGLang's
+    CUDA graphs: with the memory saver on and graphs captured, ``SGLANG_MEMORY_SAVER_CUDA_GRAPH=1``
+    and ``cuda_graph_backend_prefill="disabled"``; nothing otherwise.
+
+    sglang 0.5.23 captures decode graphs under its memory saver (tag "cuda_graph", with a CPU
+    backup of the graph pool: the graphs are kept, not re-captured, their pool is copied to
+    host memory at release and back at resume) only when that variable is set
+    (``FullCudaGraphBackend.__init__``); without it the tag frees nothing. Its default prefill
+    graph backend on CUDA ("breakable") raises ``NotImplementedError`` under that variable
+    (``BreakableCudaGraphBackend.__init__``), so the prefill phase runs eagerly. docs/rollout.md.
+    """
+    if not enable_memory_saver or disable_cuda_graph:
+        return {}, {}
+    return {GRAPH_SAVER_ENV: "1"}, {"cuda_graph_backend_prefill": "disabled"}
 
 
 def to_sglang_sampling_params(params: SamplingParams, seed: Optional[int] = None) -> Dict[str, Any]:
@@ -476,6 +503,7 @@ class SGLangEngine(RolloutEngine):
         self.logprobs_mode = logprobs_mode
         self.tp_size = int(tp_size)
         _set_logprob_env(logprobs_mode)
+        _set_graph_saver_env(enable_memory_saver, bool(server_args.get("disable_cuda_graph", False)))
         sglang = _import_sglang()
         from sglang.srt.utils.common import MultiprocessingSerializer
         from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
@@ -710,6 +738,19 @@ def _set_logprob_env(mode: str) -> None:
         os.environ[RAW_LOGPROB_ENV] = "1"
     elif cur is not None and cur.lower() in ("1", "true", "yes", "on"):
         raise RuntimeError(f"{RAW_LOGPROB_ENV}={cur!r} conflicts with logprobs_mode='processed'")
+
+
+def _set_graph_saver_env(enable_memory_saver: bool, disable_cuda_graph: bool) -> None:
+    """Set what :func:`graph_saver_launch` asks before SGLang starts its scheduler processes
+    (they inherit the environment); a conflicting value already set is an error."""
+    for name, value in graph_saver_launch(enable_memory_saver, disable_cuda_graph)[0].items():
+        cur = os.environ.get(name)
+        if cur is not None and cur.lower() not in ("1", "true"):
+            raise RuntimeError(
+                f"{name}={cur!r} conflicts with enable_memory_saver=True: the 'cuda_graph' memory tag would free "
+                f"nothing (unset it, or launch with disable_cuda_graph=True)"
+            )
+        os.environ[name] = value
 
 
 def _check_result(result, what: str) -> None:
