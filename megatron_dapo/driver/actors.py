@@ -39,14 +39,9 @@ class PolicyActor:
     def sync_to(self, engine_handles, engine_kind: str = "hf", bucket_bytes=None):
         """Weight sync into the engine actors. ``engine_handles[e]``: engine ``e``'s handle, or
         None when engine ``e`` is not synced this time. This rank feeds engine
-        ``rank // --rollout-num-gpus-per-engine``."""
-        k = self.w.cfg.rollout.num_gpus_per_engine
-        rank = self.w.rank
-        handle = engine_handles[rank // k]
-        calls = engine_calls(handle, engine_kind) if handle is not None and rank % k == 0 else None
-        active = [r for e, h in enumerate(engine_handles) if h is not None for r in range(e * k, (e + 1) * k)]
-        return self.w.sync_weights(bucket_bytes=bucket_bytes, engine_calls=calls, feed_engines=True,
-                                   skip_engine=handle is None, active_feeders=active)
+        ``rank // --rollout-num-gpus-per-engine`` (:func:`feeder_args`)."""
+        args = feeder_args(self.w.rank, self.w.cfg.rollout.num_gpus_per_engine, engine_handles, engine_kind)
+        return self.w.sync_weights(bucket_bytes=bucket_bytes, feed_engines=True, **args)
 
     def placement(self) -> dict:
         """Where this rank runs: Ray node id and the GPU ids Ray gave it (physical on its node)."""
@@ -57,22 +52,42 @@ class PolicyActor:
         return os.getpid()
 
 
+def feeder_args(rank: int, gpus_per_engine: int, engine_handles, engine_kind: str,
+                make_calls=None) -> dict:
+    """``PolicyWorker.sync_weights`` arguments of trainer ``rank`` for one sync of the engines
+    ``engine_handles`` (index = engine; None: not synced this time).
+
+    EVERY rank of an engine's group gets the engine's ``EngineProtocol`` (lag, codec: the same
+    buffer ring and SGLang's serializer and CUDA reductions in every feeder process); only the
+    group's first rank gets the calls into the engine (``make_calls(handle, kind)``, default
+    :func:`engine_calls`)."""
+    from ..hybrid.weight_sync import EngineProtocol
+
+    k = int(gpus_per_engine)
+    handle = engine_handles[rank // k]
+    make_calls = make_calls or engine_calls
+    active = [r for e, h in enumerate(engine_handles) if h is not None for r in range(e * k, (e + 1) * k)]
+    return {
+        "engine_calls": make_calls(handle, engine_kind) if handle is not None and rank % k == 0 else None,
+        "engine_protocol": EngineProtocol.for_engine(engine_kind) if handle is not None else None,
+        "skip_engine": handle is None,
+        "active_feeders": active,
+    }
+
+
 def engine_calls(handle, engine_kind: str):
-    """The feeding side's calls into one EngineActor (``hybrid.weight_sync.EngineCalls``).
+    """The feeding side's calls into one EngineActor (``hybrid.weight_sync.EngineCalls``), for
+    the first feeder of the engine.
 
     Only small control messages go through Ray: the payloads (a few KB of handles and names)
-    are inlined in the call, the tensors stay in the feeders' memory. SGLang acknowledges a
-    bucket once its copy is enqueued (lag 1: a bucket's memory is free when the next call has
-    returned); HFEngine once it has copied (lag 0)."""
+    are inlined in the call, the tensors stay in the feeders' memory. When a bucket may be
+    reused is the engine's ``EngineProtocol`` (every feeder has it: :func:`feeder_args`)."""
     from ..hybrid.weight_sync import EngineCalls
-    from ..rollout.payload import codec_for
 
     return EngineCalls(
         send=lambda payloads: handle.update_weights_from_payloads.remote(payloads),
         resolve=ray.get,
         finish=lambda: ray.get(handle.finish_weight_update.remote()),
-        lag=1 if engine_kind == "sglang" else 0,
-        codec=codec_for(engine_kind),
     )
 
 

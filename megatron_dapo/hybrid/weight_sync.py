@@ -522,9 +522,11 @@ class EngineFeeding:
         self.engine_tp_rank = self.rank - self.leader
         self.feeder_ranks = list(range(world))  # every rank feeds its own engine
 
-    def sink(self, calls: Optional["EngineCalls"]) -> "PayloadSink":
+    def sink(self, calls: Optional["EngineCalls"], protocol: "EngineProtocol") -> "PayloadSink":
+        """This rank's sink. ``calls``: the engine's calls, used on the leader only; ``protocol``:
+        the engine's :class:`EngineProtocol`, the same on EVERY feeder of the engine."""
         return PayloadSink(calls if self.rank == self.leader else None, self.group, self.leader,
-                           engine_index=self.engine)
+                           protocol=protocol, engine_index=self.engine)
 
 
 class BucketSink:
@@ -587,12 +589,45 @@ class EngineCalls:
     """How the leader of an engine's feeders reaches the engine (the driver builds it, e.g.
     over Ray): ``send(payloads) -> future`` (one payload per engine TP rank, in TP order),
     ``resolve(future)`` (waits; raises the engine's error), ``finish()`` (ends the engine's
-    weight update: ``finish_weight_update``). ``lag``/``codec``: see :class:`PayloadSink`."""
+    weight update: ``finish_weight_update``). Only the leader holds one; what every feeder
+    must know about the engine is its :class:`EngineProtocol`."""
 
-    def __init__(self, send, resolve, finish, *, lag: int = 0, codec=None):
+    def __init__(self, send, resolve, finish):
         self.send, self.resolve, self.finish = send, resolve, finish
-        self.lag = int(lag)
-        self.codec = codec
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineProtocol:
+    """What EVERY feeder of one engine must agree on, leader or not.
+
+    ``kind``: the engine kind (``hf``, ``sglang``). ``lag``: buckets the engine may still read
+    after acknowledging one (1 for SGLang, whose call returns once its copy is enqueued; 0
+    for HFEngine, which copies before it returns); it sizes the feeder's buffer ring
+    (``lag + 2``) and so the order of the group's collectives. ``codec``: (serializer,
+    metadata class) of the payloads: each engine TP rank unpickles its own feeder's payload
+    (SGLang: its ``SafeUnpickler``, which admits only its own ``FlattenedTensorMetadata``; on
+    a GPU the feeder must also have SGLang's patched CUDA reductions, which name the device by
+    UUID). A feeder that disagreed would hang the group's collectives or make the engine's TP
+    rank refuse its payload, so :class:`PayloadSink` checks the agreement once per sync."""
+
+    kind: str = "hf"
+    lag: int = 0
+    codec: Optional[tuple] = None
+
+    @classmethod
+    def for_engine(cls, kind: str) -> "EngineProtocol":
+        """The protocol of an engine of ``kind``; for SGLang this imports SGLang and patches
+        this process's tensor reductions (``rollout.payload.sglang_codec``): call it in every
+        feeder process."""
+        from ..rollout.payload import codec_for
+
+        return cls(kind=kind, lag=1 if kind == "sglang" else 0, codec=codec_for(kind))
+
+    def describe(self) -> tuple:
+        """What the feeders compare: kind, lag and the codec's qualified names."""
+        names = tuple(f"{getattr(x, '__module__', '?')}.{getattr(x, '__qualname__', type(x).__name__)}"
+                      for x in (self.codec or ()))
+        return (self.kind, self.lag, names)
 
 
 class PayloadSink(BucketSink):
@@ -605,14 +640,17 @@ class PayloadSink(BucketSink):
     keeps the future. ``wait_free(j)``: the leader waits for the acknowledgement of bucket
     ``j + lag`` and broadcasts it to the group (``lag`` 1 for SGLang, whose call returns after
     enqueueing its copy: a bucket is free once the NEXT call has returned; 0 for HFEngine,
-    which copies before it returns). Engine errors are recorded, the collectives continue, and
-    ``finish`` raises on every rank of the group.
+    which copies before it returns). ``protocol`` (:class:`EngineProtocol`: lag and codec) is
+    the same on every rank of the group, checked when the sink is made; ``calls`` only on the
+    leader. Engine errors are recorded, the collectives continue, and ``finish`` raises on
+    every rank of the group.
     """
 
     asynchronous = True
     shared_memory = True
 
-    def __init__(self, calls: Optional[EngineCalls], group, leader: int, *, engine_index: int = 0):
+    def __init__(self, calls: Optional[EngineCalls], group, leader: int, *, protocol: EngineProtocol,
+                 engine_index: int = 0):
         from ..rollout.payload import codec_for, use_shared_memory_files
 
         self.group = group
@@ -622,16 +660,36 @@ class PayloadSink(BucketSink):
         self.size = dist.get_world_size(group) if group is not None else 1
         if self.is_leader and calls is None:
             raise ValueError("the leader of an engine's feeders needs its EngineCalls")
+        if not isinstance(protocol, EngineProtocol):
+            raise TypeError(f"PayloadSink needs the engine's EngineProtocol on every feeder, got {protocol!r}")
         self.calls = calls
-        self.lag = calls.lag if calls is not None else 0
+        self.protocol = protocol
+        self.lag = protocol.lag
         self.engine_index = engine_index
-        self.serializer, self.metadata_cls = calls.codec if calls is not None and calls.codec else codec_for("hf")
+        self.serializer, self.metadata_cls = protocol.codec or codec_for(protocol.kind)
         use_shared_memory_files()
+        self._check_agreement()
         self.futures: dict = {}
         self.acked = -1  # highest bucket index acknowledged (known to the whole group)
         self.submitted = -1
         self.error: Optional[BaseException] = None
         self.failed = False  # the group knows the engine failed
+
+    def _check_agreement(self) -> None:
+        """Every feeder of the engine holds the same protocol (one small all-gather over the
+        group per sync): a feeder with another lag would wait in another collective from the
+        ring's first reuse on (a hang), one with another codec would send a payload the
+        engine's TP rank refuses."""
+        if self.size == 1:
+            return
+        mine = self.protocol.describe()
+        seen = [None] * self.size
+        dist.all_gather_object(seen, mine, group=self.group)
+        if any(x != seen[0] for x in seen):
+            ranks = dist.get_process_group_ranks(self.group)
+            detail = "; ".join(f"rank {r}: kind {k}, lag {lag}, codec {', '.join(c) or 'default'}"
+                               for r, (k, lag, c) in zip(ranks, seen))
+            raise WeightSyncError(f"the feeders of engine {self.engine_index} disagree on its protocol ({detail})")
 
     def submit(self, index, views, flat):
         from ..rollout.payload import entries_in, serialize_flat

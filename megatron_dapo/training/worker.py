@@ -137,13 +137,14 @@ class PolicyWorker:
         return {n: t.clone() for n, t in gather_full_weights(self.policy.model, self.arch)}
 
     def sync_weights(self, engine=None, bucket_bytes: Optional[int] = None, *, engine_calls=None,
-                     feed_engines: bool = False, skip_engine: bool = False, active_feeders=None) -> dict:
+                     engine_protocol=None, feed_engines: bool = False, skip_engine: bool = False,
+                     active_feeders=None) -> dict:
         """Bucketed TP/PP -> HF weight sync.
 
         ``feed_engines``: one engine per group of ``--rollout-num-gpus-per-engine`` ranks, fed by
         the ranks of its group with handles to their own bucket buffers
-        (``hybrid.weight_sync.PayloadSink``); ``engine_calls`` (``EngineCalls``) is given on the
-        first rank of each group; ``skip_engine`` (every rank of a group alike): this rank's
+        (``hybrid.weight_sync.PayloadSink``); ``engine_protocol`` (``EngineProtocol``) is given on
+        every rank of the group, ``engine_calls`` (``EngineCalls``) on its first rank; ``skip_engine`` (every rank of a group alike): this rank's
         engine is not synced this time, the rank only takes part in the collectives (or in none,
         when no rank of its model-parallel replica is in ``active_feeders``). Otherwise
         ``engine`` is an in-process engine (or a list of them) on rank 0 only."""
@@ -160,7 +161,7 @@ class PolicyWorker:
         _, ws, feeding = self._sync
         t0 = time.perf_counter()
         if feeding is not None:
-            target = DiscardSink() if skip_engine else feeding.sink(engine_calls)
+            target = DiscardSink() if skip_engine else feeding.sink(engine_calls, engine_protocol)
         else:
             target = engine if self.rank == 0 else None
         stats = ws.sync(target, active_feeders=active_feeders)

@@ -21,7 +21,7 @@ _KEY = b"megatron-dapo-test-engine"
 
 
 class EngineProcess:
-    """Client of one engine process; ``calls(lag)`` gives its ``EngineCalls``."""
+    """Client of one engine process; ``calls()`` gives its ``EngineCalls``."""
 
     def __init__(self, hf_cfg: dict, seed: int = 99):
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
@@ -64,10 +64,10 @@ class EngineProcess:
     def finish(self):
         return self._ask("finish")
 
-    def calls(self, lag: int = 0):
+    def calls(self):
         from megatron_dapo.hybrid.weight_sync import EngineCalls
 
-        return EngineCalls(self.send, self.resolve, self.finish, lag=lag)
+        return EngineCalls(self.send, self.resolve, self.finish)
 
     # what the probe and the checks need
     def score(self, sequences, prompt_lens):

@@ -15,7 +15,7 @@ def feed_engines(hf_cfg: dict, tp: int, pp: int, gpus_per_engine: int, bucket_si
     import torch.distributed as dist
 
     from megatron_dapo.hybrid.probe import check_weight_sync, default_probe_tokens
-    from megatron_dapo.hybrid.weight_sync import EngineFeeding, WeightSync
+    from megatron_dapo.hybrid.weight_sync import EngineFeeding, EngineProtocol, WeightSync
     from tests.hybrid.engine_proc import EngineProcess
 
     policy = build_trained_policy(hf_cfg, tp, pp)
@@ -29,7 +29,7 @@ def feed_engines(hf_cfg: dict, tp: int, pp: int, gpus_per_engine: int, bucket_si
         for bs in bucket_sizes:
             ws = WeightSync(policy.model, policy.arch, feeder_ranks=feeding.feeder_ranks, bucket_bytes=bs)
             before = proc.bytes_sent if proc else 0
-            st = ws.sync(feeding.sink(proc.calls() if proc else None))
+            st = ws.sync(feeding.sink(proc.calls() if proc else None, EngineProtocol.for_engine("hf")))
             diff = check_weight_sync(policy.model, policy.arch, proc, probe, threshold)
             res["syncs"].append({"bucket_bytes": bs, "buckets": st.buckets, "bytes": st.bytes, "diff": diff,
                                  "crossed": (proc.bytes_sent - before) if proc else None})
@@ -46,7 +46,7 @@ class RecordingCalls:
     ``j`` must stay intact until the acknowledgement of bucket ``j + lag`` has been awaited."""
 
     def __init__(self, lag: int):
-        from megatron_dapo.hybrid.weight_sync import EngineCalls
+        from megatron_dapo.hybrid.weight_sync import EngineCalls, EngineProtocol
 
         self.lag = lag
         self.live = {}  # bucket -> (mapped views, snapshot)
@@ -55,7 +55,8 @@ class RecordingCalls:
         self.violations = []
         self.max_in_flight = 0
         self.finished = False
-        self.calls = EngineCalls(self.send, self.resolve, self.finish, lag=lag)
+        self.calls = EngineCalls(self.send, self.resolve, self.finish)
+        self.protocol = EngineProtocol(lag=lag)
 
     def _check(self, when: str):
         for j, (views, snap) in self.live.items():
@@ -91,7 +92,7 @@ def buffer_lifetime(hf_cfg: dict, lag: int, bucket_bytes: int):
     feeding = EngineFeeding(1)
     rec = RecordingCalls(lag)
     ws = WeightSync(policy.model, policy.arch, feeder_ranks=feeding.feeder_ranks, bucket_bytes=bucket_bytes)
-    st = ws.sync(feeding.sink(rec.calls))
+    st = ws.sync(feeding.sink(rec.calls, rec.protocol))
     return {"violations": rec.violations, "max_in_flight": rec.max_in_flight, "sent": rec.sent,
             "buckets": st.buckets, "finished": rec.finished, "resolved": rec.resolved}
 
@@ -111,7 +112,7 @@ def failing_engine(hf_cfg: dict, tp: int, pp: int):
     """Engine 0 (fed by ranks 0, 1) fails on bucket 1: every rank raises, none hangs."""
     import torch.distributed as dist
 
-    from megatron_dapo.hybrid.weight_sync import EngineFeeding, WeightSync, WeightSyncError
+    from megatron_dapo.hybrid.weight_sync import EngineFeeding, EngineProtocol, WeightSync, WeightSyncError
 
     policy = build_trained_policy(hf_cfg, tp, pp)
     feeding = EngineFeeding(2)
@@ -119,7 +120,7 @@ def failing_engine(hf_cfg: dict, tp: int, pp: int):
     rec = (FailingCalls(1) if feeding.engine == 0 else RecordingCalls(0)) if rank == feeding.leader else None
     ws = WeightSync(policy.model, policy.arch, feeder_ranks=feeding.feeder_ranks, bucket_bytes=1024)
     try:
-        ws.sync(feeding.sink(rec.calls if rec else None))
+        ws.sync(feeding.sink(rec.calls if rec else None, EngineProtocol()))
         return None
     except WeightSyncError as e:
         return str(e)
