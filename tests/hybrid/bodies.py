@@ -154,8 +154,9 @@ def _snapshot(policy):
     return {cat: [_bits(t) for t in ts] for cat, ts in trainer_tensors(policy.model, policy.optimizer).items()}
 
 
-def offload_roundtrip(hf_cfg: dict, tp: int, pp: int, distributed_optimizer: bool):
-    """Step, offload (storages released), onload (bitwise equal), step again == no-offload run."""
+def offload_roundtrip(hf_cfg: dict, tp: int, pp: int, distributed_optimizer: bool, preserve_grads: bool = True):
+    """Step, offload (storages released), onload (bitwise equal; gradients zero without
+    ``preserve_grads``), step again == no-offload run."""
     from megatron_dapo.checkpoint.model_io import gather_full_weights
     from megatron_dapo.hybrid.offload import TrainerOffloader, trainer_tensors
 
@@ -163,18 +164,22 @@ def offload_roundtrip(hf_cfg: dict, tp: int, pp: int, distributed_optimizer: boo
     before = _snapshot(policy)
     counts = {c: len(v) for c, v in before.items()}
     assert counts["optimizer"] > 0 and counts["grads"] > 0 and counts["params"] > 0, counts
-    off = TrainerOffloader(policy.model, policy.optimizer)
+    off = TrainerOffloader(policy.model, policy.optimizer, preserve_grads=preserve_grads)
     resident = off.resident_bytes()
+    grad_bytes = sum(s.nbytes() for c, s in off.storages() if c == "grads")
     freed = off.offload()
+    host_copy_bytes = off.last["host_copy_bytes"]
     released = all(
         t.untyped_storage().nbytes() == 0 for ts in trainer_tensors(policy.model, policy.optimizer).values() for t in ts
     )
     resident_off = off.resident_bytes()
     off.onload()
     after = _snapshot(policy)
+    kept = [c for c in before if preserve_grads or c != "grads"]
     equal = all(
-        len(before[c]) == len(after[c]) and all(torch.equal(a, b) for a, b in zip(before[c], after[c])) for c in before
+        len(before[c]) == len(after[c]) and all(torch.equal(a, b) for a, b in zip(before[c], after[c])) for c in kept
     )
+    grads_zero = all(not t.any() for t in trainer_tensors(policy.model, policy.optimizer)["grads"])
     # a second offload reuses the host buffers
     off.offload()
     off.onload()
@@ -187,6 +192,7 @@ def offload_roundtrip(hf_cfg: dict, tp: int, pp: int, distributed_optimizer: boo
     return {
         "counts": counts, "resident": resident, "freed": freed, "released": released,
         "resident_off": resident_off, "equal": equal, "same_training": same_training,
+        "grad_bytes": grad_bytes, "host_copy_bytes": host_copy_bytes, "grads_zero": grads_zero,
     }
 
 

@@ -20,6 +20,35 @@ def test_offload_onload_bitwise(gloo, tp, pp, distributed_optimizer):
         assert o["resident_off"] == 0
         assert o["equal"], "offload -> onload changed a parameter, gradient or optimizer state"
         assert o["same_training"], "training after offload/onload differs from training without"
+        assert o["host_copy_bytes"] == o["freed"]  # preserve_grads=True: everything copied
+
+
+@pytest.mark.parametrize("tp,distributed_optimizer", [(2, False), (1, True)])
+def test_default_offload_does_not_copy_grads_and_training_is_unchanged(gloo, tp, distributed_optimizer):
+    # The trainer's offload (TrainerOffloader's default): gradients are released without a host
+    # copy and come back zeroed; the next step zeroes them anyway, so training is bitwise the same.
+    outs = gloo(2).run(bodies.offload_roundtrip, tiny_qwen2_config(), tp, 1, distributed_optimizer, False)
+    for o in outs:
+        assert o["grad_bytes"] > 0 and o["released"] and o["resident_off"] == 0
+        assert o["host_copy_bytes"] == o["freed"] - o["grad_bytes"], "the gradients were copied to host"
+        assert o["grads_zero"], "gradients came back with old contents"
+        assert o["equal"], "offload -> onload changed a parameter or optimizer state"
+        assert o["same_training"], "training after offload/onload without gradients differs from training without"
+
+
+def test_trainer_offloader_default_skips_grads():
+    import torch
+
+    from megatron_dapo.hybrid import offload
+
+    m = torch.nn.Linear(5, 3)
+    for p in m.parameters():
+        p.grad = torch.ones_like(p)
+    off = offload.TrainerOffloader(m, None)
+    assert off.offload() == 2 * (15 + 3) * 4  # params and grads released
+    assert off.last["host_copy_bytes"] == (15 + 3) * 4  # only the params copied
+    off.onload()
+    assert all(torch.equal(p.grad, torch.zeros_like(p)) for p in m.parameters())
 
 
 def test_offload_plain_module_chunked_host_buffers(monkeypatch):
@@ -38,7 +67,7 @@ def test_offload_plain_module_chunked_host_buffers(monkeypatch):
     m = M()
     m.w.grad = torch.randn(1234)
     ref = [t.detach().clone() for t in (m.w, m.b, m.w.grad)]
-    off = offload.TrainerOffloader(m, None)
+    off = offload.TrainerOffloader(m, None, preserve_grads=True)
     assert off.offload() == 3 * 4 + 2 * 1234 * 4
     assert all(t.untyped_storage().nbytes() == 0 for t in (m.w, m.b, m.w.grad))
     assert sorted(len(v) for v in off._host.values()) == [1, 5, 5]
