@@ -445,12 +445,15 @@ class WeightSync:
         # makes every rank raise together.
         error: Optional[BaseException] = None
         try:
+            tap = CHECKSUM_TAP.start(self.is_feeder)
             for i, bucket, flat in self._buckets(True, num_buffers, sinks, shared, participates):
                 for s in sinks:
                     try:
                         s.submit(i, bucket, flat)
                     except Exception as exc:  # noqa: BLE001 - re-raised below, on every rank
                         error = error or exc
+                if tap is not None:  # a probe sync: checksums of what the sinks were handed
+                    tap.observe(bucket)
                 nbytes = sum(x.numel() * x.element_size() for _, x in bucket)
                 stats.bytes += nbytes
                 stats.buckets += 1
@@ -487,6 +490,40 @@ class WeightSync:
                 stats.tensors, stats.buckets, stats.bytes / 2**20, stats.seconds, stats.bytes_per_s / 1e9,
             )
         return stats
+
+
+class ChecksumTap:
+    """Per-HF-tensor checksums (``rollout.checksum``) of what this process's feeders hand to
+    their sinks, recorded during ONE sync after :meth:`arm` (the weight-sync check's probe
+    syncs; ``hybrid.probe``), read back with :meth:`take`. One per process
+    (:data:`CHECKSUM_TAP`): a trainer rank runs one :class:`WeightSync` at a time."""
+
+    def __init__(self):
+        self.armed = False
+        self.sums: Optional[dict] = None  # HF name -> checksum of the last armed sync
+
+    def arm(self) -> None:
+        self.armed, self.sums = True, None
+
+    def start(self, is_feeder: bool) -> Optional["ChecksumTap"]:
+        """Called by every sync: the tap if it records this one (it disarms itself)."""
+        if not self.armed:
+            return None
+        self.armed, self.sums = False, {}
+        return self if is_feeder else None
+
+    def observe(self, views) -> None:
+        from ..rollout.checksum import tensor_checksum
+
+        for name, t in views:
+            self.sums[name] = tensor_checksum(t)
+
+    def take(self) -> Optional[dict]:
+        out, self.sums = self.sums, None
+        return out
+
+
+CHECKSUM_TAP = ChecksumTap()
 
 
 # ------------------------------------------------------------------- who feeds whom ----
