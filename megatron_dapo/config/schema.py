@@ -36,6 +36,9 @@ class ModelConfig:
     make_vocab_size_divisible_by: int = _f(128, "Pad the vocabulary to a multiple of this x TP (Megatron-LM).")
     bf16: bool = _f(False, "bf16 parameters and compute (GPU); CPU runs are fp32.")
     recompute_granularity: Optional[str] = _f(None, "Activation recompute: full or selective.", choices=(None, "full", "selective"))
+    transformer_impl: str = _f(
+        "transformer_engine", "Layer implementation (Megatron-LM): transformer_engine on GPU (an error if TE does not "
+        "import), or local (megatron-core's local spec; always on CPU).", choices=("transformer_engine", "local"))
     recompute_method: Optional[str] = _f(None, "uniform or block (with --recompute-granularity full).", choices=(None, "uniform", "block"))
     recompute_num_layers: Optional[int] = _f(None, "Layers per recompute chunk (uniform) or recomputed layers (block).")
     ref_load: Optional[str] = _f(None, "Reference model checkpoint for KL (default: the initial policy) when --kl-coef > 0.")

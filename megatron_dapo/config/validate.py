@@ -106,6 +106,9 @@ def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[
         raise ConfigError(f"world size {world} not divisible by --rollout-num-gpus-per-engine {r.num_gpus_per_engine}")
     if p.sequence_parallel and tp == 1:
         raise ConfigError("--sequence-parallel needs --tensor-model-parallel-size > 1")
+    if p.sequence_parallel and cfg.model.transformer_impl == "local":
+        raise ConfigError(
+            "--sequence-parallel needs --transformer-impl transformer_engine (megatron's local norm refuses it without TE/apex)")
     if (cp > 1 or o.use_packing) and not o.max_tokens_per_gpu:
         raise ConfigError(
             f"--use-packing / --context-parallel-size {cp}: packed micro-batches are filled up to a token budget; "

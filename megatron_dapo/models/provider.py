@@ -2,8 +2,9 @@
 
 Parallelism is applied from outside: the caller initialises megatron's ``parallel_state``
 (``megatron_dapo.distributed.init_parallel``) and this module builds the local stage/shard of
-the model for the calling rank. The transformer-engine layer spec is used when TE imports
-(GPU), megatron-core's local spec otherwise.
+the model for the calling rank. The layer spec (``--transformer-impl``): Transformer Engine's
+on a CUDA machine (a TE that does not import there is an error naming the import error, never
+a silent switch), megatron-core's local spec on the CPU or when ``local`` is asked for.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class ModelBuildOptions:
     recompute_method: Optional[str] = None
     recompute_num_layers: Optional[int] = None
     context_parallel_size: int = 1
-    use_te: Optional[bool] = None  # None = TE when it imports
+    use_te: Optional[bool] = None  # None: TE on CUDA (must import), local on CPU; see resolve_use_te
     deterministic: bool = False
     # False: parameters are left uninitialised (torch.empty), for callers that load every
     # weight right after building (checkpoint conversion: no init time, pages untouched).
@@ -83,8 +84,43 @@ def transformer_config_from_arch(arch: ModelArch, opts: ModelBuildOptions):
     )
 
 
+TRANSFORMER_IMPLS = ("transformer_engine", "local")
+
+
+def use_te_for(transformer_impl: str) -> Optional[bool]:
+    """``ModelBuildOptions.use_te`` of a ``--transformer-impl`` value."""
+    if transformer_impl not in TRANSFORMER_IMPLS:
+        raise ValueError(f"--transformer-impl must be one of {TRANSFORMER_IMPLS}, got {transformer_impl!r}")
+    return None if transformer_impl == "transformer_engine" else False
+
+
+def _import_te() -> None:
+    import transformer_engine  # noqa: F401
+    import transformer_engine.pytorch  # noqa: F401
+
+
+def resolve_use_te(use_te: Optional[bool] = None) -> bool:
+    """Whether the TE layer spec is used. ``False``: local spec. ``None``: TE on a CUDA machine,
+    local on the CPU (TE needs CUDA). ``True``: TE. Where TE is to be used and does not import,
+    raises naming the import error: the local spec would be a different model path (no
+    ``--sequence-parallel``, unfused attention that materialises T x T scores per head)."""
+    if use_te is False:
+        return False
+    if use_te is None and not torch.cuda.is_available():
+        return False
+    try:
+        _import_te()
+    except Exception as e:  # noqa: BLE001 - any import failure (missing .so, ABI mismatch) counts
+        raise RuntimeError(
+            f"Transformer Engine does not import on this CUDA machine ({type(e).__name__}: {e}); fix the "
+            "transformer_engine install, or pass --transformer-impl local for megatron-core's local layer spec "
+            "(no --sequence-parallel, unfused attention)"
+        ) from e
+    return True
+
+
 def layer_spec(use_te: Optional[bool] = None):
-    """TE spec when transformer_engine imports (GPU), local spec otherwise.
+    """The TE spec or megatron-core's local spec, as :func:`resolve_use_te` decides.
 
     TE's attention handles packed (THD) micro-batches and context parallelism itself. The
     local spec's core attention is replaced by :class:`~.attention.PackedDotProductAttention`,
@@ -93,11 +129,7 @@ def layer_spec(use_te: Optional[bool] = None):
     """
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
-    from ..platform import te_available
-
-    if use_te is None:
-        use_te = te_available()
-    if use_te:
+    if resolve_use_te(use_te):
         return specs.get_gpt_layer_with_transformer_engine_spec()
     from .attention import PackedDotProductAttention
 

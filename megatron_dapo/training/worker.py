@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from ..config.schema import DAPOConfig
-from ..models.provider import ModelBuildOptions
+from ..models.provider import ModelBuildOptions, use_te_for
 
 
 def _node_ip() -> Optional[str]:
@@ -55,6 +55,7 @@ class PolicyWorker:
             recompute_num_layers=cfg.model.recompute_num_layers,
             context_parallel_size=p.context_parallel_size,
             deterministic=cfg.run.deterministic,
+            use_te=use_te_for(cfg.model.transformer_impl),
         )
         opt = OptimizerOptions(
             lr=o.lr, weight_decay=o.weight_decay, adam_beta1=o.adam_beta1,

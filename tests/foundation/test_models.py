@@ -69,3 +69,56 @@ def test_import_is_light():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+# ---------------------------------------------------- layer spec: --transformer-impl ----
+def _cuda_without_te(monkeypatch):
+    """A CUDA machine (as far as the spec choice asks) whose transformer_engine fails to import."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "transformer_engine", None)  # `import transformer_engine` raises ImportError
+
+
+def test_failed_te_import_on_cuda_is_an_error_naming_it(monkeypatch):
+    from megatron_dapo.models.provider import layer_spec
+
+    _cuda_without_te(monkeypatch)
+    with pytest.raises(RuntimeError) as e:
+        layer_spec()  # the default: --transformer-impl transformer_engine
+    msg = str(e.value)
+    assert "Transformer Engine does not import" in msg and "import of transformer_engine halted" in msg
+    assert "--transformer-impl local" in msg
+    assert isinstance(e.value.__cause__, ImportError)
+
+
+def test_transformer_impl_local_selects_the_local_spec(monkeypatch):
+    from megatron_dapo.config.cli import parse_args
+    from megatron_dapo.models.attention import PackedDotProductAttention
+    from megatron_dapo.models.provider import layer_spec, use_te_for
+
+    assert parse_args([]).model.transformer_impl == "transformer_engine" and use_te_for("transformer_engine") is None
+    impl = parse_args(["--transformer-impl", "local"]).model.transformer_impl
+    assert impl == "local"
+    _cuda_without_te(monkeypatch)
+    spec = layer_spec(use_te_for(impl))
+    assert spec.submodules.self_attention.submodules.core_attention is PackedDotProductAttention
+
+
+def test_the_worker_reads_transformer_impl():
+    # The flag is read where the trainer's model is built (a flag exists only if it is read).
+    import inspect
+
+    from megatron_dapo.training import worker
+
+    assert "use_te=use_te_for(cfg.model.transformer_impl)" in inspect.getsource(worker)
+
+
+def test_local_impl_refuses_sequence_parallel():
+    from megatron_dapo.config.cli import parse_args
+    from megatron_dapo.config.validate import ConfigError, validate
+
+    cfg = parse_args(["--transformer-impl", "local", "--sequence-parallel", "--tensor-model-parallel-size", "2",
+                      "--actor-num-gpus-per-node", "2", "--max-prompt-length", "16", "--max-response-length", "32"])
+    with pytest.raises(ConfigError, match="--sequence-parallel needs --transformer-impl transformer_engine"):
+        validate(cfg, parse_hf_config(tiny_qwen2_config()), on_gpu=True)
