@@ -91,5 +91,11 @@ set +e
 RC2=$?
 set -e
 echo "===== done: gpu_dapo_step.py exit code ${RC2} ====="
-echo "SGLang is not exercised by this check (benchmarks/sglang_smoke.py is for a machine that has it)."
-exit $(( RC + RC2 ))
+echo "===== check: benchmarks/gpu_feed_check.py (two trainer ranks feed one TP-2 engine by CUDA IPC handles) ====="
+set +e
+"${PY}" "${REPO}/benchmarks/gpu_feed_check.py" --bucket-kb 4096
+RC3=$?
+set -e
+echo "===== done: gpu_feed_check.py exit code ${RC3} ====="
+echo "SGLang is not exercised by this check (benchmarks/sglang_smoke.py and gpu_feed_check.py --engine sglang are for a machine that has it)."
+exit $(( RC + RC2 + RC3 ))

@@ -34,3 +34,15 @@ def test_gpu_dapo_step_small_runs_the_hybrid_step():
                       "score"]
     assert "trainer_offload" in out and "probe_engine" in out
     assert lines[-1].startswith("[dapo-step] PASS probe")
+
+
+@pytest.mark.slow
+def test_gpu_feed_check_small_feeds_one_engine_from_two_ranks():
+    rc, out = _run(["benchmarks/gpu_feed_check.py", "--small", "--bucket-kb", "64"])
+    assert rc == 0, out[-4000:]
+    syncs = [l for l in out.splitlines() if l.startswith("[feed-tp2] sync")]
+    assert len(syncs) == 2, out[-4000:]
+    for line in syncs:
+        fields = dict(f.split("=", 1) for f in line.split()[3:] if "=" in f and not f.startswith("protocol"))
+        assert int(fields["buckets"]) >= 6 and fields["mismatched"] == "0", line
+    assert out.rstrip().endswith("[feed-tp2] PASS")
