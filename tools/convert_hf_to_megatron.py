@@ -64,11 +64,24 @@ def parse_args(argv=None):
     p.add_argument("--tensor-model-parallel-size", type=int, default=1)
     p.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     p.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty --save directory (files of the same names are replaced, nothing "
+                        "else is deleted); without it a non-empty --save is refused")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from megatron_dapo.errors import exit_on_user_error
+
+    with exit_on_user_error(os.path.basename(__file__)):
+        return _convert(args)
+
+
+def _convert(args) -> int:
+    from megatron_dapo.checkpoint.output_dir import check_output_dir
+
+    check_output_dir(args.save, "--save", args.overwrite)
     from megatron_dapo.checkpoint.hf_export import hf_to_torch_dist
 
     t0 = time.time()

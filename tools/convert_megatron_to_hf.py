@@ -28,11 +28,24 @@ def parse_args(argv=None):
     p.add_argument("--hf-config", default=None, help="directory (or config.json) whose config to write")
     p.add_argument("--tokenizer", default=None, help="directory whose tokenizer files to copy")
     p.add_argument("--max-shard-size-gb", type=float, default=5.0)
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty --save directory (files of the same names are replaced, nothing "
+                        "else is deleted); without it a non-empty --save is refused")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from megatron_dapo.errors import exit_on_user_error
+
+    with exit_on_user_error(os.path.basename(__file__)):
+        return _convert(args)
+
+
+def _convert(args) -> int:
+    from megatron_dapo.checkpoint.output_dir import check_output_dir
+
+    check_output_dir(args.save, "--save", args.overwrite)
     from megatron_dapo.checkpoint.hf_export import torch_dist_to_hf
 
     t0 = time.time()
