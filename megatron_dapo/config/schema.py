@@ -98,10 +98,13 @@ class RolloutConfig:
     num_gpus_per_engine: int = _f(1, "GPUs per rollout engine (engine TP size).", "--rollout-num-gpus-per-engine")
     mem_fraction_static: float = _f(0.7, "SGLang static memory fraction.", "--sglang-mem-fraction-static")
     update_weight_buffer_size: int = _f(512 * 1024**2, "Weight-sync bucket size in bytes.")
-    check_weight_sync_every: int = _f(1, "Probe engine vs trainer logprobs every N syncs (0 = never).")
+    check_weight_sync_every: int = _f(
+        1, "Check the engines after every N-th weight sync (0 = never): exact per-tensor checksums of what the "
+        "engine holds against what the trainer sent (engines that can report them: hf), and engine vs trainer "
+        "logprobs on the probe's first 256 tokens.")
     weight_sync_tolerance: Optional[float] = _f(
-        None, "Max |logp_engine - logp_trainer| on the weight-sync probe before failing (default by parameter dtype: "
-        "fp32 1e-4, bf16 0.25).")
+        None, "Mean |logp_engine - logp_trainer| tolerated on the weight-sync probe; its 90th percentile may reach "
+        "3x this, its max is logged only (default by parameter dtype: fp32 1e-4, fp16 0.03, bf16 0.1).")
     offload_train: Optional[bool] = _f(
         None, "Offload trainer params, grads and optimizer state while the engine generates "
         "(default: on with GPUs, off on CPU)."

@@ -51,6 +51,13 @@ class PolicyActor:
     def pid(self):
         return os.getpid()
 
+    def weight_checksums(self, arm: bool):
+        """The weight-sync check (hybrid/probe.py): ``arm`` makes this rank's next sync record
+        per-tensor checksums of what it hands over; otherwise returns that record (or None)."""
+        from ..hybrid.weight_sync import CHECKSUM_TAP
+
+        return CHECKSUM_TAP.arm() if arm else CHECKSUM_TAP.take()
+
 
 def feeder_args(rank: int, gpus_per_engine: int, engine_handles, engine_kind: str,
                 make_calls=None) -> dict:
@@ -149,6 +156,14 @@ class EngineActor:
 
     def shutdown(self):
         self.engine.shutdown()
+
+    def weight_checksums(self, dtypes=None):
+        """HF name -> checksum of the engine's tensors (``RolloutEngine.weight_checksums``), or
+        None for an engine that cannot report them (the weight-sync check skips it)."""
+        try:
+            return self.engine.weight_checksums(dtypes)
+        except NotImplementedError:
+            return None
 
 
 class RemoteEngine:

@@ -156,6 +156,19 @@ class Cluster:
         here = ray.util.get_node_ip_address()
         remove_shared_memory_files([i["pid"] for i in self.infos if i.get("node_ip") == here])
 
+    def weight_checksums(self, arm: bool, engines=None):
+        """The hybrid step's checksum check (hybrid/probe.py): ``arm`` makes every rank's next
+        sync record per-tensor checksums; otherwise ``{"trainer": per-rank records, "engines":
+        per-engine checksums}`` of ``engines`` (RemoteEngines or handles), in the dtypes sent."""
+        import ray
+
+        outs = ray.get([a.weight_checksums.remote(arm) for a in self.actors])
+        if arm:
+            return None
+        dtypes = {n: c[0] for rec in outs for n, c in (rec or {}).items()}
+        handles = list(getattr(engines, "members", engines or []))
+        return {"trainer": outs, "engines": ray.get([h.weight_checksums.remote(dtypes) for h in handles])}
+
 
 class RemoteEngines:
     """The hybrid step's engines protocol over EngineActor handles: every call goes to all

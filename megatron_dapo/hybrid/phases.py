@@ -44,7 +44,8 @@ from typing import List, Optional, Sequence
 import torch
 
 from ..rollout.base import MEMORY_TAGS, WEIGHTS
-from .probe import default_threshold, should_check
+from .probe import (PROBE_TOKENS, check_probe_stats, compare_checksums, cut_probe, default_threshold, probe_stats,
+                    reference_checksums, should_check)
 from .weight_sync import WeightSyncError
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,26 @@ class InProcessTrainer:
     def probe_logprobs(self, sequences) -> list:
         return self.worker.probe_logprobs(sequences)
 
+    def weight_checksums(self, arm: bool, engines=None):
+        """arm: the next sync records checksums (weight_sync.CHECKSUM_TAP); else this rank's
+        record and each engine's checksums in the dtypes sent."""
+        from .weight_sync import CHECKSUM_TAP
+
+        if arm:
+            return CHECKSUM_TAP.arm()
+        mine = CHECKSUM_TAP.take()
+        dtypes = {n: c[0] for n, c in (mine or {}).items()}
+        return {"trainer": [mine], "engines": [_engine_checksums(e, dtypes) for e in engines.members]}
+
+
+def _engine_checksums(engine, dtypes: dict):
+    """An engine's checksums by HF name, or None where it cannot report them."""
+    try:
+        return engine.weight_checksums(dtypes)
+    except NotImplementedError as e:
+        log.warning("weight sync check: no checksums from this engine (%s)", e)
+        return None
+
 
 def probe_max_diff(reference: list, per_engine: list) -> float:
     """max |logp_engine - logp_megatron| over engines, sequences and tokens (NaN -> inf)."""
@@ -119,8 +140,11 @@ class HybridStep:
 
     ``offload``: False keeps the trainer resident (separate devices for the engines, or a CPU
     run). ``check_weight_sync_every``: probe after every N-th sync (0: never; the first sync
-    is sync 0). ``probe_tolerance``: max |logp_engine - logp_megatron|; None takes the
-    parameter dtype's (:func:`probe.default_threshold`: fp32 1e-4, bf16 0.25).
+    is sync 0). ``probe_tolerance``: the mean |logp_engine - logp_megatron| tolerated on the
+    probe's first ``probe.PROBE_TOKENS`` tokens (its p90: ``probe.P90_FACTOR`` x it); None takes
+    the parameter dtype's (:func:`probe.default_threshold`: fp32 1e-4, fp16 0.03, bf16 0.1). A
+    trainer with ``weight_checksums(arm, engines=None)`` also gets the exact checksum check
+    (``probe.compare_checksums``) on the same syncs, right after the sync.
     """
 
     def __init__(
@@ -136,6 +160,8 @@ class HybridStep:
         self.offload = offload
         self.check_every = check_weight_sync_every
         self.tolerance = probe_tolerance if probe_tolerance is not None else default_threshold(param_dtype)
+        self.probe_tokens = PROBE_TOKENS
+        self.last_check: dict = {}  # the last probe's statistics and checksum counts
         self.phase = INIT
         self.trainer_resident = True  # a fresh trainer is on its devices
         self.num_syncs = 0
@@ -170,26 +196,32 @@ class HybridStep:
             self.trainer_resident = False
 
     def _sync_and_probe_reference(self, engines, probe: Optional[list]):
+        checking = bool(probe) and should_check(self.num_syncs, self.check_every)
+        # exact checksums (probe.compare_checksums): the trainer records what it sends
+        sums = getattr(self.trainer, "weight_checksums", None) if checking else None
+        if sums is not None:
+            sums(True)  # arm: the next sync records
         stats = self._timed("sync_s", self.trainer.sync, engines)
         self._event("sync_weights")
         ref = None
-        if probe and should_check(self.num_syncs, self.check_every):
-            ref = self._timed("probe_s", self.trainer.probe_logprobs, probe)
+        self.last_check = {}
+        if checking:
+            if sums is not None:
+                got = self._timed("probe_s", sums, False, engines)
+                self.last_check.update(compare_checksums(reference_checksums(got["trainer"]), got["engines"]))
+            ref = self._timed("probe_s", self.trainer.probe_logprobs, cut_probe(probe, self.probe_tokens))
             self._event("probe_megatron")
         self.num_syncs += 1
         return stats, ref
 
     def _probe_engines(self, engines, probe: list, ref: list) -> float:
+        probe = cut_probe(probe, self.probe_tokens)
         got = self._timed("probe_s", engines.score, probe, [1] * len(probe))
         self._event("probe_engine")
-        worst = probe_max_diff(ref, got)
-        if not worst <= self.tolerance:
-            raise WeightSyncError(
-                f"weight sync probe: max |logp_engine - logp_megatron| = {worst:.4g} > tolerance {self.tolerance:.4g} "
-                f"(--weight-sync-tolerance) after sync {self.num_syncs}: the engine's weights differ from the "
-                "trainer's (wrong bucket or layout?)"
-            )
-        return worst
+        st = probe_stats(ref, got)
+        self.last_check.update(st)
+        check_probe_stats(st, self.tolerance, where=f" after sync {self.num_syncs}")
+        return st["max_abs"]
 
     # ----------------------------------------------------------------- phases ----
     def to_train(self, engines) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import abc
 import hashlib
 from dataclasses import dataclass, field
-from typing import Iterable, List, Literal, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Literal, Optional, Sequence, Tuple
 
 import torch
 
@@ -175,6 +175,14 @@ class RolloutEngine(abc.ABC):
                 "incomplete weight update since the last finish_weight_update: "
                 + format_name_mismatch(missing, unexpected)
             )
+
+    def weight_checksums(self, dtypes: Optional[Dict[str, str]] = None) -> Dict[str, Optional[tuple]]:
+        """HF name -> exact checksum (``rollout.checksum.tensor_checksum``) of the tensor the
+        engine holds now, for every name of ``expected_weight_names()``. ``dtypes`` (HF name
+        -> ``str(torch.dtype)``): the dtype the trainer sent it in; the engine's tensor is
+        cast to it first (exact when the engine's dtype is at least as wide; a narrower one
+        gives None: not comparable). Used by the weight-sync check on probe syncs."""
+        raise NotImplementedError(f"{type(self).__name__} cannot report weight checksums by HF name")
 
     # --- memory ---------------------------------------------------------------------
     def is_released(self, tag: str) -> bool:

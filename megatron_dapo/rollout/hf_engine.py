@@ -183,6 +183,22 @@ class HFEngine(RolloutEngine):
         self._check_not_released(WEIGHTS, "get_weight")
         return self._params[self._alias[name]].detach()
 
+    def weight_checksums(self, dtypes: Optional[Dict[str, str]] = None) -> Dict[str, Optional[tuple]]:
+        """Checksums of the engine's current tensors by canonical HF name (see
+        ``RolloutEngine.weight_checksums``)."""
+        from megatron_dapo.rollout.checksum import dtype_of, itemsize, tensor_checksum
+
+        self._check_not_released(WEIGHTS, "weight_checksums")
+        out: Dict[str, Optional[tuple]] = {}
+        for name in self.expected_weight_names():
+            t = self._params[name].detach()
+            want = (dtypes or {}).get(name)
+            if want is not None and itemsize(want) > t.element_size():
+                out[name] = None  # narrower than what was sent: the bytes cannot match
+                continue
+            out[name] = tensor_checksum(t, dtype_of(want) if want else None)
+        return out
+
     # ------------------------------------------------------------------- memory ----
     def _unique_storages(self):
         seen = {}

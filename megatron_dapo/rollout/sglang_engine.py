@@ -687,6 +687,17 @@ class SGLangEngine(RolloutEngine):
         super().finish_weight_update()  # ends the session, flushes, raises on missing names
         self._weights_valid = True
 
+    def weight_checksums(self, dtypes=None):
+        """Not available from sglang 0.5.23 by HF name: ``Engine.get_weights_by_name`` exists
+        for a few model classes only (Llama, not Qwen2/Qwen3) and returns a truncated list of
+        floats; its weights checker (``check_weights``, action "checksum") hashes SGLang's own
+        parameters per TP rank (fused qkv_proj / gate_up_proj, vocab-padded embeddings,
+        TP shards), which no HF-name checksum of the trainer can be compared with. The
+        weight-sync check skips the checksum half for this engine (the logprob half runs)."""
+        raise NotImplementedError(
+            f"sglang {SGLANG_VERSION} offers no per-HF-tensor read-back of the engine's weights"
+        )
+
     # memory
     def _release(self, tags):
         result = self._engine.release_memory_occupation(tags=list(tags))
