@@ -34,7 +34,16 @@ the safe side):
   needed for the configured response length.
 * Rollout engine, per GPU: bf16 weights / rollout TP, and a KV cache of
   ``layers x 2 x kv_heads_per_gpu x head_dim x 2 bytes`` per token in what is left of
-  ``--sglang-mem-fraction-static`` x capacity.
+  ``--sglang-mem-fraction-static`` x the free memory at the engine's launch (SGLang 0.5.23's
+  sizing, ``kv_cache_configurator._profile_available_bytes``: free memory after the weights
+  minus ``(1 - mem_fraction_static)`` x the free memory before them). The engines are
+  launched first, on GPUs that hold nothing but a CUDA context (``CUDA_CONTEXT_GB``); the
+  report compares the budget with the old order, where the trainer's weights, gradients and
+  optimizer state were resident at the engines' launch. CUDA graphs live in the remaining
+  ``(1 - mem_fraction_static)`` share: SGLang's own estimate, 2 MiB per decode batch size up to
+  the captured maximum (``arg_groups/memory_hook.py`` ``reserve_for_graph_mb`` and the
+  ``max_bs`` defaults of ``handle_gpu_memory_settings``); the prefill graph is disabled under
+  the memory saver (rollout/sglang_engine.py ``graph_saver_launch``).
 * Colocation: the hybrid engine offloads the trainer's weights, gradients and optimizer
   state during generation and releases the engine's weights and KV cache during training
   (megatron_dapo/hybrid), so the per-GPU peak is the larger of the two phases, plus a
@@ -58,6 +67,10 @@ GPU_CAPACITY_GB = {"H100 80GB": 80.0, "H200 141GB": 141.0}
 RESERVE_GB = 4.0
 #: Activation/cuda-graph workspace SGLang needs outside its static pool.
 ENGINE_WORKSPACE_GB = 4.0
+#: What a GPU holds when an engine starts on it before anything else: CUDA context, NCCL buffers.
+CUDA_CONTEXT_GB = 1.0
+#: SGLang 0.5.23's decode CUDA-graph memory estimate per captured batch size (MiB).
+GRAPH_MIB_PER_BATCH_SIZE = 2
 #: Tokens per chunk of the logprob/entropy stage (megatron_dapo.training.logprobs.DEFAULT_CHUNK).
 LOGPROB_CHUNK = 2048
 #: Free memory the plan keeps on top of its estimate when it calls a layout a fit.
@@ -241,9 +254,13 @@ class MemoryEstimate:
     recompute: bool  # what the config asks for
     tokens_per_gpu: Optional[int]
     engine_weights: float
-    engine_pool: float  # mem_fraction_static x capacity, per capacity
+    engine_pool: float  # mem_fraction_static x free memory at the engine's launch
     kv_bytes_per_token: int  # per GPU of one engine
     capacity: float
+    engine_free_at_launch: float = 0.0  # capacity - CUDA context (engines launched first)
+    engine_graphs: float = 0.0  # SGLang's decode CUDA graphs (released with the cuda_graph tag)
+    graph_max_bs: int = 0
+    mem_fraction_static: float = 0.0
 
     @property
     def static(self) -> float:
@@ -267,8 +284,47 @@ class MemoryEstimate:
         return int(self.kv_cache // self.kv_bytes_per_token) if self.kv_bytes_per_token else 0
 
     @property
+    def engine_slack(self) -> float:
+        """What SGLang leaves outside its static pool: CUDA graphs and activations."""
+        return (1 - self.mem_fraction_static) * self.engine_free_at_launch
+
+    @property
+    def free_at_launch_trainer_resident(self) -> float:
+        """Free memory at the engine's launch had the trainer been built first (the old order)."""
+        return max(0.0, self.engine_free_at_launch - self.static)
+
+    @property
+    def kv_cache_trainer_resident(self) -> float:
+        return max(0.0, self.mem_fraction_static * self.free_at_launch_trainer_resident - self.engine_weights)
+
+    @property
+    def kv_tokens_trainer_resident(self) -> int:
+        return int(self.kv_cache_trainer_resident // self.kv_bytes_per_token) if self.kv_bytes_per_token else 0
+
+    @property
     def rollout_peak(self) -> float:
         return self.engine_pool + ENGINE_WORKSPACE_GB * GB + RESERVE_GB * GB
+
+
+def sglang_graph_max_bs(capacity_gb: float, engine_tp: int) -> int:
+    """The decode CUDA-graph batch-size maximum sglang 0.5.23 picks for a GPU of this size
+    (``arg_groups/memory_hook.py`` ``handle_gpu_memory_settings``; GPU memory in MiB)."""
+    mib = capacity_gb * GB / 2**20
+    if mib < 20 * 1024:
+        return 8
+    if mib < 35 * 1024:
+        return 48 if engine_tp < 4 else 160
+    if mib < 60 * 1024:
+        return 32 if engine_tp < 4 else 160
+    if mib < 160 * 1024:
+        return 256 if engine_tp < 4 else 512
+    return 512
+
+
+def sglang_graph_bytes(capacity_gb: float, engine_tp: int) -> float:
+    """SGLang's estimate of its decode CUDA-graph memory per GPU (``reserve_for_graph_mb``:
+    ``max_bs * 2`` MiB; no prefill graph: disabled under the memory saver)."""
+    return sglang_graph_max_bs(capacity_gb, engine_tp) * GRAPH_MIB_PER_BATCH_SIZE * 2**20
 
 
 def _per_layer_params(arch: ModelArch) -> int:
@@ -330,6 +386,7 @@ def estimate_memory(cfg: DAPOConfig, arch: ModelArch, capacity_gb: float = 80.0)
         recompute = False  # flash attention: selective recompute saves little; count as none
 
     rtp = r.num_gpus_per_engine
+    free_at_launch = (capacity_gb - CUDA_CONTEXT_GB) * GB
     engine_weights = arch.num_parameters * 2 / rtp
     kv_heads_per_gpu = max(1, arch.num_query_groups // rtp)
     kv_per_token = arch.num_layers * 2 * kv_heads_per_gpu * arch.head_dim * 2
@@ -344,9 +401,13 @@ def estimate_memory(cfg: DAPOConfig, arch: ModelArch, capacity_gb: float = 80.0)
         recompute=recompute,
         tokens_per_gpu=tokens,
         engine_weights=engine_weights,
-        engine_pool=r.mem_fraction_static * capacity_gb * GB,
+        engine_pool=r.mem_fraction_static * free_at_launch,
         kv_bytes_per_token=kv_per_token,
         capacity=capacity_gb * GB,
+        engine_free_at_launch=free_at_launch,
+        engine_graphs=sglang_graph_bytes(capacity_gb, rtp),
+        graph_max_bs=sglang_graph_max_bs(capacity_gb, rtp),
+        mem_fraction_static=r.mem_fraction_static,
     )
 
 
@@ -479,6 +540,45 @@ def plan_warnings(cfg: DAPOConfig, arch: ModelArch, on_gpu: bool) -> List[str]:
     return w
 
 
+def launch_order_lines(cfg: DAPOConfig, plan: PlacementPlan, engine_kind: str) -> List[str]:
+    """The phases of a launch and of one step, in the order the driver runs them
+    (driver/cluster.py, hybrid/phases.py)."""
+    from ..rollout.base import MEMORY_TAGS, WEIGHTS
+
+    engine = {"sglang": "SGLang", "hf": "HF"}.get(engine_kind, engine_kind)
+    released = "/".join(MEMORY_TAGS)
+    resumed = "/".join(t for t in MEMORY_TAGS if t != WEIGHTS)
+    return [
+        "--- launch order (driver/cluster.py; memory per engine GPU below) ---",
+        f"launch order: 1. engines ({engine} TP{plan.gpus_per_engine} x {plan.num_engines}) on free GPUs, each sizing "
+        "its KV cache from the free memory at its launch (nothing of the trainer is resident yet)",
+        f"  2. engines release {released}",
+        f"  3. trainer builds model + optimizer (TP {plan.tp} x PP {plan.pp} x CP {plan.cp} x DP {plan.dp}, one rank per "
+        "GPU, on the memory the engines released)",
+        f"  4. first weight sync (trainer -> engines: engines resume {WEIGHTS}), trainer offloads, engines resume {resumed}",
+        f"  5. loop: generate -> engines release {released} -> trainer onloads, trains -> engines resume {WEIGHTS} -> "
+        f"weight sync -> trainer offloads -> engines resume {resumed}",
+    ]
+
+
+def engine_gpu_lines(name: str, mm: MemoryEstimate, msf: float, seq: int, per_engine: int) -> List[str]:
+    """What each engine GPU gets at launch, and what it would get with the trainer resident."""
+    full = mm.kv_tokens // seq if seq else 0
+    old_share = mm.kv_tokens_trainer_resident / mm.kv_tokens if mm.kv_tokens else 0.0
+    return [
+        f"  {name} engine GPU at launch: free {_gb(mm.engine_free_at_launch)} ({mm.capacity / GB:.0f} GB - "
+        f"{CUDA_CONTEXT_GB:.1f} GB CUDA context); --sglang-mem-fraction-static {msf} x free = {_gb(mm.engine_pool)} = "
+        f"weights share {_gb(mm.engine_weights)} + KV cache budget {_gb(mm.kv_cache)} = {mm.kv_tokens:,} KV tokens per "
+        f"engine = {full} full-length sequences at once ({min(1.0, full / per_engine if per_engine else 1):.0%} of the "
+        "round; the rest queue)",
+        f"    CUDA graphs {_gb(mm.engine_graphs)} (decode, batch sizes up to {mm.graph_max_bs}: SGLang's 2 MiB per batch "
+        f"size) in the {_gb(mm.engine_slack)} outside the static pool; released with the cuda_graph tag during training",
+        f"    old order (trainer weights + grads + optimizer {_gb(mm.static)} resident at launch): free "
+        f"{_gb(mm.free_at_launch_trainer_resident)} -> KV cache budget {_gb(mm.kv_cache_trainer_resident)} = "
+        f"{mm.kv_tokens_trainer_resident:,} KV tokens ({old_share:.0%} of the above)",
+    ]
+
+
 def dry_run_report(
     cfg: DAPOConfig,
     arch: ModelArch,
@@ -536,6 +636,9 @@ def dry_run_report(
 
     add("")
     engine_kind = r.engine if r.engine != "auto" else ("sglang" if on_gpu else "hf")
+    out.extend(launch_order_lines(cfg, plan, engine_kind))
+
+    add("")
     sp = sync_plan(cfg, arch, engine_kind)
     add("--- weight sync plan (every rank feeds the engine on its own GPUs; docs/hybrid.md) ---")
     add(
@@ -610,13 +713,7 @@ def dry_run_report(
         "of KV per GPU if all ran at once)"
     )
     for name, mm in mems.items():
-        full = mm.kv_tokens // seq if seq else 0
-        add(
-            f"  {name}: --sglang-mem-fraction-static {r.mem_fraction_static} x {mm.capacity / GB:.0f} = "
-            f"{_gb(mm.engine_pool)} - weights = {_gb(mm.kv_cache)} KV = {mm.kv_tokens:,} tokens per engine = "
-            f"{full} full-length sequences at once ({min(1.0, full / per_engine if per_engine else 1):.0%} of the "
-            "round; the rest queue)"
-        )
+        out.extend(engine_gpu_lines(name, mm, r.mem_fraction_static, seq, per_engine))
     add("colocated (trainer offloaded during generation, engine released during training):")
     for name, mm in mems.items():
         peak = max(mm.train_peak, mm.rollout_peak)

@@ -6,6 +6,8 @@ import pytest
 
 from megatron_dapo.config import ConfigError, parse_args
 from megatron_dapo.launch.plan import (
+    CUDA_CONTEXT_GB,
+    sglang_graph_max_bs,
     GB,
     dry_run_report,
     estimate_memory,
@@ -73,10 +75,58 @@ def test_engine_kv_cache(arch):
     # 64 layers x 2 (K, V) x 1 KV head per GPU x 128 x 2 bytes
     assert m.kv_bytes_per_token == 64 * 2 * 1 * 128 * 2
     assert m.engine_weights == pytest.approx(65.5e9 / 8, rel=0.01)
-    assert m.kv_cache == pytest.approx(0.7 * 80e9 - m.engine_weights)
+    # SGLang's sizing: mem_fraction_static x the free memory at launch (the GPU minus a CUDA context)
+    assert m.kv_cache == pytest.approx(0.7 * (80e9 - CUDA_CONTEXT_GB * 1e9) - m.engine_weights)
     assert m.kv_tokens == int(m.kv_cache // m.kv_bytes_per_token)
     m4 = estimate_memory(_cfg("--tensor-model-parallel-size", "8", "--rollout-num-gpus-per-engine", "4"), arch, 141)
-    assert m4.kv_bytes_per_token == 2 * m.kv_bytes_per_token and m4.engine_pool == pytest.approx(0.7 * 141e9)
+    assert m4.kv_bytes_per_token == 2 * m.kv_bytes_per_token
+    assert m4.engine_pool == pytest.approx(0.7 * (141e9 - CUDA_CONTEXT_GB * 1e9))
+
+
+def test_engine_budget_engines_first_vs_trainer_resident(arch):
+    # TP 8 x DP 16 trainer, TP 4 engines: what an engine GPU gets when the engines are launched
+    # first, and what it got when the trainer's weights, grads and optimizer were resident.
+    m = estimate_memory(_cfg("--tensor-model-parallel-size", "8", "--rollout-num-gpus-per-engine", "4"), arch, 80)
+    assert m.static == pytest.approx(m.weights + m.grads + m.optimizer) and 25e9 < m.static < 30e9
+    assert m.free_at_launch_trainer_resident == pytest.approx(m.engine_free_at_launch - m.static)
+    assert m.kv_cache_trainer_resident == pytest.approx(0.7 * (m.engine_free_at_launch - m.static) - m.engine_weights)
+    assert m.kv_cache - m.kv_cache_trainer_resident == pytest.approx(0.7 * m.static)  # what the order buys
+    assert m.kv_tokens_trainer_resident < 0.6 * m.kv_tokens
+    # SGLang 0.5.23's decode-graph estimate (memory_hook.py): max_bs 512 from engine TP 4, 2 MiB each
+    assert (m.graph_max_bs, m.engine_graphs) == (512, 512 * 2 * 2**20)
+    assert sglang_graph_max_bs(80, 2) == 256 and sglang_graph_max_bs(141, 8) == 512
+    assert m.engine_graphs < m.engine_slack == pytest.approx(0.3 * m.engine_free_at_launch)
+
+
+def _num(pattern: str, text: str) -> float:
+    import re
+
+    found = re.search(pattern, text)
+    assert found, f"{pattern!r} not in:\n{text}"
+    return float(found.group(1).replace(",", ""))
+
+
+def test_report_prints_launch_order_and_engine_gpu_budget(arch):
+    text = dry_run_report(_cfg("--tensor-model-parallel-size", "8", "--rollout-num-gpus-per-engine", "4"), arch)
+    lines = text.splitlines()
+    first = next(i for i, x in enumerate(lines) if x.startswith("launch order: 1. engines (SGLang TP4 x 32) on free GPUs"))
+    assert lines[first + 1].strip() == "2. engines release weights/kv_cache/cuda_graph"
+    assert lines[first + 2].strip().startswith("3. trainer builds model + optimizer (TP 8 x PP 1 x CP 1 x DP 16")
+    assert lines[first + 3].strip().startswith("4. first weight sync")
+    assert lines[first + 4].strip().startswith("5. loop: generate")
+    for name, cap, (kv_lo, kv_hi) in (("H100 80GB", 80, (35, 42)), ("H200 141GB", 141, (75, 85))):
+        line = next(x for x in lines if x.strip().startswith(f"{name} engine GPU at launch"))
+        assert _num(r"free ([\d.]+) GB", line) == pytest.approx(cap - CUDA_CONTEXT_GB)
+        assert _num(r"weights share ([\d.]+) GB", line) == pytest.approx(16.4)  # 32.8B x 2 bytes / TP 4
+        kv = _num(r"KV cache budget ([\d.]+) GB", line)
+        tokens = _num(r"= ([\d,]+) KV tokens per engine", line)
+        assert kv_lo < kv < kv_hi and tokens == pytest.approx(kv * 1e9 / (64 * 1024), rel=0.01)
+        graphs = lines[lines.index(line) + 1]
+        assert _num(r"CUDA graphs ([\d.]+) GB", graphs) == pytest.approx(1.1) and "up to 512" in graphs
+        old = lines[lines.index(line) + 2]
+        assert "old order" in old and _num(r"optimizer ([\d.]+) GB resident", old) > 25
+        old_tokens = _num(r"= ([\d,]+) KV tokens", old)
+        assert 0 < old_tokens < tokens and tokens - old_tokens == pytest.approx(0.7 * 27.6e9 / (64 * 1024), rel=0.02)
 
 
 def test_rank_layout_megatron_order():
