@@ -88,7 +88,7 @@ class RolloutConfig:
     rollout_batch_size: int = _f(512, "Prompts per rollout step (groups kept after dynamic sampling).")
     n_samples_per_prompt: int = _f(16, "Responses per prompt (group size G).")
     over_sampling_batch_size: Optional[int] = _f(None, "Prompts generated per generation round (default: --rollout-batch-size).")
-    max_num_gen_batches: int = _f(10, "Generation rounds per step before giving up (0 = unbounded).")
+    max_num_gen_batches: int = _f(10, "Generation rounds per step (>= 1) before the step fails with what to change.")
     temperature: float = _f(
         1.0, "Sampling temperature for training rollouts; the trainer divides its logits by it for old and new "
         "logprobs, entropy and the KL reference.", "--rollout-temperature")

@@ -96,8 +96,11 @@ def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[
         raise ConfigError(f"--over-sampling-batch-size must be >= 1, got {r.over_sampling_batch_size}")
     if r.partial_rollout and r.partial_rollout_max_staleness < 1:
         raise ConfigError(f"--partial-rollout-max-staleness must be >= 1, got {r.partial_rollout_max_staleness}")
-    if r.max_num_gen_batches < 0:
-        raise ConfigError(f"--max-num-gen-batches must be >= 0 (0 = unbounded), got {r.max_num_gen_batches}")
+    if r.max_num_gen_batches < 1:
+        raise ConfigError(
+            f"--max-num-gen-batches must be >= 1, got {r.max_num_gen_batches}: it bounds the generation rounds of a "
+            "step (on data the model always solves or always fails, an unbounded search would never end); give a "
+            "larger number for hard data, or --no-dynamic-sampling")
     if a.dynamic_sampling and r.n_samples_per_prompt < 2:
         raise ConfigError(
             f"--dynamic-sampling needs --n-samples-per-prompt >= 2 (a group of 1 is never mixed), got {r.n_samples_per_prompt}"

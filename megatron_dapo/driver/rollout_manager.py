@@ -229,15 +229,19 @@ class RolloutManager:
             cparts, cchunks = self._continuations(step, partial)
             admit(self._pop_complete(step))  # groups that were already complete
         while len(buffer) < N:
-            if r.max_num_gen_batches and rounds >= r.max_num_gen_batches:
+            if rounds >= r.max_num_gen_batches:
                 raise RolloutStallError(
                     f"step {step}: only {len(buffer)} of --rollout-batch-size {N} mixed-correctness groups after "
                     f"--max-num-gen-batches {r.max_num_gen_batches} generation rounds of {per_round} prompts "
                     f"(groups were {stats['all_correct']} all-correct, {stats['all_wrong']} all-wrong). The data is "
-                    "too easy or too hard for the model: raise --max-num-gen-batches (0 = unbounded) or "
+                    "too easy or too hard for the model: raise --max-num-gen-batches or "
                     "--over-sampling-batch-size, use a dataset of mixed difficulty, or disable --dynamic-sampling."
                 )
             rounds += 1
+            if rounds > 1:  # one line per extra round: a step searching for mixed groups is never silent
+                print(f"[rollout] step {step}: round {rounds} of at most {r.max_num_gen_batches}, "
+                      f"{min(len(buffer), N)}/{N} mixed-correctness groups so far ({stats['all_correct']} "
+                      f"all-correct, {stats['all_wrong']} all-wrong)", flush=True)
             idx, self.pending_prompts = self.pending_prompts[:per_round], self.pending_prompts[per_round:]
             if len(idx) < per_round:
                 idx = idx + self.sampler.next_indices(per_round - len(idx))

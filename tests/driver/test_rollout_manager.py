@@ -90,6 +90,20 @@ def test_stall_error_says_what_to_change():
     assert "--max-num-gen-batches" in msg and "--over-sampling-batch-size" in msg and "--dynamic-sampling" in msg
 
 
+def test_every_extra_generation_round_prints_a_line_and_zero_rounds_is_refused(capsys):
+    from megatron_dapo.config import ConfigError, validate
+
+    mgr, _, _ = _mgr(lambda i, j: False, ["--max-num-gen-batches", "3"])
+    with pytest.raises(RolloutStallError):
+        mgr.collect(1)
+    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("[rollout] step 1: round")]
+    assert [l.split()[4] for l in lines] == ["2", "3"], lines  # rounds 2 and 3 announced, then the error
+    assert "0/4 mixed-correctness groups so far (0 all-correct, 4 all-wrong)" in lines[0]
+    cfg = parse_args(["--max-num-gen-batches", "0"])
+    with pytest.raises(ConfigError, match="--max-num-gen-batches must be >= 1, got 0"):
+        validate(cfg)
+
+
 def test_dynamic_sampling_off_keeps_everything():
     mgr, _, _ = _mgr(lambda i, j: True, ["--no-dynamic-sampling"])
     res = mgr.collect(1)
