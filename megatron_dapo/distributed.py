@@ -58,7 +58,13 @@ def free_port(rng=None) -> int:
 
 def collective_device(group=None) -> torch.device:
     """Where a tensor must live to be reduced over ``group``: the current CUDA device for an
-    NCCL group, the host for gloo (a host tensor handed to NCCL fails; a CUDA one to gloo too)."""
+    NCCL group, the host for gloo (a host tensor handed to NCCL fails; a CUDA one to gloo too).
+
+    In the strict-collectives test mode on CPU (``platform.strict_collectives``) the group's
+    production kind decides: ``cpu:0`` (the mode's mark of an accelerator tensor) for a group
+    that is NCCL in production, ``cpu`` for a host group."""
+    if platform.strict_installed() and not platform.cuda_available():
+        return platform.ACCELERATOR_MARK if platform.group_kind(group) == platform.ACCELERATOR else torch.device("cpu")
     backend = str(dist.get_backend(group)).lower()
     if "nccl" in backend:
         return torch.device("cuda", torch.cuda.current_device())
@@ -84,6 +90,7 @@ def init_distributed(
     if platform.cuda_available():
         local_rank = int(os.environ.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1)))
         torch.cuda.set_device(local_rank)
+    platform.install_strict_collectives(default_backend=backend)  # a no-op unless the test mode is on
     dist.init_process_group(
         backend or platform.dist_backend(),
         rank=rank,

@@ -33,6 +33,20 @@ need it:
 7. ``dist_checkpointing``'s async writer starts a helper process that re-imports
    ``__main__``: every entry point of this package has a ``__main__`` guard.
 
+Strict collectives (a test mode, ``MEGATRON_DAPO_STRICT_COLLECTIVES=1``): on CPU every group
+is gloo and every tensor is on the host, so a host tensor handed to what is an NCCL group in
+production (it raises at the first such collective on a GPU) passes unseen. In this mode
+:func:`install_strict_collectives` records, for every process group, the kind it has in
+production (a group asked for with ``backend="gloo"`` is a host group; the default group and
+every other group are accelerator groups) and wraps torch.distributed's collectives so that
+they refuse a tensor on the wrong side: on a GPU by its device; on CPU by where the tensor
+WOULD be on a GPU, which a torch function mode tracks (a tensor made by a torch factory
+without ``device=`` or with ``device="cpu"`` is a host tensor, one made on a CUDA device or on
+:func:`megatron_dapo.distributed.collective_device` of an accelerator group, ``cpu:0`` in
+this mode, an accelerator tensor; results of ops follow their inputs; ``.to``/``.cuda``/
+``.cpu`` move them). Tensors the mode did not see made (autograd's, ``torch.from_numpy``'s)
+are let through.
+
 Nothing in this module is imported by ``import megatron_dapo``.
 """
 
@@ -41,11 +55,20 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
+import weakref
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 _APPLIED = False
+
+STRICT_ENV = "MEGATRON_DAPO_STRICT_COLLECTIVES"
+
+
+def strict_collectives() -> bool:
+    """Whether the strict-collectives test mode is asked for (``MEGATRON_DAPO_STRICT_COLLECTIVES``)."""
+    return os.environ.get(STRICT_ENV, "").strip() not in ("", "0")
 
 
 def cuda_available() -> bool:
@@ -98,6 +121,172 @@ class _CudaToCpuMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+# ------------------------------------------------------------------ strict collectives ----
+ACCELERATOR, HOST = "accelerator", "host"
+ACCELERATOR_MARK = torch.device("cpu", 0)  # collective_device(accelerator group) on CPU in strict mode
+_TAGS: dict = {}  # id(tensor) -> (side, origin, weakref): where the tensor would live on a GPU
+_MOVES = {torch.Tensor.to: None, torch.Tensor.cuda: ACCELERATOR, torch.Tensor.cpu: HOST}
+_HERE = os.path.abspath(__file__)
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+
+class _TagRef(weakref.ref):
+    pass
+
+
+def _drop_tag(ref) -> None:
+    entry = _TAGS.get(ref.key)
+    if entry is not None and entry[2] is ref:
+        del _TAGS[ref.key]
+
+
+def _set_tag(t, side, origin) -> None:
+    ref = _TagRef(t, _drop_tag)
+    ref.key = id(t)
+    _TAGS[ref.key] = (side, origin, ref)
+
+
+def tensor_side(t) -> tuple:
+    """``(side, origin)``: where ``t`` would live on a GPU machine (:data:`HOST` or
+    :data:`ACCELERATOR`) and what made it, as the strict mode tracked it; ``(None, None)``
+    when the mode did not see it made."""
+    entry = _TAGS.get(id(t))
+    if entry is None or entry[2]() is not t:
+        return None, None
+    return entry[0], entry[1]
+
+
+def _short(path: str) -> str:
+    for mark in ("megatron_dapo" + os.sep, "site-packages" + os.sep, "tests" + os.sep):
+        i = path.rfind(mark)
+        if i >= 0:
+            return path[i + (len(mark) if mark.startswith("site") else 0):]
+    return path
+
+
+def caller_location(skip: int = 1) -> str:
+    """``file:line`` of the first frame above the caller outside torch and this module."""
+    f = sys._getframe(skip + 1)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not (name.startswith(_TORCH_DIR) or name == _HERE or name.endswith(os.sep + "functools.py")):
+            return f"{_short(name)}:{f.f_lineno}"
+        f = f.f_back
+    return "?"
+
+
+UNSAID = "unsaid"  # an explicit device whose production side is unknown: torch.device("cpu") is
+# also what ``x.device`` gives on CPU for any x (megatron's ``torch.empty(..., device=x.device)``)
+
+
+@functools.lru_cache(maxsize=64)
+def _side_of_device_str(d: str):
+    try:
+        dev = torch.device(d)
+    except (RuntimeError, ValueError):
+        return None
+    if dev.type == "cpu" and dev.index is None:
+        return HOST  # the literal "cpu"
+    return _side_of_device(dev)
+
+
+def _side_of_device(d):
+    """The side a ``device=`` argument puts a tensor on in production (None: not said)."""
+    if d is None or isinstance(d, bool):
+        return None
+    if isinstance(d, torch.device):
+        if d.type == "cuda":
+            return ACCELERATOR
+        if d.type == "cpu":
+            return UNSAID if d.index is None else ACCELERATOR  # cpu:0 = ACCELERATOR_MARK
+        return None
+    if isinstance(d, int):
+        return ACCELERATOR  # a CUDA ordinal
+    if isinstance(d, str):
+        return _side_of_device_str(d)
+    if isinstance(d, torch.Tensor):  # tensor.to(other)
+        return tensor_side(d)[0]
+    return None
+
+
+def _input_sides(args, kwargs) -> tuple:
+    """(any accelerator input, the first host input's origin, any untracked input, any tensor)."""
+    accel = False
+    host = None
+    unknown = False
+    seen = False
+    for group in (args, kwargs.values()):
+        for a in group:
+            if isinstance(a, (list, tuple)):
+                items = a
+            else:
+                items = (a,)
+            for x in items:
+                if isinstance(x, torch.Tensor):
+                    seen = True
+                    e = _TAGS.get(id(x))
+                    if e is None:
+                        unknown = True
+                    elif e[0] is ACCELERATOR:
+                        accel = True
+                    elif host is None:
+                        host = e[1]
+    return accel, host, unknown, seen
+
+
+class _StrictCudaToCpuMode(_CudaToCpuMode):
+    """Patch 1 plus the strict mode's bookkeeping: every tensor made in the mode is tagged
+    with the side it would be on on a GPU machine (see the module docstring)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        asked = None
+        if "device" in kwargs:
+            asked = _side_of_device(kwargs["device"])
+        elif func in _MOVES:
+            asked = _MOVES[func]
+            if asked is None and len(args) > 1 and not isinstance(args[1], torch.dtype):
+                asked = _side_of_device(args[1])
+        out = super().__torch_function__(func, types, args, kwargs)
+        if isinstance(out, torch.Tensor):
+            outs = (out,)
+        elif isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+            outs = out
+        else:
+            return out
+        if asked is UNSAID:  # said, but not which side: the result is not tracked
+            if args and out is args[0] and id(out) in _TAGS and not isinstance(out, torch.nn.Parameter):
+                out = out.view_as(out)
+            return out
+        if asked is not None:
+            if args and out is args[0]:  # a move that is a no-op on CPU
+                if _TAGS.get(id(out), (None,))[0] is asked:
+                    return out
+                if not isinstance(out, torch.nn.Parameter):  # module.cuda() retags its params
+                    out = out.view_as(out)
+                    outs = (out,)
+            origin = None
+            if asked is HOST:
+                origin = f"{getattr(func, '__name__', func)}(device=cpu) at {caller_location()}"
+            for o in outs:
+                if isinstance(o, torch.Tensor):
+                    _set_tag(o, asked, origin)
+            return out
+        accel, host, unknown, seen = _input_sides(args, kwargs)
+        if not seen:
+            side, origin = HOST, f"torch.{getattr(func, '__name__', func)}() without device= at {caller_location()}"
+        elif accel:
+            side, origin = ACCELERATOR, None
+        elif host is not None and not unknown:
+            side, origin = HOST, host
+        else:
+            return out
+        for o in outs:
+            if isinstance(o, torch.Tensor) and id(o) not in _TAGS:
+                _set_tag(o, side, origin)
+        return out
+
+
 class _DummyStream:
     """Stand-in for torch.cuda.Stream on CPU: every operation is synchronous already."""
 
@@ -145,7 +334,7 @@ def apply_cpu_patches() -> bool:
     if cuda_available():
         return False
     # Patch 1: a process-wide torch function mode (entered once, never exited).
-    mode = _CudaToCpuMode()
+    mode = _StrictCudaToCpuMode() if strict_collectives() else _CudaToCpuMode()
     mode.__enter__()
     # Patch 2: the torch.cuda attributes megatron calls directly.
     torch.cuda.current_device = lambda: 0
@@ -161,6 +350,167 @@ def apply_cpu_patches() -> bool:
     torch.cuda.memory_reserved = lambda *a, **k: 0
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     _APPLIED = True
+    return True
+
+
+# Collectives the strict mode checks (torch.distributed's names; calls from inside torch, e.g.
+# all_gather_object's, are not checked: they pick the right device themselves).
+STRICT_COLLECTIVES = (
+    "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "_all_gather_base",
+    "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce", "gather",
+    "scatter", "send", "recv", "isend", "irecv", "all_to_all", "all_to_all_single",
+    "batch_isend_irecv", "broadcast_object_list", "scatter_object_list", "send_object_list",
+    "recv_object_list",
+)
+_GROUP_KIND = weakref.WeakKeyDictionary()  # ProcessGroup -> ACCELERATOR / HOST
+_STRICT = {"installed": False, "default": ACCELERATOR}
+
+
+class StrictCollectiveError(RuntimeError):
+    """A collective got a tensor on the side its group does not reduce on in production."""
+
+
+def strict_installed() -> bool:
+    return _STRICT["installed"]
+
+
+def _kind_of_backend(backend) -> str:
+    return HOST if backend is not None and str(backend).lower() == "gloo" else ACCELERATOR
+
+
+def group_kind(group=None) -> str:
+    """:data:`ACCELERATOR` (NCCL in production) or :data:`HOST` (gloo) for ``group``: as
+    recorded by the strict mode (the backend the caller ASKED for: ``"gloo"`` makes a host
+    group), else by the group's backend."""
+    import torch.distributed as dist
+
+    if _STRICT["installed"]:
+        if group is None:
+            return _STRICT["default"]
+        kind = _GROUP_KIND.get(group)
+        if kind is not None:
+            return kind
+        try:
+            if group is dist.distributed_c10d._get_default_group():
+                return _STRICT["default"]
+        except Exception:
+            pass
+        return ACCELERATOR
+    return ACCELERATOR if "nccl" in str(dist.get_backend(group)).lower() else HOST
+
+
+def record_group(group, backend_asked) -> None:
+    """Remember the production kind of ``group`` (created with ``backend=backend_asked``)."""
+    import torch.distributed as dist
+
+    if isinstance(group, dist.ProcessGroup):
+        _GROUP_KIND[group] = _kind_of_backend(backend_asked)
+
+
+def _refuse(name, kind, what, where) -> None:
+    want = "an accelerator (NCCL) group: create it on collective_device(group)" if kind == ACCELERATOR \
+        else "a host (gloo) group: it must be a CPU tensor"
+    raise StrictCollectiveError(f"strict collectives: dist.{name} at {where} got {what}, but the group is {want}")
+
+
+def _check_tensor(name, kind, t, where) -> None:
+    if cuda_available():
+        if (t.device.type == "cuda") != (kind == ACCELERATOR):
+            _refuse(name, kind, f"a tensor on {t.device}", where)
+        return
+    side, origin = tensor_side(t)
+    if side is not None and side != kind:
+        what = f"a host tensor (made by {origin})" if side == HOST else "an accelerator tensor"
+        _refuse(name, kind, what, where)
+
+
+def _check_call(name, sig, args, kwargs) -> None:
+    try:
+        bound = sig.bind(*args, **kwargs).arguments
+    except TypeError:
+        return  # torch raises its own error
+    where = caller_location(2)
+    if name == "batch_isend_irecv":
+        for op in bound.get("p2p_op_list") or ():
+            _check_tensor(name, group_kind(op.group), op.tensor, where)
+        return
+    kind = group_kind(bound.get("group"))
+    if name.endswith("_object_list"):
+        dev = bound.get("device")
+        side = _side_of_device(dev) if dev is not None else None
+        side = HOST if side is UNSAID else side  # the device the objects are moved to
+        if side is not None and side != kind:
+            _refuse(name, kind, f"device={dev}", where)
+        return
+    for key, v in bound.items():
+        if key == "group":
+            continue
+        if isinstance(v, torch.Tensor):
+            _check_tensor(name, kind, v, where)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                if isinstance(x, torch.Tensor):
+                    _check_tensor(name, kind, x, where)
+
+
+def _wrap_collective(name, fn):
+    import inspect
+
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def strict(*args, **kwargs):
+        if not sys._getframe(1).f_code.co_filename.startswith(_TORCH_DIR):  # torch's own calls pick their device
+            _check_call(name, sig, args, kwargs)
+        return fn(*args, **kwargs)
+
+    strict.__wrapped_collective__ = fn
+    return strict
+
+
+def _wrap_new_group(fn):
+    import inspect
+
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def strict_new_group(*args, **kwargs):
+        group = fn(*args, **kwargs)
+        try:
+            asked = sig.bind(*args, **kwargs).arguments.get("backend")
+        except TypeError:
+            asked = None
+        record_group(group, asked)
+        return group
+
+    strict_new_group.__wrapped_collective__ = fn
+    return strict_new_group
+
+
+def install_strict_collectives(default_backend=None) -> bool:
+    """The strict mode's collective side (when :func:`strict_collectives`): wrap
+    torch.distributed's collectives and ``new_group``, and take the default group's
+    production kind from the backend its creator asked for (None: the accelerator's).
+    Called before the default group exists; idempotent. Returns whether the mode is on."""
+    if not strict_collectives():
+        return False
+    _STRICT["default"] = _kind_of_backend(default_backend)
+    if _STRICT["installed"]:
+        return True
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    for name in STRICT_COLLECTIVES:
+        fn = getattr(dist, name, None)
+        if fn is not None and not hasattr(fn, "__wrapped_collective__"):
+            setattr(dist, name, _wrap_collective(name, fn))
+    # P2POp accepts only the functions c10d itself names isend/irecv: wrap those names too.
+    for name in ("isend", "irecv"):
+        c10d.__dict__[name] = getattr(dist, name)
+    # new_subgroups* call c10d's new_group: wrap both names.
+    wrapped = _wrap_new_group(c10d.new_group)
+    dist.new_group = c10d.new_group = wrapped
+    _STRICT["installed"] = True
     return True
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -10,6 +11,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+# Strict collectives for the whole suite (megatron_dapo/platform.py): a collective refuses a
+# tensor on the side its group does not reduce on in production (a host tensor to what is NCCL
+# on a GPU), which on CPU, all gloo, would pass unseen. Set here, before any pool, driver
+# subprocess or Ray cluster starts, so every process the tests start inherits it;
+# MEGATRON_DAPO_STRICT_COLLECTIVES=0 turns it off.
+os.environ.setdefault("MEGATRON_DAPO_STRICT_COLLECTIVES", "1")
 
 
 class _Pools:

@@ -194,9 +194,13 @@ def _padded_vocab(model) -> int:
     import torch.distributed as dist
 
     rows = _embedding_rows(model)
-    t = torch.tensor([rows if rows is not None else -1], dtype=torch.long)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return int(rows if rows is not None else -1)
+    from ..distributed import collective_device
+
+    # On the default group's device: a host tensor handed to NCCL raises at the first save.
+    t = torch.tensor([rows if rows is not None else -1], dtype=torch.long, device=collective_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
 
 
