@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 
 from ..config import world_size
-from ..distributed import free_port
 
 
 def engine_options(cfg, kind: str, index: int, base_gpu_id: int, tokenizer_dir: str):
@@ -22,66 +21,112 @@ def engine_options(cfg, kind: str, index: int, base_gpu_id: int, tokenizer_dir: 
     Both engines return logprobs of the tempered distribution, as the trainer computes them.
     """
     r = cfg.rollout
+    # --check-weight-sync-init: the engine starts from the checkpoint (HybridStep._init_check)
+    from_ckpt = bool(r.check_weight_sync_init)
     if kind == "sglang":
         kw = dict(tp_size=r.num_gpus_per_engine, mem_fraction_static=r.mem_fraction_static,
                   base_gpu_id=base_gpu_id, enable_memory_saver=True, tokenizer_path=tokenizer_dir,
                   random_seed=cfg.optim.seed + index, enable_deterministic_inference=cfg.run.deterministic,
-                  dtype="bfloat16" if cfg.model.bf16 else "float32", logprobs_mode="processed")
+                  dtype="bfloat16" if cfg.model.bf16 else "float32", logprobs_mode="processed",
+                  load_format="auto" if from_ckpt else "dummy")
         return kw, {"runtime_env": {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}}
-    return {"logprobs_mode": "processed"}, {}
+    return {"logprobs_mode": "processed", **({"load_weights_from": cfg.model.hf_checkpoint} if from_ckpt else {})}, {}
 
 
 class Cluster:
-    """Trainer actors and engine actors on one Ray placement group (colocated bundles)."""
+    """Trainer actors and engine actors on one Ray placement group (colocated bundles).
 
-    def __init__(self, cfg, hf_dir: str, tokenizer_dir: str):
+    Start-up: the placement group, where each bundle landed (node address, GPU ids) and the
+    rank order that follows from it (``launch.placement.ranks_to_bundles``: sorted by node
+    address and GPU id), the engine plan; then, with ``build_trainers`` (default), the trainer
+    actors. The driver (``megatron_dapo.train``) passes ``build_trainers=False``: it launches
+    the engines first (``make_engine``), lets them release their memory and only then calls
+    :meth:`build_trainers` (``hybrid.phases.HybridStep.launch``), so that SGLang sizes its KV
+    cache on a GPU that no trainer occupies yet.
+    """
+
+    def __init__(self, cfg, hf_dir: str, tokenizer_dir: str, build_trainers: bool = True):
         import ray
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from .actors import EngineActor, PolicyActor
-        from ..launch.placement import create_placement_group, engine_gpu_plan, ranks_to_bundles, start_ray
-
+        from ..launch.placement import bundle_placements, create_placement_group, engine_gpu_plan, ranks_to_bundles, start_ray
         from ..rollout.payload import remove_stale_shared_memory_files
 
         self.cfg = cfg
+        self.hf_dir, self.tokenizer_dir = hf_dir, tokenizer_dir
         self.world = world_size(cfg)
         remove_stale_shared_memory_files()  # buffers of killed runs on this node
         start_ray()
         on_gpu = torch.cuda.is_available()
-        gpus = 1 if on_gpu else 0
+        self.gpus = 1 if on_gpu else 0
         total_cpus = float(ray.cluster_resources().get("CPU", 1))
-        self.pg = create_placement_group(self.world, gpus_per_bundle=gpus, timeout_s=120)
-        bundle_cpus = self._bundle_cpus()
-        threads = max(1, int(total_cpus // max(self.world, 1)))
-        self.master_addr = "127.0.0.1" if cfg.parallel.nnodes == 1 else ray.util.get_node_ip_address()
-        self.master_port = free_port()
-        bundle_of = ranks_to_bundles(self.pg)  # ranks of one node on consecutive bundles
-        strat = lambda rank: PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=bundle_of[rank])
-        self.actors = [
-            PolicyActor.options(scheduling_strategy=strat(r), num_cpus=bundle_cpus / 2, num_gpus=gpus * 0.5 if gpus else 0).remote(
-                r, self.world, self.master_addr, self.master_port, cfg, hf_dir, threads
-            )
-            for r in range(self.world)
-        ]
-        self.infos = ray.get([a.call.remote("info") for a in self.actors])
+        self.pg = create_placement_group(self.world, gpus_per_bundle=self.gpus, timeout_s=120)
+        self.bundle_cpus = self._bundle_cpus()
+        self.threads = max(1, int(total_cpus // max(self.world, 1)))
+        by_bundle = bundle_placements(self.pg, self.gpus)
+        self.bundle_of = ranks_to_bundles(by_bundle)  # rank -> bundle: by (node address, GPU id)
+        self.placements = [by_bundle[b] for b in self.bundle_of]  # rank -> {node_id, node_ip, gpu_ids}
         r = cfg.rollout
         self.engine_kind = ("sglang" if on_gpu else "hf") if r.engine == "auto" else r.engine
         self.num_engines = self.world // r.num_gpus_per_engine
         # Engine e sits on the GPUs of the ranks that feed it (same node, consecutive ids).
-        self.engine_plan = engine_gpu_plan(ray.get([a.placement.remote() for a in self.actors]), r.num_gpus_per_engine)
-
-        def make_engine(i):
-            kw, opts = engine_options(cfg, self.engine_kind, i, self.engine_plan[i]["base_gpu_id"], tokenizer_dir)
-            handle = EngineActor.options(
-                scheduling_strategy=strat(i * r.num_gpus_per_engine), num_cpus=bundle_cpus / 2,
-                num_gpus=gpus * 0.5 if gpus else 0, **opts,
-            ).remote(self.engine_kind, hf_dir, tokenizer_dir, threads, **kw)
-            self._engine_ids[handle._actor_id] = i  # a restarted engine i replaces the old one
-            return handle
-
+        self.engine_plan = engine_gpu_plan(self.placements, r.num_gpus_per_engine)
+        self.actors, self.infos = [], []
+        self.master_addr = self.master_port = None
         self._engine_ids = {}
+        if build_trainers:
+            self.build_trainers()
 
-        self.make_engine = make_engine
+    def _strategy(self, rank: int):
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=self.bundle_of[rank])
+
+    def rendezvous(self):
+        """(MASTER_ADDR, MASTER_PORT) of the trainers' process group: chosen ON rank 0's node (a
+        tiny task on its bundle), where rank 0's TCPStore listens; 127.0.0.1 when every rank
+        is on one node. The driver may sit on any node (or a node without ranks)."""
+        from ..launch.placement import on_bundle
+
+        where = on_bundle(self.pg, self.bundle_of[0], gpus=0.01 if self.gpus else 0)
+        one_node = len({p["node_id"] for p in self.placements}) == 1
+        return ("127.0.0.1" if one_node else where["node_ip"]), where["port"]
+
+    def build_trainers(self, timeout_s=None) -> None:
+        """One PolicyActor per rank (model, optimizer, process groups); waits until all are up
+        (``timeout_s``: at most that long, else ``ray.exceptions.GetTimeoutError``)."""
+        import ray
+
+        from .actors import PolicyActor
+        from ..launch.placement import PlacementError
+
+        cfg, gpus = self.cfg, self.gpus
+        self.master_addr, self.master_port = self.rendezvous()
+        self.actors = [
+            PolicyActor.options(scheduling_strategy=self._strategy(r), num_cpus=self.bundle_cpus / 2,
+                                num_gpus=gpus * 0.5 if gpus else 0).remote(
+                r, self.world, self.master_addr, self.master_port, cfg, self.hf_dir, self.threads
+            )
+            for r in range(self.world)
+        ]
+        self.infos = ray.get([a.call.remote("info") for a in self.actors], timeout=timeout_s)
+        seen = ray.get([a.placement.remote() for a in self.actors], timeout=timeout_s)
+        for rank, (got, want) in enumerate(zip(seen, self.placements)):
+            if got["node_id"] != want["node_id"] or sorted(got["gpu_ids"]) != sorted(want["gpu_ids"]):
+                raise PlacementError(f"trainer rank {rank} runs on {got}, its bundle was probed at {want}")
+
+    def make_engine(self, i: int):
+        """Launch engine ``i`` (an EngineActor on the bundles of its feeding ranks); a restarted
+        engine ``i`` replaces the old one in :meth:`sync`."""
+        from .actors import EngineActor
+
+        r, gpus = self.cfg.rollout, self.gpus
+        kw, opts = engine_options(self.cfg, self.engine_kind, i, self.engine_plan[i]["base_gpu_id"], self.tokenizer_dir)
+        handle = EngineActor.options(
+            scheduling_strategy=self._strategy(i * r.num_gpus_per_engine), num_cpus=self.bundle_cpus / 2,
+            num_gpus=gpus * 0.5 if gpus else 0, **opts,
+        ).remote(self.engine_kind, self.hf_dir, self.tokenizer_dir, self.threads, **kw)
+        self._engine_ids[handle._actor_id] = i
+        return handle
 
     def _bundle_cpus(self) -> float:
         spec = self.pg.bundle_specs[0]
@@ -191,3 +236,8 @@ class RemoteEngines:
         import ray
 
         return ray.get([h.score.remote(sequences, prompt_lens) for h in self.members])
+
+    def check_weights(self, action: str) -> list:
+        import ray
+
+        return ray.get([h.check_weights.remote(action) for h in self.members])

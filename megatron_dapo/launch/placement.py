@@ -7,9 +7,12 @@
   cannot be placed is removed and a :class:`PlacementError` names what was requested and
   what the cluster has, instead of Ray's silent, endless pending state. Requests that no
   node set could ever satisfy fail at once, without waiting.
-* :func:`bundle_node_ids` / :func:`ranks_to_bundles`: where each bundle landed, and an
-  order of bundles that puts consecutive ranks on the same node (Ray does not promise that
-  bundle ``i`` and ``i + 1`` share a node).
+* :func:`bundle_placements` / :func:`ranks_to_bundles`: where each bundle landed (node id,
+  node address, GPU ids: one tiny task per bundle), and the order of bundles by (node
+  address, GPU id) that ranks follow (Ray promises neither that bundle ``i`` and ``i + 1``
+  share a node nor any order of GPU ids); :func:`on_bundle`: the same on one bundle, with a
+  port that is free on its node (the rendezvous of rank 0, driver/cluster.py).
+* :func:`engine_gpu_plan`: each engine on its feeding ranks' GPUs.
 * :func:`wait_for_nodes` (and ``python -m megatron_dapo.launch.placement wait-nodes``): block
   until every expected node has registered its GPUs, else fail naming the missing nodes;
   the Slurm script calls it between ``ray start`` and the driver.
@@ -213,18 +216,72 @@ def bundle_node_ids(pg) -> List[str]:
     return [b2n[i] for i in range(len(table["bundles"]))]
 
 
-def ranks_to_bundles(pg) -> List[int]:
-    """Bundle index for each rank so that ranks on one node are consecutive.
+def _where(with_port: bool = False) -> dict:
+    """What a task placed on a bundle sees: its node (id, IP), the GPU ids Ray gave it
+    (physical ids on that node) and, ``with_port``, a rendezvous port free on that node."""
+    import ray
 
-    Nodes are ordered by the first bundle they received (so a single-node group is the
-    identity), bundles within a node by index.
+    from ..distributed import free_port
+
+    out = {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address(),
+           "gpu_ids": [int(g) for g in ray.get_gpu_ids()]}
+    if with_port:
+        out["port"] = free_port()
+    return out
+
+
+def on_bundle(pg, bundle: int, gpus: float = 0.0, timeout_s: float = 300.0) -> dict:
+    """Run :func:`_where` on ``bundle`` of ``pg`` (a tiny task: no CPU, ``gpus`` GPU, so that
+    it gets the bundle's GPU ids while actors hold most of the bundle)."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    task = ray.remote(_where).options(num_cpus=0, num_gpus=gpus, scheduling_strategy=PlacementGroupSchedulingStrategy(
+        pg, placement_group_bundle_index=bundle))
+    return ray.get(task.remote(True), timeout=timeout_s)
+
+
+def bundle_placements(pg, gpus_per_bundle: float, timeout_s: float = 300.0) -> List[dict]:
+    """``{"node_id", "node_ip", "gpu_ids"}`` of every bundle, in bundle order (one tiny task per
+    bundle, all at once). A GPU bundle keeps its GPU ids for its lifetime: the actors placed on
+    it later see the same ids."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    gpus = 0.01 if gpus_per_bundle else 0
+    task = ray.remote(_where)
+    futs = [task.options(num_cpus=0, num_gpus=gpus, scheduling_strategy=PlacementGroupSchedulingStrategy(
+        pg, placement_group_bundle_index=b)).remote() for b in range(pg.bundle_count)]
+    return ray.get(futs, timeout=timeout_s)
+
+
+def _address_key(addr: str):
+    """Sort key of a node address: IP addresses numerically (10.0.0.9 before 10.0.0.10), then names."""
+    import ipaddress
+
+    try:
+        ip = ipaddress.ip_address(addr)
+        return (0, ip.version, int(ip), "")
+    except ValueError:
+        return (1, 0, 0, addr or "")
+
+
+def ranks_to_bundles(placements: Sequence[dict]) -> List[int]:
+    """Bundle index of each rank: bundles sorted by (node address, GPU id, bundle index).
+
+    ``placements[b]`` is bundle ``b``'s ``{"node_id", "node_ip", "gpu_ids"}``
+    (:func:`bundle_placements`). Ranks of one node are consecutive and follow the node's GPU
+    ids, whatever order Ray gave the bundles in (Ray promises neither that bundle ``i`` and
+    ``i + 1`` share a node nor that their GPU ids ascend). Rank 0 is on the node with the
+    lowest address. CPU bundles (no GPU ids) of one node keep their bundle order.
     """
-    ids = bundle_node_ids(pg)
-    order: List[str] = []
-    for nid in ids:
-        if nid not in order:
-            order.append(nid)
-    return [i for nid in order for i, x in enumerate(ids) if x == nid]
+    def key(b):
+        p = placements[b]
+        gpus = p.get("gpu_ids") or []
+        return (_address_key(p.get("node_ip") or p.get("node_id") or ""), p.get("node_id") or "",
+                min(gpus) if gpus else -1, b)
+
+    return sorted(range(len(placements)), key=key)
 
 
 def engine_gpu_plan(placements: Sequence[dict], gpus_per_engine: int) -> List[dict]:
@@ -232,10 +289,14 @@ def engine_gpu_plan(placements: Sequence[dict], gpus_per_engine: int) -> List[di
 
     ``placements[r]``: ``{"node_id", "gpu_ids"}`` of trainer rank ``r`` (what Ray gave it).
     Engine ``e`` is fed by ranks ``e*K .. e*K+K-1`` (``hybrid.weight_sync.engine_feeders``)
-    and must see exactly their GPUs: all on one node (CUDA IPC does not cross nodes) and
-    consecutive physical ids, since SGLang places TP rank ``j`` on ``base_gpu_id + j``.
-    Returns ``[{"engine", "node_id", "ranks", "base_gpu_id", "gpu_ids"}]`` (ids ``None`` on
-    CPU); raises :class:`PlacementError` naming the engine otherwise.
+    and must see exactly their GPUs. Valid: all on one node (CUDA IPC does not cross nodes),
+    one GPU per rank, and together the K consecutive physical ids ``b .. b+K-1`` (SGLang puts
+    TP rank ``j`` on ``base_gpu_id + j``), in ANY order over the ranks: ``base_gpu_id`` is
+    the smallest. :func:`ranks_to_bundles` gives ascending ids (rank ``e*K + j`` on GPU
+    ``b + j``, which feeds TP rank ``j``: a local copy); another order stays correct, a
+    feeder's buffer is then read by the TP rank of another GPU of the same node (a peer copy).
+    Returns ``[{"engine", "node_id", "ranks", "base_gpu_id", "gpu_ids"}]`` (``gpu_ids``
+    ascending, ids ``None`` on CPU); raises :class:`PlacementError` naming the engine otherwise.
     """
     k = int(gpus_per_engine)
     if k < 1 or len(placements) % k:
@@ -251,11 +312,13 @@ def engine_gpu_plan(placements: Sequence[dict], gpus_per_engine: int) -> List[di
             )
         ids = [g for r in ranks for g in placements[r].get("gpu_ids", [])]
         if ids:
-            if len(ids) != k or ids != list(range(ids[0], ids[0] + k)):
+            got = sorted(ids)
+            if len(ids) != k or got != list(range(got[0], got[0] + k)):
                 raise PlacementError(
-                    f"engine {e}: its ranks {ranks} hold GPUs {ids}, not {k} consecutive ids "
+                    f"engine {e}: its ranks {ranks} hold GPUs {ids}, not {k} distinct consecutive ids "
                     "(SGLang puts TP rank j on base_gpu_id + j)"
                 )
+            ids = got
         plan.append({"engine": e, "node_id": nodes.pop(), "ranks": ranks,
                      "base_gpu_id": ids[0] if ids else None, "gpu_ids": ids or None})
     return plan

@@ -21,6 +21,7 @@ from megatron_dapo.launch.placement import (  # noqa: E402
     NODE_RESOURCE_PREFIX,
     PlacementError,
     bundle_node_ids,
+    bundle_placements,
     create_placement_group,
     ranks_to_bundles,
     start_ray,
@@ -83,7 +84,9 @@ def main() -> int:
         pg = create_placement_group(2, 1, strategy="STRICT_SPREAD", timeout_s=30)
         nodes = bundle_node_ids(pg)
         assert len(set(nodes)) == 2, nodes
-        assert sorted(ranks_to_bundles(pg)) == [0, 1]
+        where = bundle_placements(pg, 1)
+        assert [w["node_id"] for w in where] == nodes and all(len(w["gpu_ids"]) == 1 for w in where), where
+        assert sorted(ranks_to_bundles(where)) == [0, 1]
         actors = [
             Where.options(
                 num_cpus=1,

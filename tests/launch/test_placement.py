@@ -70,13 +70,18 @@ def local_ray():
 
 
 def test_local_placement(local_ray):
-    from megatron_dapo.launch.placement import bundle_node_ids, create_placement_group, ranks_to_bundles
+    from megatron_dapo.launch.placement import (bundle_node_ids, bundle_placements, create_placement_group, on_bundle,
+                                                ranks_to_bundles)
 
     pg = create_placement_group(2, 0, cpus_per_bundle=0.25, timeout_s=30)
     try:
         nodes = bundle_node_ids(pg)
         assert len(nodes) == 2 and len(set(nodes)) == 1
-        assert ranks_to_bundles(pg) == [0, 1]
+        where = bundle_placements(pg, 0)
+        assert [w["node_id"] for w in where] == nodes and all(w["gpu_ids"] == [] for w in where)
+        assert ranks_to_bundles(where) == [0, 1]  # one node, no GPUs: bundle order
+        port = on_bundle(pg, 1)["port"]
+        assert 0 < port < 65536
 
         @ray.remote(num_cpus=0.25)
         def where():
