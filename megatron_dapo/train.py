@@ -123,12 +123,14 @@ class Trainer:
         from .hybrid.phases import HybridStep
 
         cfg = self.cfg
-        self.cluster = Cluster(cfg, self.hf_dir, self.tokenizer_dir)
+        # placement only: the trainer actors come after the engines (HybridStep.launch)
+        self.cluster = Cluster(cfg, self.hf_dir, self.tokenizer_dir, build_trainers=False)
         stop_on_sigterm()  # after ray.init, which replaced it
         self.hybrid = HybridStep(
             self.cluster, offload=self.offload_train, check_weight_sync_every=cfg.rollout.check_weight_sync_every,
             probe_tolerance=cfg.rollout.weight_sync_tolerance,
             param_dtype=torch.bfloat16 if cfg.model.bf16 else torch.float32,
+            check_init_sync=cfg.rollout.check_weight_sync_init,
         )
         resume_dir = checkpoints.resolve(cfg.checkpoint.load) if cfg.checkpoint.load else None
         if cfg.checkpoint.load and resume_dir is None:
@@ -139,8 +141,13 @@ class Trainer:
             self.run_id = state.get("run_id")
         self.logger = MetricsLogger(self.run_dir, cfg.to_dict(), cfg.logging.wandb_project, cfg.logging.wandb_mode,
                                     cfg.logging.tensorboard, run_id=self.run_id)
+        # engines first, sized on free GPUs; they release all their memory, then the trainers are built
         self.engines = EnginePool(self.cluster.make_engine, self.cluster.num_engines, self._resync,
                                   cfg.rollout.engine_timeout_s)
+        self.hybrid.launch(self._remote_engines(), self.cluster.build_trainers)
+        print(f"[init] launch order: {' -> '.join(self.hybrid.events)} "
+              f"({self.cluster.num_engines} engine(s), {self.cluster.world} trainer rank(s), "
+              f"rendezvous {self.cluster.master_addr}:{self.cluster.master_port})", flush=True)
         self.manager = RolloutManager(cfg, self.dataset, self.sampler, self.engines, self.scorer, self.tokenizer)
         if resume_dir:
             self.cluster.call("load", resume_dir)
@@ -200,7 +207,10 @@ class Trainer:
 
     def _resync(self, handles) -> dict:
         """Weight sync into restarted engines mid-rollout (EnginePool), probe included."""
-        return self.hybrid.resync(self._remote_engines(handles), probe=self._probe)
+        restarted = {h._actor_id for h in handles}
+        others = [h for h in self.engines.handles if h._actor_id not in restarted]
+        return self.hybrid.resync(self._remote_engines(handles), probe=self._probe,
+                                  others=self._remote_engines(others) if others else None)
 
     def one_step(self, step: int) -> dict:
         from .diagnostics import repetition_rate

@@ -14,6 +14,11 @@ Training and rollout share the same devices. One step::
     -> probe, engine half (score + compare)   (needs the engine's KV cache: after resume)
     -> generate ...
 
+Start-up (:meth:`HybridStep.launch`): engines launched -> engines.release_memory(all tags) ->
+trainer built -> the first ``to_rollout`` (from INIT): the engines size their KV cache on GPUs
+that no trainer holds yet. A restarted engine (:meth:`HybridStep.resync`): it and the running
+engines release their KV cache before the trainer onloads for its sync.
+
 Why (docs/hybrid.md has the long version): the engine and the trainer are never both resident
 at their peak; the engine's weight memory must exist before the sync writes into it; the
 trainer's weights must be resident while they are read (sync and probe); the KV cache and CUDA
@@ -75,6 +80,9 @@ class LocalEngines:
 
     def score(self, sequences, prompt_lens) -> list:
         return [e.score(sequences, prompt_lens) for e in self.members]
+
+    def check_weights(self, action: str) -> list:
+        return [e.check_weights(action) for e in self.members]
 
 
 class InProcessTrainer:
@@ -145,6 +153,9 @@ class HybridStep:
     the parameter dtype's (:func:`probe.default_threshold`: fp32 1e-4, fp16 0.03, bf16 0.1). A
     trainer with ``weight_checksums(arm, engines=None)`` also gets the exact checksum check
     (``probe.compare_checksums``) on the same syncs, right after the sync.
+    ``check_init_sync`` (``--check-weight-sync-init``): the engines started with the trainer's
+    initial weights; the first sync must restore them exactly after a random fill
+    (:meth:`_init_check`; engines protocol: ``check_weights(action)``).
     """
 
     def __init__(
@@ -155,8 +166,11 @@ class HybridStep:
         check_weight_sync_every: int = 1,
         probe_tolerance: Optional[float] = None,
         param_dtype: torch.dtype = torch.float32,
+        check_init_sync: bool = False,
     ):
         self.trainer = trainer
+        self.check_init_sync = check_init_sync  # --check-weight-sync-init: see _init_check
+        self._init_snapshot = False
         self.offload = offload
         self.check_every = check_weight_sync_every
         self.tolerance = probe_tolerance if probe_tolerance is not None else default_threshold(param_dtype)
@@ -214,6 +228,26 @@ class HybridStep:
         self.num_syncs += 1
         return stats, ref
 
+    def _init_check(self, engines, action: str) -> None:
+        """``--check-weight-sync-init`` (engines started from the trainer's initial weights):
+        "snapshot" at launch, "reset_tensors" before the first sync, "compare" after it
+        (``RolloutEngine.check_weights``); raises WeightSyncError naming every tensor the first
+        sync did not restore exactly."""
+        got = self._timed("probe_s", engines.check_weights, action)
+        self._event(f"init_check_{action}")
+        if action in ("snapshot", "compare"):
+            self._init_snapshot = action == "snapshot"
+        bad = [f"engine {e}: " + "; ".join(lines) for e, lines in enumerate(got or []) if lines]
+        if action == "compare" and bad:
+            raise WeightSyncError(
+                "initial weight sync check (--check-weight-sync-init) failed: after the first sync these engine "
+                "tensors differ from the checkpoint the engine loaded at launch: " + " | ".join(bad) + ". Every "
+                "tensor was overwritten with random values before the sync, so a tensor named here was not written "
+                "by the sync (its name never reached the engine's loader, or the loader skipped it) or was written "
+                "with other values or in another layout (two tensors exchanged, a TP shard or a fused q/k/v or "
+                "gate/up block in the wrong order, a wrong conversion). The trainer's weights at the first sync must "
+                "be --hf-checkpoint's (no --load, no --pretrained-checkpoint)")
+
     def _probe_engines(self, engines, probe: list, ref: list) -> float:
         probe = cut_probe(probe, self.probe_tokens)
         got = self._timed("probe_s", engines.score, probe, [1] * len(probe))
@@ -224,6 +258,22 @@ class HybridStep:
         return st["max_abs"]
 
     # ----------------------------------------------------------------- phases ----
+    def launch(self, engines, build_trainer) -> None:
+        """Start-up (INIT): the engines, just launched, release all their memory, THEN
+        ``build_trainer()`` builds the trainer (model, optimizer). An engine sizes its KV cache
+        from the memory free when it starts (SGLang's mem_fraction_static): launched before
+        the trainer it sees a free GPU. ``release_memory`` waits for every engine to be up.
+        The first :meth:`to_rollout` then resumes their weights, syncs, offloads the trainer
+        and resumes their KV cache."""
+        self._require(INIT, what="launch")
+        if self.check_init_sync:  # before the release: the engines still hold the checkpoint
+            self._init_check(engines, "snapshot")
+        self._timed("release_s", engines.release_memory, list(MEMORY_TAGS))
+        self._event("engine_launch_release")
+        build_trainer()
+        self.trainer_resident = True
+        self._event("trainer_build")
+
     def to_train(self, engines) -> None:
         """rollout -> train: the engines release all their memory, the trainer onloads."""
         self._require(ROLLOUT, what="to_train")
@@ -241,12 +291,19 @@ class HybridStep:
         sync); None skips the probe. Returns ``{"sync": stats, "probe_max_abs": float|None}``.
         """
         self._require(INIT, TRAIN, what="to_rollout")
+        init_check = self.phase == INIT and self.check_init_sync
         if self.phase == INIT:
             self.timings = {}
             self._onload()
+        if init_check and not self._init_snapshot:  # no launch(): engines not released since they loaded
+            self._init_check(engines, "snapshot")
         self._timed("resume_s", engines.resume_memory, [WEIGHTS])
         self._event("engine_resume_weights")
+        if init_check:
+            self._init_check(engines, "reset_tensors")
         stats, ref = self._sync_and_probe_reference(engines, probe)
+        if init_check:
+            self._init_check(engines, "compare")
         self._offload()
         self._timed("resume_s", engines.resume_memory, list(AFTER_SYNC_TAGS))
         self._event("engine_resume_kv_cache")
@@ -254,15 +311,29 @@ class HybridStep:
         worst = self._probe_engines(engines, probe, ref) if ref is not None else None
         return {"sync": stats, "probe_max_abs": worst}
 
-    def resync(self, engines, probe: Optional[list] = None) -> dict:
-        """Re-sync engines that were (re)started awake mid-rollout: onload the trainer if it is
-        offloaded, sync, probe, put the trainer back as it was."""
+    def resync(self, engines, probe: Optional[list] = None, others=None) -> dict:
+        """Re-sync ``engines`` that were (re)started awake mid-rollout; ``others``: the engines
+        that kept running (they hold their KV cache in ROLLOUT).
+
+        With an offloaded trainer the trainer never sits next to a KV cache: the restarted
+        engines and the others release their KV cache and CUDA graphs (the weights stay: the
+        memory of a normal sync), the trainer onloads, syncs the restarted engines, probes,
+        offloads, then every engine resumes its KV cache and the restarted ones are probed. A
+        resident trainer (no offload) just syncs and probes."""
         self._require(ROLLOUT, INIT, what="resync")
-        was = self.trainer_resident
+        make_room = self.offload and not self.trainer_resident
+        if make_room:
+            released = [engines] + ([others] if others is not None and self.phase == ROLLOUT else [])
+            for e in released:
+                self._timed("release_s", e.release_memory, list(AFTER_SYNC_TAGS))
+            self._event("engine_release_kv_cache")
         self._onload()
         stats, ref = self._sync_and_probe_reference(engines, probe)
-        if not was:
+        if make_room:
             self._offload()
+            for e in released:
+                self._timed("resume_s", e.resume_memory, list(AFTER_SYNC_TAGS))
+            self._event("engine_resume_kv_cache")
         worst = self._probe_engines(engines, probe, ref) if ref is not None else None
         return {"sync": stats, "probe_max_abs": worst}
 

@@ -170,10 +170,14 @@ def test_pp2_engine_kill_and_nan_step(tiny, tmp_path):
             "trainer_offload", "engine_resume_kv_cache", "probe_engine"]
     with open(os.path.join(run, "hybrid_events.jsonl")) as f:
         events = {r["step"]: r["events"] for r in map(json.loads, f)}
-    assert events[0] == step[2:]  # the first sync fills the engine built without weights
+    # start-up: the engines launch and release their memory before the trainer is built; the
+    # first sync fills the engine built without weights
+    assert events[0] == ["engine_launch_release", "trainer_build"] + step[2:]
     assert events[1] == events[3] == events[4] == step
     # step 2: the killed engine was restarted mid-rollout and re-synced with the trainer onloaded
-    assert events[2] == ["trainer_onload", "sync_weights", "probe_megatron", "trainer_offload", "probe_engine"] + step
+    # only while the engines' KV caches were released
+    assert events[2] == ["engine_release_kv_cache", "trainer_onload", "sync_weights", "probe_megatron",
+                         "trainer_offload", "engine_resume_kv_cache", "probe_engine"] + step
 
 
 def test_kl_to_reference_model(tiny, tmp_path):

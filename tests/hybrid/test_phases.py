@@ -16,7 +16,7 @@ import torch
 
 from megatron_dapo.hybrid.phases import HybridStep, PhaseError, probe_max_diff
 from megatron_dapo.hybrid.weight_sync import WeightSyncError
-from megatron_dapo.rollout.base import MEMORY_TAGS, WEIGHTS
+from megatron_dapo.rollout.base import KV_CACHE, MEMORY_TAGS, WEIGHTS
 
 STEP = ["engine_release", "trainer_onload", "engine_resume_weights", "sync_weights", "probe_megatron",
         "trainer_offload", "engine_resume_kv_cache", "probe_engine"]
@@ -113,11 +113,116 @@ def test_resync_of_a_restarted_engine_while_offloaded():
     h.to_rollout(e)
     log.clear()
     h.resync(e, probe=[[1, 2]])
-    assert log == ["onload", "sync", "probe_logprobs", "offload", ("score", (1,))]
+    rest = tuple(t for t in MEMORY_TAGS if t != WEIGHTS)
+    assert log == [("release", rest), "onload", "sync", "probe_logprobs", "offload", ("resume", rest), ("score", (1,))]
     assert not h.trainer_resident
     log.clear()
     assert h.while_trainer_resident(lambda: "saved") == "saved"
     assert log == ["onload", "offload"]
+
+
+class Memory:
+    """What each engine and the trainer hold on the (shared) GPUs; every change is checked:
+    the trainer must never be resident while an engine holds its KV cache."""
+
+    def __init__(self):
+        self.trainer = True  # a fresh trainer is on its devices
+        self.engines = {}
+        self.clashes = []
+
+    def check(self, when):
+        holding = sorted(n for n, held in self.engines.items() if KV_CACHE in held)
+        if self.trainer and holding:
+            self.clashes.append((when, holding))
+
+
+class MemoryTrainer(FakeTrainer):
+    def __init__(self, mem, log):
+        super().__init__(log)
+        self.mem = mem
+
+    def onload(self):
+        super().onload()
+        self.mem.trainer = True
+        self.mem.check("trainer onload")
+
+    def offload(self):
+        super().offload()
+        self.mem.trainer = False
+
+
+class MemoryEngines(FakeEngines):
+    """Engines named ``names``; a just launched engine holds all its memory."""
+
+    def __init__(self, mem, log, *names):
+        super().__init__(log)
+        self.mem, self.names = mem, names
+        for n in names:
+            mem.engines[n] = set(MEMORY_TAGS)
+        mem.check(f"launch of {names}")
+
+    def release_memory(self, tags):
+        super().release_memory(tags)
+        for n in self.names:
+            self.mem.engines[n] -= set(tags)
+
+    def resume_memory(self, tags):
+        super().resume_memory(tags)
+        for n in self.names:
+            self.mem.engines[n] |= set(tags)
+        self.mem.check(f"resume {tags} of {self.names}")
+
+
+def test_launch_releases_the_engines_before_the_trainer_is_built():
+    """Start-up: the engines are launched on free GPUs, release all their memory, and only then
+    is the trainer built; the first to_rollout follows."""
+    log, mem = [], Memory()
+    mem.trainer = False  # not built yet
+    h = HybridStep(MemoryTrainer(mem, log), offload=True)
+    engines = MemoryEngines(mem, log, "e0", "e1")
+
+    def build():
+        log.append("build")
+        assert all(not held for held in mem.engines.values()), mem.engines
+        mem.trainer = True
+        mem.check("trainer build")
+
+    h.launch(engines, build)
+    assert log == [("release", tuple(MEMORY_TAGS)), "build"]
+    h.to_rollout(engines, probe=[[1, 2, 3]])
+    assert h.events == ["engine_launch_release", "trainer_build"] + INIT
+    assert not mem.clashes and not mem.trainer
+    assert all(held == set(MEMORY_TAGS) for held in mem.engines.values())
+    with pytest.raises(PhaseError, match="launch"):
+        h.launch(engines, build)
+
+
+@pytest.mark.parametrize("with_others", [False, True], ids=["restarted-only", "others-running"])
+def test_resync_never_onloads_the_trainer_next_to_a_kv_cache(with_others):
+    """An engine restarted mid-rollout comes up holding its KV cache, next to the running
+    engines' KV caches: the trainer onloads for its sync only once all of them released their
+    KV cache (the weights stay), and every engine holds all its memory again afterwards."""
+    log, mem = [], Memory()
+    h = HybridStep(MemoryTrainer(mem, log), offload=True)
+    mem.trainer = False
+    running = MemoryEngines(mem, log, "e0", "e1")
+    running.release_memory(list(MEMORY_TAGS))  # as HybridStep.launch leaves them, then builds the trainer
+    mem.trainer = True
+    h.to_rollout(running)  # engines awake with their KV caches, trainer offloaded
+    assert not mem.clashes and not mem.trainer
+    others = MemoryEngines(mem, log, "e0")
+    restarted = MemoryEngines(mem, log, "e1")  # the new e1, launched awake
+    h.events.clear()
+    if with_others:
+        h.resync(restarted, probe=[[1, 2]], others=others)
+    else:
+        del mem.engines["e0"]  # a single engine: only the restarted one
+        h.resync(restarted, probe=[[1, 2]])
+    assert not mem.clashes, mem.clashes
+    assert not mem.trainer and not h.trainer_resident
+    assert all(held == set(MEMORY_TAGS) for held in mem.engines.values())
+    assert h.events == ["engine_release_kv_cache", "trainer_onload", "sync_weights", "probe_megatron",
+                        "trainer_offload", "engine_resume_kv_cache", "probe_engine"]
 
 
 @pytest.mark.gloo
