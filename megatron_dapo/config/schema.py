@@ -102,6 +102,12 @@ class RolloutConfig:
         1, "Check the engines after every N-th weight sync (0 = never): exact per-tensor checksums of what the "
         "engine holds against what the trainer sent (engines that can report them: hf), and engine vs trainer "
         "logprobs on the probe's first 256 tokens.")
+    check_weight_sync_init: bool = _f(
+        False, "Exact check of the first weight sync, by the engine's own tensor names (the check for SGLang): the "
+        "engines load --hf-checkpoint's weights at launch and record them, overwrite them with random values before "
+        "the first sync, and after it every tensor must equal its record again; the error names each tensor that "
+        "differs. For runs whose trainer starts from --hf-checkpoint (not with --load or --pretrained-checkpoint); "
+        "engines load the checkpoint at launch (slower start).")
     weight_sync_tolerance: Optional[float] = _f(
         None, "Mean |logp_engine - logp_trainer| tolerated on the weight-sync probe; its 90th percentile may reach "
         "3x this, its max is logged only (default by parameter dtype: fp32 1e-4, fp16 0.03, bf16 0.1).")

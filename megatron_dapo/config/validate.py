@@ -155,6 +155,9 @@ def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[
         raise ConfigError(f"--hf-checkpoint: directory not found: {cfg.model.hf_checkpoint}")
     if cfg.checkpoint.load and not os.path.exists(cfg.checkpoint.load):
         raise ConfigError(f"--load: directory not found: {cfg.checkpoint.load}")
+    if cfg.rollout.check_weight_sync_init and (cfg.checkpoint.load or cfg.model.pretrained_checkpoint):
+        raise ConfigError("--check-weight-sync-init needs the trainer to start from --hf-checkpoint's weights: drop it "
+                          "or drop --load / --pretrained-checkpoint")
     try:
         a.validate()
     except ValueError as e:

@@ -165,6 +165,10 @@ class EngineActor:
         except NotImplementedError:
             return None
 
+    def check_weights(self, action: str):
+        """``RolloutEngine.check_weights`` (--check-weight-sync-init, hybrid/phases.py)."""
+        return self.engine.check_weights(action)
+
 
 class RemoteEngine:
     """A RolloutEngine-like client of an EngineActor (for evaluation from the driver)."""

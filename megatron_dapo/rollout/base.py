@@ -33,6 +33,12 @@ KV_CACHE = "kv_cache"
 CUDA_GRAPH = "cuda_graph"  # SGLang's captured CUDA graphs; a no-op tag for engines without any
 MEMORY_TAGS = (WEIGHTS, KV_CACHE, CUDA_GRAPH)
 
+#: The initial weight-sync check (``--check-weight-sync-init``, hybrid/phases.py), in this order:
+#: "snapshot" (at launch: the engine holds the checkpoint it loaded), "reset_tensors" (before
+#: the first sync: every tensor overwritten with random values), "compare" (after it: every
+#: tensor must equal its snapshot again). See :meth:`RolloutEngine.check_weights`.
+WEIGHT_CHECK_ACTIONS = ("snapshot", "reset_tensors", "compare")
+
 
 @dataclass
 class SamplingParams:
@@ -184,6 +190,16 @@ class RolloutEngine(abc.ABC):
         gives None: not comparable). Used by the weight-sync check on probe syncs."""
         raise NotImplementedError(f"{type(self).__name__} cannot report weight checksums by HF name")
 
+    def check_weights(self, action: str) -> List[str]:
+        """The initial weight-sync check (``WEIGHT_CHECK_ACTIONS``), on the tensors the engine
+        holds under its own names. "snapshot": record them (the checkpoint loaded at launch);
+        "reset_tensors": overwrite each with random values (generate/score then refuse until
+        the next complete update); "compare": one line per tensor that differs from the
+        snapshot (name first, then what differs), empty when all are equal; the snapshot is
+        dropped. Needs the "weights" memory. Engines that cannot do it raise
+        NotImplementedError (the check was asked for: it fails rather than being skipped)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot check its weights against a snapshot")
+
     # --- memory ---------------------------------------------------------------------
     def is_released(self, tag: str) -> bool:
         _check_tags([tag])
@@ -233,6 +249,12 @@ class RolloutEngine(abc.ABC):
 
     @abc.abstractmethod
     def shutdown(self) -> None: ...
+
+
+def check_weight_action(action: str) -> str:
+    if action not in WEIGHT_CHECK_ACTIONS:
+        raise ValueError(f"unknown weight check action {action!r}; known: {list(WEIGHT_CHECK_ACTIONS)}")
+    return action
 
 
 def _check_tags(tags) -> List[str]:

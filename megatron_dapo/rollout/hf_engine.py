@@ -49,6 +49,7 @@ from megatron_dapo.rollout.base import (
     RolloutEngine,
     SamplingParams,
     WeightUpdateError,
+    check_weight_action,
     derive_seed,
 )
 
@@ -57,7 +58,9 @@ class HFEngine(RolloutEngine):
     """``HFEngine(model_dir)`` or ``HFEngine(config, state_dict)`` or ``HFEngine((config, sd))``.
 
     ``state_dict=None`` with a config gives random weights (load real ones with
-    update_weights). ``eos_token_ids`` defaults to the config's ``eos_token_id``.
+    update_weights), unless ``load_weights_from`` names the HF checkpoint directory to read
+    them from (what ``--check-weight-sync-init`` needs: the engine starts from the checkpoint).
+    ``eos_token_ids`` defaults to the config's ``eos_token_id``.
     """
 
     def __init__(
@@ -72,6 +75,7 @@ class HFEngine(RolloutEngine):
         pad_token_id: Optional[int] = None,
         logprobs_mode: str = "raw",
         seed: Optional[int] = None,
+        load_weights_from: Optional[Union[str, os.PathLike]] = None,
     ) -> None:
         super().__init__()
         from transformers import AutoModelForCausalLM
@@ -84,7 +88,11 @@ class HFEngine(RolloutEngine):
             model, state_dict = model
         self.device = torch.device(device)
         self.dtype = dtype
-        if isinstance(model, (str, os.PathLike)):
+        if load_weights_from is not None:
+            if isinstance(model, (str, os.PathLike)) or state_dict is not None:
+                raise TypeError("load_weights_from is only accepted with a config and no state_dict")
+            self.model = AutoModelForCausalLM.from_pretrained(str(load_weights_from), config=model, dtype=dtype)
+        elif isinstance(model, (str, os.PathLike)):
             if state_dict is not None:
                 raise TypeError("state_dict is only accepted with a config")
             self.model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype)
@@ -92,6 +100,7 @@ class HFEngine(RolloutEngine):
             self.model = AutoModelForCausalLM.from_config(model, dtype=dtype)
         self.model.to(self.device).eval()
         self.model.requires_grad_(False)
+        _own_storages(self.model)  # release_memory resizes storages: not the checkpoint's mmap
         self.config = self.model.config
         self.tokenizer = tokenizer
         self.logprobs_mode = logprobs_mode
@@ -99,6 +108,7 @@ class HFEngine(RolloutEngine):
         self._abort = threading.Event()
         self._closed = False
         self._weights_valid = True
+        self._snapshot: Optional[Dict[str, torch.Tensor]] = None  # check_weights("snapshot")
         self._cache = None
         self._step_hook: Optional[Callable[[int], None]] = None  # tests: called every step
 
@@ -198,6 +208,35 @@ class HFEngine(RolloutEngine):
                 continue
             out[name] = tensor_checksum(t, dtype_of(want) if want else None)
         return out
+
+    def check_weights(self, action: str) -> List[str]:
+        """``RolloutEngine.check_weights`` on the HF tensors (canonical names): the snapshot is
+        a copy in host memory; "reset_tensors" fills floating tensors with uniform [0, 1)
+        values and integer ones with random integers (SGLang's WeightChecker does the same);
+        "compare" is bitwise (``torch.equal`` on the raw bytes)."""
+        check_weight_action(action)
+        self._check_not_released(WEIGHTS, f"check_weights({action!r})")
+        with torch.no_grad():
+            if action == "snapshot":
+                self._snapshot = {n: t.detach().clone() for n, t in self._params.items()}
+                return []
+            if action == "reset_tensors":
+                for t in self._params.values():
+                    t.copy_(_random_like(t))
+                self._weights_valid = False  # garbage until the next complete update
+                return []
+            if self._snapshot is None:
+                raise RuntimeError("HFEngine.check_weights('compare') without a snapshot: call check_weights('snapshot') first")
+            snap, self._snapshot = self._snapshot, None
+            out = []
+            for name in sorted(snap):
+                want, got = snap[name], self._params[name].detach()
+                if _same_bytes(want, got):
+                    continue
+                err = (got.double() - want.double()).abs()
+                out.append(f"{name}: max_abs_err={float(err.max()):.4g}, {int((err != 0).sum())} of "
+                           f"{want.numel()} elements differ")
+            return out
 
     # ------------------------------------------------------------------- memory ----
     def _unique_storages(self):
@@ -461,6 +500,33 @@ class HFEngine(RolloutEngine):
         self._cache = None
         self.model = None
         self._params = {}
+
+
+def _own_storages(model) -> None:
+    """Give every parameter and buffer a storage of its own where it has a fixed-size one (a
+    checkpoint's memory-mapped safetensors), so that ``release_memory`` can resize it to 0."""
+    with torch.no_grad():
+        for t in list(model.parameters()) + list(model.buffers()):
+            if not t.data.untyped_storage().resizable():
+                t.data = t.data.clone()
+
+
+def _random_like(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype.is_floating_point:
+        return torch.rand(t.shape, dtype=torch.float32, device=t.device).to(t.dtype)
+    if t.dtype == torch.bool:
+        return torch.rand(t.shape, device=t.device) > 0.5
+    info = torch.iinfo(t.dtype)
+    return torch.randint(int(info.min), int(info.max), t.shape, dtype=t.dtype, device=t.device)
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.is_floating_point:  # bitwise: NaN == NaN, -0.0 != 0.0
+        ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        a, b = a.contiguous().view(ints), b.contiguous().view(ints)
+    return torch.equal(a, b)
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

@@ -56,6 +56,7 @@ from megatron_dapo.rollout.base import (
     RolloutEngine,
     SamplingParams,
     WeightUpdateError,
+    check_weight_action,
     derive_seed,
 )
 from megatron_dapo.rollout.payload import (  # noqa: F401  (re-exported: one serializer for every engine)
@@ -99,6 +100,9 @@ USED_API: Dict[str, Any] = {
         ("sglang.srt.entrypoints.engine", "Engine.get_server_info", ()),
         ("sglang.srt.entrypoints.engine", "Engine.shutdown", ()),
         ("sglang.srt.managers.tokenizer_manager", "TokenizerManager.abort_request", ("abort_all",)),
+        # TokenizerManager's check_weights (the offline Engine has no method for it), called as
+        # the Engine's own methods call the tokenizer manager: loop.run_until_complete(...)
+        ("sglang.srt.managers.tokenizer_control_mixin", "TokenizerControlMixin.check_weights", ("obj", "request")),
         ("sglang.srt.utils.common", "MultiprocessingSerializer.serialize", ("obj", "output_str")),
         ("sglang.srt.utils.patch_torch", "monkey_patch_torch_reductions", ()),
     ],
@@ -113,6 +117,7 @@ USED_API: Dict[str, Any] = {
         ("sglang.srt.utils.common", "MultiprocessingSerializer"),
         ("sglang.srt.utils.patch_torch", "monkey_patch_torch_reductions"),
         ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata"),
+        ("sglang.srt.managers.io_struct", "CheckWeightsReqInput"),
     ],
     # Engine(**kwargs) are ServerArgs fields
     "server_args": (
@@ -130,6 +135,11 @@ USED_API: Dict[str, Any] = {
     "dataclass_fields": [
         ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata",
          ("name", "shape", "dtype", "start_idx", "end_idx", "numel")),
+        ("sglang.srt.managers.io_struct", "CheckWeightsReqInput",
+         ("action", "allow_quant_error", "skip_tensor_list", "selector")),
+        # one per rank in check_weights' answer (we read tp/dp/pp rank and size)
+        ("sglang.srt.managers.io_struct", "ParallelismInfo",
+         ("role", "tp_rank", "tp_size", "dp_rank", "dp_size", "pp_rank", "pp_size", "rank", "size")),
     ],
     # string literals that must appear in a module: the receiving side of our protocols
     "string_literals": [
@@ -149,6 +159,10 @@ USED_API: Dict[str, Any] = {
         ("sglang.srt.model_executor.runner_backend.breakable_cuda_graph_backend",
          ("Breakable CUDA graph is not compatible with memory saver mode",)),
         ("sglang.srt.model_executor.cuda_graph_config", ("disabled",)),
+        # the weight checker's actions we use (check_weights) and the answer's keys we read
+        ("sglang.srt.utils.weight_checker", ("reset_tensors", "checksum")),
+        ("sglang.srt.managers.scheduler_components.weight_updater",
+         ("checksums", "parallelism_info")),
     ],
     # module-level constants: (module, name, value)
     "constants": [
@@ -455,6 +469,63 @@ def release_cached_memory(devices) -> None:
 
 
 # --------------------------------------------------------------------- the adapter ----
+#: SGLang's fused parameters (Qwen2/Qwen3/Llama ``stacked_params_mapping``) and the HF tensors
+#: the weight sync writes into them
+FUSED_FROM_HF = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def hf_sources(sglang_name: str) -> List[str]:
+    """The HF tensors that are loaded into SGLang's parameter ``sglang_name`` (itself when not fused)."""
+    for fused, parts in FUSED_FROM_HF.items():
+        if f".{fused}." in sglang_name:
+            return [sglang_name.replace(f".{fused}.", f".{p}.") for p in parts]
+    return [sglang_name]
+
+
+def rank_checksums(ranks) -> Dict[str, Dict[str, str]]:
+    """SGLang's ``check_weights`` answer to "checksum" (one ChecksumInfo dict per GPU rank:
+    ``checksums`` {SGLang parameter name: hash}, ``parallelism_info``) -> {rank label: checksums}."""
+    out: Dict[str, Dict[str, str]] = {}
+    for info in ranks or []:
+        p = info["parallelism_info"]
+        p = p[0] if isinstance(p, (list, tuple)) else p
+        label = f"tp rank {p['tp_rank']}"
+        if p.get("dp_size", 1) > 1:
+            label += f" dp rank {p['dp_rank']}"
+        if p.get("pp_size", 1) > 1:
+            label += f" pp rank {p['pp_rank']}"
+        if label in out:
+            raise WeightUpdateError(f"SGLang check_weights: two answers for {label}")
+        out[label] = dict(info["checksums"])
+    if not out:
+        raise WeightUpdateError("SGLang check_weights('checksum') returned no per-rank checksums")
+    return out
+
+
+def diff_rank_checksums(before: Dict[str, Dict[str, str]], after: Dict[str, Dict[str, str]]) -> List[str]:
+    """One line per SGLang parameter whose hash differs between two :func:`rank_checksums`
+    (the ranks where it differs, and the HF tensors written into it when it is fused), then
+    a line per rank or parameter present only once."""
+    differ: Dict[str, List[str]] = {}
+    extra = []
+    for label in sorted(set(before) | set(after)):
+        if label not in before or label not in after:
+            extra.append(f"{label}: answered {'only before' if label in before else 'only after'} the sync")
+            continue
+        b, a = before[label], after[label]
+        for name in sorted(set(b) | set(a)):
+            if name not in b or name not in a:
+                extra.append(f"{name} ({label}): reported {'only before' if name in b else 'only after'} the sync")
+            elif b[name] != a[name]:
+                differ.setdefault(name, []).append(label)
+    out = []
+    for name, labels in differ.items():
+        src = hf_sources(name)
+        fused = f"; written from HF {', '.join(src)}" if src != [name] else ""
+        out.append(f"{name}: hash differs on {', '.join(labels)}{fused}")
+    return out + extra
+
+
 def _import_sglang():
     try:
         import sglang  # noqa: F401
@@ -687,13 +758,49 @@ class SGLangEngine(RolloutEngine):
         super().finish_weight_update()  # ends the session, flushes, raises on missing names
         self._weights_valid = True
 
+    def check_weights(self, action: str) -> List[str]:
+        """``RolloutEngine.check_weights`` through SGLang's own weight checker, by SGLang's
+        parameter names (fused qkv_proj / gate_up_proj, TP shards): "snapshot" and "compare"
+        ask every rank for the hash of each of its parameters (checker action "checksum",
+        gathered over the TP ranks) and compare them per rank here; "reset_tensors" is the
+        checker's own (random values in every parameter). The checker's "snapshot"/"compare"
+        actions are not used: only TP rank 0's compare result reaches the caller (every rank
+        answers, the others' answers are dropped), and the snapshot is a host copy of all the
+        engine's weights kept until the compare."""
+        check_weight_action(action)
+        self._check_not_released(WEIGHTS, f"check_weights({action!r})")
+        if action == "reset_tensors":
+            self._weight_checker("reset_tensors")
+            self._weights_valid = False  # random until the next complete update
+            return []
+        now = rank_checksums(self._weight_checker("checksum"))
+        if action == "snapshot":
+            self._checksum_snapshot = now
+            return []
+        before = getattr(self, "_checksum_snapshot", None)
+        if before is None:
+            raise RuntimeError("SGLangEngine.check_weights('compare') without a snapshot: call check_weights('snapshot') first")
+        self._checksum_snapshot = None
+        return diff_rank_checksums(before, now)
+
+    def _weight_checker(self, action: str):
+        """One call of SGLang's weight checker on the target model; the per-rank answers."""
+        from sglang.srt.managers.io_struct import CheckWeightsReqInput
+
+        req = CheckWeightsReqInput(action=action, allow_quant_error=False, skip_tensor_list=None, selector="target")
+        tm = self._engine.tokenizer_manager
+        result = self._engine.loop.run_until_complete(tm.check_weights(req, None))
+        _check_result(result, f"check_weights(action={action!r})")
+        return result[2]
+
     def weight_checksums(self, dtypes=None):
         """Not available from sglang 0.5.23 by HF name: ``Engine.get_weights_by_name`` exists
         for a few model classes only (Llama, not Qwen2/Qwen3) and returns a truncated list of
         floats; its weights checker (``check_weights``, action "checksum") hashes SGLang's own
         parameters per TP rank (fused qkv_proj / gate_up_proj, vocab-padded embeddings,
         TP shards), which no HF-name checksum of the trainer can be compared with. The
-        weight-sync check skips the checksum half for this engine (the logprob half runs)."""
+        weight-sync check skips the checksum half for this engine (the logprob half runs);
+        the exact check for this engine is :meth:`check_weights` (``--check-weight-sync-init``)."""
         raise NotImplementedError(
             f"sglang {SGLANG_VERSION} offers no per-HF-tensor read-back of the engine's weights"
         )

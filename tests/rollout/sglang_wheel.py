@@ -91,8 +91,8 @@ class _Struct:
         dataclasses.dataclass(frozen=frozen, kw_only=kw_only)(cls)
 
 
-MSGSPEC = SimpleNamespace(Struct=_Struct, structs=SimpleNamespace(replace=dataclasses.replace),
-                          convert=lambda obj, typ: obj)
+MSGSPEC = SimpleNamespace(Struct=_Struct, structs=SimpleNamespace(replace=dataclasses.replace, fields=dataclasses.fields),
+                          convert=lambda obj, typ: typ(**obj) if isinstance(obj, dict) else obj)
 
 
 def serializer_namespace(src: WheelSource) -> dict:
@@ -107,28 +107,44 @@ def serializer_namespace(src: WheelSource) -> dict:
 
 
 def parallel(tp_rank: int, tp_size: int) -> SimpleNamespace:
-    return SimpleNamespace(tp_rank=tp_rank, tp_size=tp_size, dp_size=1, num_dp_ranks=1,
+    return SimpleNamespace(tp_rank=tp_rank, tp_size=tp_size, dp_size=1, num_dp_ranks=1, dp_rank=None,
+                           attn_dp_size=1, pp_rank=0, pp_size=1,
                            tp_group=SimpleNamespace(cpu_group=f"tp-cpu-group-{tp_rank}"))
 
 
-def session_manager_namespace(src: WheelSource, tp_rank: int, tp_size: int, constants, barrier) -> dict:
+def session_manager_namespace(src: WheelSource, tp_rank: int, tp_size: int, constants, barrier,
+                              gather=None, io_ns=None) -> dict:
     """sglang.srt.managers.scheduler_components.weight_updater: the scheduler's weight-update
-    manager (session rule, fan-out to runners, release/resume by tag), per TP rank."""
+    manager (session rule, fan-out to runners, release/resume by tag, the weight checker's
+    request), per TP rank. ``gather(rank, out_list, obj)``: torch.distributed.all_gather_object
+    over the TP ranks; ``io_ns``: :func:`check_weights_io_namespace` (its output classes)."""
     names = ["_parse_runner_selector", "_WeightUpdateSession", "SchedulerWeightUpdaterManager",
-             "_export_static_state", "_import_static_state"]
+             "_export_static_state", "_import_static_state", "_merge_checksum_payloads"]
     outputs = {}
     for n in ("BeginWeightUpdateReqOutput", "EndWeightUpdateReqOutput", "UpdateWeightsFromTensorReqOutput",
-              "ReleaseMemoryOccupationReqOutput", "ResumeMemoryOccupationReqOutput"):
+              "ReleaseMemoryOccupationReqOutput", "ResumeMemoryOccupationReqOutput", "CheckWeightsReqOutput"):
         outputs[n] = type(n, (), {"__init__": lambda self, **kw: self.__dict__.update(kw)})
+    if io_ns is not None:
+        outputs.update(CheckWeightsReqOutput=io_ns["CheckWeightsReqOutput"], ChecksumInfo=io_ns["ChecksumInfo"])
+    import hashlib
+    import traceback
+
+    m_wc = "sglang.srt.utils.weight_checker"
+    overall_checksum = run(extract(src, m_wc, ["overall_checksum"]), dict(_typing_names(), hashlib=hashlib,
+                           __name__=m_wc), m_wc.replace(".", "/") + ".py")["overall_checksum"]
+
     torch_shim = SimpleNamespace(
-        distributed=SimpleNamespace(barrier=lambda *a, **k: barrier(tp_rank)),
+        distributed=SimpleNamespace(barrier=lambda *a, **k: barrier(tp_rank),
+                                    get_world_size=lambda group=None: tp_size,
+                                    all_gather_object=lambda out, obj, group=None: gather(tp_rank, out, obj)),
         get_device_module=lambda *a: SimpleNamespace(synchronize=lambda: None),
         inference_mode=torch.inference_mode,
     )
     disagg = SimpleNamespace(NULL="null", DECODE="decode", PREFILL="prefill")
     ns = dict(_typing_names(), **outputs, dataclass=dataclasses.dataclass, field=dataclasses.field,
               contextmanager=contextlib.contextmanager, time=time, msgspec=MSGSPEC, torch=torch_shim,
-              logger=logging.getLogger("sglang_wheel"), traceback=None, DisaggregationMode=disagg,
+              logger=logging.getLogger("sglang_wheel"), traceback=traceback, DisaggregationMode=disagg,
+              overall_checksum=overall_checksum,
               get_parallel=lambda: parallel(tp_rank, tp_size),
               get_model=lambda: SimpleNamespace(weight_cache_mode="off"),
               GPU_MEMORY_ALL_TYPES=constants.GPU_MEMORY_ALL_TYPES,
@@ -215,3 +231,83 @@ def sampling_params_class(src: WheelSource):
               WatermarkRequestConfig=typing.Any, normalize_watermark_request=lambda w: w,
               __name__=__name__)
     return run(extract(src, module, names), ns, module.replace(".", "/") + ".py")["SamplingParams"]
+
+
+# --------------------------------------------------------------------- weight checker ----
+def check_weights_io_namespace(src: WheelSource) -> dict:
+    """sglang.srt.managers.io_struct: CheckWeightsReqInput / CheckWeightsReqOutput and the wire
+    ChecksumInfo / ParallelismInfo (msgspec structs, here dataclasses)."""
+    module = "sglang.srt.managers.io_struct"
+
+    class BaseReq(_Struct, kw_only=True):
+        rid: typing.Optional[str] = None
+        http_worker_ipc: typing.Optional[str] = None
+
+    ns = dict(_typing_names(), msgspec=MSGSPEC, BaseReq=BaseReq, __name__=__name__)
+    names = ["CheckWeightsReqInput", "ParallelismInfo", "ChecksumInfo", "CheckWeightsReqOutput"]
+    return run(extract(src, module, names), ns, module.replace(".", "/") + ".py")
+
+
+def weight_checker_namespace(src: WheelSource, tp_rank: int, tp_size: int) -> dict:
+    """sglang.srt.utils.weight_checker (WeightChecker: snapshot / reset_tensors / compare /
+    checksum) with its comparator and ``mm_utils.tensor_hash`` (its CPU path: sha256 of the
+    bytes; the GPU path is a triton hash of the same bytes), for one TP rank."""
+    import hashlib
+
+    from pydantic import BaseModel, ConfigDict
+
+    m_cmp = "sglang.srt.utils.weight_checker_comparator"
+    quant = {n: type(n, (), {}) for n in ("Fp8LinearMethod", "Fp8MoEMethod", "ModelOptFp4LinearMethod",
+                                          "ModelOptNvFp4FusedMoEMethod")}
+    cmp = run(extract(src, m_cmp, ["CHUNK_NUMEL", "CompareResult", "ComparableWeight", "RawComparable",
+                                   "compare_weights", "select_comparable_weight"]),
+              dict(_typing_names(), NamedTuple=typing.NamedTuple, Iterable=typing.Iterable, torch=torch, **quant,
+                   __name__=m_cmp), m_cmp.replace(".", "/") + ".py")
+    m_mm = "sglang.srt.managers.mm_utils"
+
+    def gpu_tensor_hash(t):
+        raise AssertionError("CPU tensors take tensor_hash's CPU path")
+
+    mm = run(extract(src, m_mm, ["tensor_hash"]),
+             dict(hashlib=hashlib, torch=torch, gpu_tensor_hash=gpu_tensor_hash,
+                  flatten_nested_list=lambda x: x, __name__=m_mm), m_mm.replace(".", "/") + ".py")
+    module = "sglang.srt.utils.weight_checker"
+    names = ["_StrictBaseModel", "ParallelismInfo", "ChecksumInfo", "CheckEntry", "QuantizedWeight",
+             "_NON_PERSISTENT_BUFFER_PATTERNS", "_is_non_persistent_buffer_name", "_is_skip_weight_check",
+             "overall_checksum", "_padded", "_ArenaAllocator", "WeightChecker", "_hash_tensor", "_check_tensors",
+             "_random_like", "_build_quantized_set", "_build_check_entries"]
+    ns = dict(_typing_names(), NamedTuple=typing.NamedTuple, Iterable=typing.Iterable, hashlib=hashlib,
+              logging=logging, logger=logging.getLogger("sglang_wheel"), time=time, torch=torch,
+              dist=torch.distributed, BaseModel=BaseModel, ConfigDict=ConfigDict, tensor_hash=mm["tensor_hash"],
+              alloc_mmap=lambda shape, dtype: torch.empty(shape, dtype=dtype),
+              current_platform=SimpleNamespace(synchronize=lambda: None),
+              get_parallel=lambda: parallel(tp_rank, tp_size), __name__=module,
+              **{k: cmp[k] for k in ("CHUNK_NUMEL", "ComparableWeight", "RawComparable", "compare_weights",
+                                     "select_comparable_weight")})
+    # evaluated annotations (pydantic reads them at class creation), as the module itself does
+    exec(compile(extract(src, module, names), module.replace(".", "/") + ".py", "exec", dont_inherit=True), ns)
+    return ns
+
+
+def model_runner_check_weights(src: WheelSource):
+    """sglang.srt.model_executor.model_runner.ModelRunner.check_weights (hands the request to
+    its WeightChecker)."""
+    module = "sglang.srt.model_executor.model_runner"
+    return run(extract(src, module, ["check_weights"], cls="ModelRunner"), dict(_typing_names(), __name__=module),
+               module.replace(".", "/") + ".py")["check_weights"]
+
+
+def tokenizer_check_weights(src: WheelSource):
+    """sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.check_weights (async):
+    fans the request out through ``self.check_weights_communicator`` and merges the answers
+    into (success, message, per-rank checksums, per-engine checksum)."""
+    import hashlib
+
+    module = "sglang.srt.managers.tokenizer_control_mixin"
+    b = run(extract(src, "sglang.srt.utils.msgspec_utils", ["msgspec_to_builtins"]),
+            dict(msgspec=MSGSPEC, dataclasses=dataclasses, Any=typing.Any, __name__=__name__),
+            "sglang/srt/utils/msgspec_utils.py")
+    ns = dict(_typing_names(), hashlib=hashlib, msgspec_to_builtins=b["msgspec_to_builtins"],
+              FanOutCommunicator=SimpleNamespace(merge_results=merge_results_function(src)), __name__=module)
+    return run(extract(src, module, ["check_weights"], cls="TokenizerControlMixin"), ns,
+               module.replace(".", "/") + ".py")["check_weights"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import math
 import sys
+import threading
 import types
 
 import pytest
@@ -60,7 +61,8 @@ def wheel_modules(src, monkeypatch):
     for cls in (mod.FlattenedTensorMetadata, mod.FlattenedTensorBucket):
         cls.__module__ = name
     consts = sw.exec_module(src, "sglang.srt.constants")
-    yield types.SimpleNamespace(tensor_bucket=mod, constants=consts, ser=sw.serializer_namespace(src))
+    yield types.SimpleNamespace(tensor_bucket=mod, constants=consts, ser=sw.serializer_namespace(src),
+                                checks=sw.check_weights_io_namespace(src))
     from multiprocessing import resource_sharer
 
     resource_sharer.stop()  # the fd-passing thread our in-process CPU payloads started
@@ -99,8 +101,23 @@ class DeferredModel:
             self.hf._load_bucket([(name, src)])
 
 
+class _ThreadGather:
+    """torch.distributed.all_gather_object over in-process TP ranks (one thread per rank)."""
+
+    def __init__(self, n: int):
+        self.n, self.slots = n, {}
+        self.barrier = threading.Barrier(n, timeout=60)
+
+    def __call__(self, rank, out, obj):
+        self.slots[rank] = obj
+        self.barrier.wait()
+        out[:] = [self.slots[r] for r in range(self.n)]
+        self.barrier.wait()
+
+
 class WheelEngine:
-    """``sglang.Engine`` (offline API) assembled from the wheel's own weight-update code."""
+    """``sglang.Engine`` (offline API) assembled from the wheel's own weight-update code and
+    weight checker (reached through the tokenizer manager's ``check_weights``)."""
 
     instances = []
     src = None
@@ -123,9 +140,12 @@ class WheelEngine:
         self._serialize_per_rank = sw.engine_serialize_function(src, ser, tp)
         self._merge = sw.merge_results_function(src)
         fns = sw.runner_weight_updater_functions(src, w.tensor_bucket)
+        runner_check = sw.model_runner_check_weights(src)
+        gather = _ThreadGather(tp)
         self.managers = []
         for rank in range(tp):
-            ns = sw.session_manager_namespace(src, rank, tp, w.constants, barrier=lambda r: None)
+            ns = sw.session_manager_namespace(src, rank, tp, w.constants, barrier=lambda r: None,
+                                              gather=gather, io_ns=w.checks)
             runner_wu = types.SimpleNamespace(
                 get_model=lambda: self.model,
                 _assert_weight_cache_inactive=lambda op: None,
@@ -137,8 +157,12 @@ class WheelEngine:
             runner_wu.update_weights_from_tensor = (
                 lambda wu=runner_wu, **kw: fns["update_weights_from_tensor"](wu, **kw))
             own = sw.deserialize_own_rank_function(src, ser, rank, tp)
+            # the model runner: its weight updater and its WeightChecker (the wheel's, on this rank)
+            checker = sw.weight_checker_namespace(src, rank, tp)["WeightChecker"](get_model=lambda: self.hf.model)
+            runner = types.SimpleNamespace(weight_updater=runner_wu, _weight_checker=checker)
+            runner.check_weights = lambda runner=runner, **kw: runner_check(runner, **kw)
             tp_worker = types.SimpleNamespace(
-                weight_update_runners=lambda wu=runner_wu: [("target", types.SimpleNamespace(weight_updater=wu))],
+                weight_update_runners=lambda runner=runner: [("target", runner)],
                 deserialize_own_rank=lambda payloads, own=own: own(None, payloads),
                 model_runner=types.SimpleNamespace(model=self.model),
             )
@@ -150,8 +174,12 @@ class WheelEngine:
                 tp_worker=tp_worker, draft_worker=None, memory_saver_adapter=saver,
                 flush_cache=lambda empty_cache=True: True, is_fully_idle=lambda ignore_waiting=False: True,
                 scheduler=scheduler))
-        self.tokenizer_manager = types.SimpleNamespace(
-            abort_request=lambda rid="", abort_all=False: self.calls.append(("abort", abort_all)))
+        tm = types.SimpleNamespace(
+            abort_request=lambda rid="", abort_all=False: self.calls.append(("abort", abort_all)),
+            auto_create_handle_loop=lambda: None, check_weights_communicator=self._check_weights_fan_out)
+        tm_check = sw.tokenizer_check_weights(src)
+        tm.check_weights = lambda obj, request=None: tm_check(tm, obj, request)
+        self.tokenizer_manager = tm
         self.loop = asyncio.new_event_loop()
         WheelEngine.instances.append(self)
 
@@ -174,6 +202,26 @@ class WheelEngine:
 
     def _tick(self):
         self.model.run_pending()  # the device ran everything enqueued before this call
+
+    async def _check_weights_fan_out(self, req):
+        """The tokenizer manager's check_weights communicator: every TP rank's scheduler runs
+        the request (they all-gather checksums over the TP group, hence one thread each); only
+        the entry rank (TP rank 0) answers, as in SGLang (the others' sender has no socket)."""
+        self._tick()
+        self.calls.append(("check_weights", req.action, req.selector))
+        outs = [None] * len(self.managers)
+
+        def one(r):
+            outs[r] = self.managers[r].check_weights(req)
+
+        threads = [threading.Thread(target=one, args=(r,)) for r in range(len(self.managers))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert all(o is not None for o in outs), "a TP rank did not answer check_weights"
+        self.answers = outs
+        return [outs[0]]
 
     # --- the Engine API ---------------------------------------------------------------
     def begin_weight_update(self, selector: str = "all"):
@@ -259,6 +307,8 @@ def wheel_sglang(src, wheel_modules, monkeypatch):
     mod("sglang.srt.utils")
     mod("sglang.srt.utils.common", MultiprocessingSerializer=ser["MultiprocessingSerializer"])
     mod("sglang.srt.utils.patch_torch", monkey_patch_torch_reductions=lambda: None)
+    mod("sglang.srt.managers")
+    mod("sglang.srt.managers.io_struct", CheckWeightsReqInput=wheel_modules.checks["CheckWeightsReqInput"])
     monkeypatch.delenv(se.RAW_LOGPROB_ENV, raising=False)
     monkeypatch.setattr(WheelEngine, "src", src)
     monkeypatch.setattr(WheelEngine, "wheel", wheel_modules)
