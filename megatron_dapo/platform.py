@@ -126,6 +126,15 @@ ACCELERATOR, HOST = "accelerator", "host"
 ACCELERATOR_MARK = torch.device("cpu", 0)  # collective_device(accelerator group) on CPU in strict mode
 _TAGS: dict = {}  # id(tensor) -> (side, origin, weakref): where the tensor would live on a GPU
 _MOVES = {torch.Tensor.to: None, torch.Tensor.cuda: ACCELERATOR, torch.Tensor.cpu: HOST}
+# The factories whose device defaults to the host (a tensor made without device= lands there on
+# a GPU machine). Others (torch.from_file: a mapped file, used on CPU-only paths) are not tracked.
+_FACTORIES = {
+    getattr(torch, n) for n in (
+        "tensor", "as_tensor", "asarray", "scalar_tensor", "zeros", "ones", "empty", "full", "empty_strided",
+        "arange", "range", "linspace", "logspace", "eye", "rand", "randn", "randint", "randperm", "tril_indices",
+        "triu_indices", "sparse_coo_tensor",
+    ) if hasattr(torch, n)
+}
 _HERE = os.path.abspath(__file__)
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
@@ -274,6 +283,8 @@ class _StrictCudaToCpuMode(_CudaToCpuMode):
             return out
         accel, host, unknown, seen = _input_sides(args, kwargs)
         if not seen:
+            if func not in _FACTORIES:
+                return out
             side, origin = HOST, f"torch.{getattr(func, '__name__', func)}() without device= at {caller_location()}"
         elif accel:
             side, origin = ACCELERATOR, None
