@@ -6,6 +6,7 @@
 # accuracy before and after training (RUN_DIR/demo_eval.json), and plots the run.
 # Env: RUN_DIR (default runs/smollm2-cpu), STEPS (default 12), WORK (default .cache/demo).
 # --dry-run: prepare the model directory and the data, validate, print the plan, train nothing.
+# A rerun moves the previous run (its files and checkpoints) into RUN_DIR/aside-<time>/ (--start-over).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
@@ -44,7 +45,7 @@ $PY -m megatron_dapo.train --save-hf-final \
   --lr 1e-5 --weight-decay 0.0 --clip-grad 1.0 --adam-beta2 0.99 \
   --num-rollout "$STEPS" --seed 1 --reward-num-workers 1 \
   --run-dir "$RUN_DIR" --save "$RUN_DIR/checkpoints" --save-interval 6 --keep-last 1 \
-  --dump-rollouts-every 4 --wandb-mode offline "$@"
+  --dump-rollouts-every 4 --wandb-mode offline --start-over "$@"
 [ $DRY_RUN = 1 ] && exit 0
 
 $PY examples/demo/evaluate_demo.py --model "$RUN_DIR/final_hf" --data "$DATA/heldout.jsonl" --n 128 --out "$RUN_DIR/demo_eval.json" --phase after

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from .config import ConfigError, parse_args, validate
+from .errors import DEBUG_ENV, one_line, user_error_types
 from .driver.batch import assign_advantages, dp_partition, dp_shards, minibatches
 from .driver.cluster import Cluster
 from .models import parse_hf_config
@@ -57,10 +58,7 @@ class Trainer:
         self.cfg = cfg
         self.hf_dir = hf_config_source(cfg)
         self.arch = parse_hf_config(self.hf_dir)
-        self.run_dir = cfg.logging.run_dir
-        os.makedirs(self.run_dir, exist_ok=True)
-        with open(os.path.join(self.run_dir, "config.json"), "w") as f:
-            json.dump(cfg.to_dict(), f, indent=1, default=str)
+        self.run_dir = cfg.logging.run_dir  # written only once the checks of run() passed (driver/run_dir.py)
         tok_dir = cfg.model.tokenizer or self.hf_dir
         self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
         self.tokenizer_dir = tok_dir
@@ -95,7 +93,7 @@ class Trainer:
             "skipped_in_a_row": self.skipped_in_a_row,
             "num_syncs": self.hybrid.num_syncs,
             "probe_tokens": self._probe_tokens,
-            "run_id": self.logger.run_id,
+            "run_id": self.run_id,
             "data_fingerprint": self.data_fingerprint,
             "data_path": self.cfg.data.prompt_data,
         }
@@ -122,7 +120,16 @@ class Trainer:
         from .driver.rollout_manager import EnginePool, RolloutManager
         from .hybrid.phases import HybridStep
 
+        from .driver.run_dir import prepare_outputs, write_config
+
         cfg = self.cfg
+        # before Ray: whose files are in --run-dir and --save (nothing written until they pass)
+        outs = prepare_outputs(cfg)
+        for line in outs.lines:
+            print(f"[outputs] {line}")
+        self.run_id = outs.run_id
+        write_config(self.run_dir, cfg.to_dict())
+        resume_dir, state = outs.resume_dir, outs.state
         # placement only: the trainer actors come after the engines (HybridStep.launch)
         self.cluster = Cluster(cfg, self.hf_dir, self.tokenizer_dir, build_trainers=False)
         stop_on_sigterm()  # after ray.init, which replaced it
@@ -132,13 +139,6 @@ class Trainer:
             param_dtype=torch.bfloat16 if cfg.model.bf16 else torch.float32,
             check_init_sync=cfg.rollout.check_weight_sync_init,
         )
-        resume_dir = checkpoints.resolve(cfg.checkpoint.load) if cfg.checkpoint.load else None
-        if cfg.checkpoint.load and resume_dir is None:
-            raise ConfigError(f"--load {cfg.checkpoint.load}: no checkpoint found (no 'latest' pointer or {checkpoints.STATE_FILE})")
-        state = None
-        if resume_dir:
-            state = torch.load(os.path.join(resume_dir, checkpoints.STATE_FILE), weights_only=False)
-            self.run_id = state.get("run_id")
         self.logger = MetricsLogger(self.run_dir, cfg.to_dict(), cfg.logging.wandb_project, cfg.logging.wandb_mode,
                                     cfg.logging.tensorboard, run_id=self.run_id)
         # engines first, sized on free GPUs; they release all their memory, then the trainers are built
@@ -156,10 +156,7 @@ class Trainer:
                 self.cluster.call("set_rng_state", per_rank=[(r,) for r in state["rank_rng"]])
             self.logger.truncate_after(self.step)
             print(f"[resume] {resume_dir}: continuing after step {self.step}")
-        else:
-            self.logger.truncate_after(0)  # a fresh run starts a fresh metrics.jsonl (and event log)
-            if os.path.exists(os.path.join(self.run_dir, "hybrid_events.jsonl")):
-                os.remove(os.path.join(self.run_dir, "hybrid_events.jsonl"))
+        else:  # a fresh run: prepare_outputs made sure no earlier metrics or event log is here
             src = self.cluster.call("load_initial_weights")[0]
             print(f"[init] weights from {src}")
         if cfg.algo.kl_coef > 0:
@@ -342,7 +339,7 @@ class Trainer:
         if self.cfg.run.crash_during_save_at_step == self.step:  # testing: die mid-save
             debug.crash_now()
         torch.save(state, os.path.join(tmp, checkpoints.STATE_FILE))
-        return checkpoints.commit(root, self.step, self.cfg.checkpoint.keep_last)
+        return checkpoints.commit(root, self.step, self.cfg.checkpoint.keep_last, run_id=self.run_id)
 
     def export_hf(self, directory: str) -> str:
         """The trainer's weights as an HF checkpoint, written to a temporary directory and
@@ -406,9 +403,12 @@ def main(argv=None) -> int:
     try:
         arch = parse_hf_config(hf_config_source(cfg))
         if cfg.run.dry_run:  # validates for the target hardware (GPU flags on a CPU login node)
+            from .driver.run_dir import prepare_outputs
             from .launch.plan import dry_run_report
 
             print(dry_run_report(cfg, arch, hf_config_source(cfg)))
+            for line in prepare_outputs(cfg, dry_run=True).lines:
+                print(f"[outputs] {line}")
             return 0
         for w in validate(cfg, arch):
             print(f"[config] warning: {w}", file=sys.stderr)
@@ -416,6 +416,11 @@ def main(argv=None) -> int:
         trainer.run()
     except ConfigError as e:
         print(f"megatron_dapo.train: configuration error: {e}", file=sys.stderr)
+        return 2
+    except user_error_types() as e:  # data, checkpoint, model: one line, no traceback (megatron_dapo/errors.py)
+        if os.environ.get(DEBUG_ENV):
+            raise
+        print(f"megatron_dapo.train: error: {one_line(e)}", file=sys.stderr)
         return 2
     except BaseException:
         if not _SIGTERM.is_set():

@@ -164,7 +164,12 @@ class CheckpointConfig:
     load: Optional[str] = _f(None, "Resume a run from this checkpoint directory (weights, optimizer, trainer state).")
     save: Optional[str] = _f(None, "Directory for checkpoints.")
     save_interval: int = _f(0, "Save every N rollout steps (0 = only at the end when --save is given).")
-    keep_last: int = _f(2, "Keep the N newest checkpoints.")
+    keep_last: int = _f(2, "Keep the N newest checkpoints of this run (older ones of the same run are removed; "
+                        "another run's never).")
+    start_over: bool = _f(
+        False, "Move what is in this run's way into aside-<time>/ (never deleting): a previous run's files in "
+        "--run-dir and its checkpoints in --save for a fresh run; this run's checkpoints after the --load step for "
+        "a rollback. Without it such a run is refused.")
     save_hf_interval: int = _f(
         0, "Export the trainer's weights as an HF checkpoint every N rollout steps to RUN_DIR/hf/step_XXXXXX (0 = off).")
     save_hf_final: bool = _f(False, "Export the trainer's final weights as an HF checkpoint to RUN_DIR/final_hf.")

@@ -51,22 +51,36 @@ class MetricsLogger:
 
             self._tb = SummaryWriter(os.path.join(run_dir, "tensorboard"))
 
-    def truncate_after(self, step: int) -> None:
-        """On resume: drop lines of steps after the checkpoint (they will be re-run)."""
+    def truncate_after(self, step: int) -> Optional[str]:
+        """On resume: drop lines of steps after the checkpoint (they will be re-run). The whole
+        file as it was is kept first in ``aside-<time>/metrics.jsonl`` when a line goes (its
+        path is returned): nothing a run logged is lost."""
         if not os.path.exists(self.path):
-            return
-        keep = []
+            return None
+        keep, total = [], 0
         with open(self.path) as f:
             for line in f:
+                total += 1
                 try:
                     if json.loads(line)["step"] <= step:
                         keep.append(line)
                 except Exception:
                     pass
+        if len(keep) == total:
+            return None
+        import shutil
+        import time
+
+        aside = os.path.join(os.path.dirname(self.path), f"aside-{time.strftime('%Y%m%d-%H%M%S')}")
+        while os.path.exists(aside):
+            aside += "-1"
+        os.makedirs(aside)
+        shutil.copy2(self.path, os.path.join(aside, "metrics.jsonl"))
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
             f.writelines(keep)
         os.replace(tmp, self.path)
+        return os.path.join(aside, "metrics.jsonl")
 
     def log(self, metrics: dict) -> None:
         m = {k: _clean(v) for k, v in metrics.items()}

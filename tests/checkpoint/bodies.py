@@ -164,10 +164,21 @@ def convert_error(hf_dir: str, out_dir: str):
 
 
 def export_error(ckpt_dir: str, out_dir: str, *extra: str):
-    from megatron_dapo.checkpoint.dist_ckpt import CheckpointError
+    """The converter's CheckpointError itself (MEGATRON_DAPO_DEBUG: the error, not its one-line exit)."""
+    import os
 
+    from megatron_dapo.checkpoint.dist_ckpt import CheckpointError
+    from megatron_dapo.errors import DEBUG_ENV
+
+    old = os.environ.get(DEBUG_ENV)
+    os.environ[DEBUG_ENV] = "1"
     try:
         export_hf(ckpt_dir, out_dir, *extra)
     except CheckpointError as e:
         return str(e)
+    finally:
+        if old is None:
+            os.environ.pop(DEBUG_ENV, None)
+        else:
+            os.environ[DEBUG_ENV] = old
     return None
