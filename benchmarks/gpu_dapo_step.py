@@ -144,8 +144,10 @@ def run(small: bool = False, port: int = 0, log=print, engine_kind: str = "hf", 
 
     t0 = time.perf_counter()
     info = hybrid.to_rollout(engines, probe=[samples[0]["tokens"]])
+    chk = hybrid.last_check  # the weight-sync check: exact checksums by HF name, then mean/p90 of the probe
     stage("sync+probe", t0, bytes=info["sync"].get("bytes"), probe=f"{info['probe_max_abs']:.3g}",
-          events=",".join(hybrid.events[-6:]))
+          checksums=chk.get("compared", "n/a"), mean=f"{chk.get('mean_abs', float('nan')):.3g}",
+          p90=f"{chk.get('p90_abs', float('nan')):.3g}", events=",".join(hybrid.events[-6:]))
 
     t0 = time.perf_counter()
     again = engine.generate(prompts, sp)

@@ -33,6 +33,9 @@ def test_gpu_dapo_step_small_runs_the_hybrid_step():
     assert stages == ["build", "init-sync", "generate", "to-train", "old-logprob", "train", "sync+probe", "generate",
                       "score"]
     assert "trainer_offload" in out and "probe_engine" in out
+    sync = next(l for l in lines if l.split()[1] == "sync+probe")
+    fields = dict(f.split("=", 1) for f in sync.split() if "=" in f)
+    assert int(fields["checksums"]) > 10, sync  # the exact half of the check compared every tensor
     assert lines[-1].startswith("[dapo-step] PASS probe")
 
 
