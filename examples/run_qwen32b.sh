@@ -130,10 +130,11 @@ DAPO_ARGS=(
 #   PP 2 would halve the static part but adds a pipeline bubble, and each engine would then need half its
 #   weights from another node at every sync; with PP 1 every node holds a whole replica and syncs intra-node.
 # Rollout TP 4 (as the official recipe): bf16 weights 16.4 GB per GPU; KV cache 64 layers x 2 x 2 KV heads/GPU
-#   x 128 x 2 B = 64 KiB per token per GPU. 0.7 x 80 GB = 56 GB - 16.4 = ~40 GB of KV = ~600k tokens per engine,
-#   ~26 sequences of 22528 tokens at once (H200: 0.7 x 141 -> ~1.26M tokens, ~55); a round of 1536 x 16 =
-#   24576 sequences (768 per engine) queues in continuous batching. Colocated: the trainer is offloaded
-#   while generating and the engine released while training, so the peak is ~64 GB (H100) per GPU.
+#   x 128 x 2 B = 64 KiB per token per GPU. The engines launch first, on free GPUs: 0.7 x (80 - 1 GB CUDA
+#   context) = 55.3 GB - 16.4 = ~38.9 GB of KV = ~594k tokens per engine, ~26 sequences of 22528 tokens at once
+#   (H200: ~1.25M tokens, ~55); a round of 1536 x 16 = 24576 sequences (768 per engine) queues in continuous
+#   batching. Colocated: the trainer is offloaded while generating and the engine released while training,
+#   so the peak is ~63 GB (H100) per GPU. --dry-run prints the launch order and these numbers.
 #   `--dry-run` prints this estimate from the config actually passed.
 PERF_ARGS=(
   --actor-num-nodes "$NNODES"
