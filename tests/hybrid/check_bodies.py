@@ -92,3 +92,36 @@ def weight_sync_checks(hf_dir: str, param_dtype_name: str = "float32"):
             out[kind] = {"raised": True, "msg": str(e)}
         engine.shutdown()
     return out
+
+
+def probe_with_host_reference():
+    """compare_with_engine over the default group (NCCL on a GPU) with megatron's logprobs
+    handed over on the host: the all-reduced statistics must live on the group's device."""
+    import torch
+
+    from megatron_dapo.hybrid.probe import compare_with_engine
+
+    class Echo:
+        def score(self, seqs, prompt_lens):
+            return [[-1.0] * (len(s) - 1) for s in seqs]
+
+    import torch.distributed as dist
+
+    seen, real = [], dist.all_reduce
+
+    from megatron_dapo.platform import tensor_side
+
+    def recording(t, *a, **k):  # the side each all-reduce is handed, as strict mode tracks it (its
+        seen.append(str(tensor_side(t)[0]))  # check lets through a tensor made with device=<a host
+        return real(t, *a, **k)  # tensor's device>, whose production side it cannot tell)
+
+    toks = torch.arange(8).view(1, 8)
+    ref = torch.full((1, 7), -1.0).cpu()  # a caller's host copy
+    dist.all_reduce = recording
+    try:
+        got = compare_with_engine(ref, Echo(), toks, 1e-4)
+    finally:
+        dist.all_reduce = real
+    from megatron_dapo.platform import ACCELERATOR
+
+    return got, seen, str(ACCELERATOR)

@@ -103,3 +103,11 @@ def test_bf16_scale_noise_on_a_correct_sync_passes(outcomes):
     assert not o["raised"], o
     assert o["max"] >= 0.9  # the outliers are there (and logged), they just do not fail the sync
     assert o["check"]["mean_abs"] < default_threshold(torch.bfloat16)
+
+
+@pytest.mark.gloo
+def test_probe_statistics_are_reduced_on_the_groups_device_whatever_the_reference(gloo):
+    # under strict collectives (tests/conftest.py) the old code all-reduced a host tensor over
+    # the default group (an NCCL group on a GPU) when megatron's logprobs came on the host
+    for got, seen, expected in gloo(2).run(check_bodies.probe_with_host_reference):
+        assert got == 0.0 and seen == [expected], (seen, expected)
