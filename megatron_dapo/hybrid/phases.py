@@ -42,7 +42,6 @@ Engines protocol: ``release_memory(tags)``, ``resume_memory(tags)``,
 from __future__ import annotations
 
 import logging
-import math
 import time
 from typing import List, Optional, Sequence
 
@@ -126,21 +125,6 @@ def _engine_checksums(engine, dtypes: dict):
     except NotImplementedError as e:
         log.warning("weight sync check: no checksums from this engine (%s)", e)
         return None
-
-
-def probe_max_diff(reference: list, per_engine: list) -> float:
-    """max |logp_engine - logp_megatron| over engines, sequences and tokens (NaN -> inf)."""
-    worst = 0.0
-    for scored in per_engine:
-        if len(scored) != len(reference):
-            raise WeightSyncError(f"probe: engine scored {len(scored)} sequences, megatron {len(reference)}")
-        for got, ref in zip(scored, reference):
-            if len(got) != len(ref):
-                raise WeightSyncError(f"probe: engine returned {len(got)} logprobs for a sequence, megatron {len(ref)}")
-            for x, y in zip(got, ref):
-                d = abs(float(x) - float(y))
-                worst = max(worst, d if not math.isnan(d) else math.inf)
-    return worst
 
 
 class HybridStep:

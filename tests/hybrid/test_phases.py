@@ -14,7 +14,8 @@ import math
 import pytest
 import torch
 
-from megatron_dapo.hybrid.phases import HybridStep, PhaseError, probe_max_diff
+from megatron_dapo.hybrid.phases import HybridStep, PhaseError
+from megatron_dapo.hybrid.probe import probe_stats
 from megatron_dapo.hybrid.weight_sync import WeightSyncError
 from megatron_dapo.rollout.base import KV_CACHE, MEMORY_TAGS, WEIGHTS
 
@@ -99,11 +100,12 @@ def test_probe_failure_names_the_tolerance_and_dtype_defaults():
         h.to_rollout(FakeEngines(log, scored=((-1.0, -2.3),)), probe=[[1, 2, 3]])
 
 
-def test_probe_max_diff_shapes_and_nan():
-    assert probe_max_diff([[0.0, 1.0]], [[[0.5, 1.0]], [[0.0, 0.75]]]) == 0.5
-    assert math.isinf(probe_max_diff([[0.0]], [[[float("nan")]]]))
+def test_probe_stats_shapes_and_nan():
+    st = probe_stats([[0.0, 1.0]], [[[0.5, 1.0]], [[0.0, 0.75]]])
+    assert st["max_abs"] == 0.5 and st["mean_abs"] == 0.1875
+    assert math.isinf(probe_stats([[0.0]], [[[float("nan")]]])["max_abs"])
     with pytest.raises(WeightSyncError, match="2 logprobs"):
-        probe_max_diff([[0.0]], [[[0.0, 1.0]]])
+        probe_stats([[0.0]], [[[0.0, 1.0]]])
 
 
 def test_resync_of_a_restarted_engine_while_offloaded():
