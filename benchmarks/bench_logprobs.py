@@ -64,11 +64,14 @@ def cases(x0: torch.Tensor, target: torch.Tensor) -> dict:
 
 
 def run(tokens: int, vocab: int, repeats: int, seed: int = 0) -> dict:
+    from megatron_dapo.distributed import collective_device
+
     _init_single_rank()
     g = torch.Generator().manual_seed(seed)
     b = max(1, tokens // 256)
-    x0 = torch.randn(b, tokens // b, vocab, generator=g) * 2
-    target = torch.randint(0, vocab, (b, tokens // b), generator=g)
+    dev = collective_device()  # the logits live where the TP group reduces them (a GPU under NCCL)
+    x0 = (torch.randn(b, tokens // b, vocab, generator=g) * 2).to(dev)
+    target = torch.randint(0, vocab, (b, tokens // b), generator=g).to(dev)
     fns = cases(x0, target)
     times = {k: [] for k in fns}
     for f in fns.values():  # warm-up

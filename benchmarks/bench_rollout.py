@@ -201,7 +201,7 @@ def run(args, seed: int, partial: bool) -> dict:
     argv = ["--rollout-batch-size", str(args.batch), "--n-samples-per-prompt", str(args.group),
             "--over-sampling-batch-size", str(args.batch * args.over_sampling), "--global-batch-size",
             str(args.batch * args.group), "--max-response-length", str(args.max_len), "--overlong-buffer-length",
-            str(min(4096, args.max_len // 4)), "--max-num-gen-batches", "0", "--partial-rollout", "true" if partial else "false",
+            str(min(4096, args.max_len // 4)), "--max-num-gen-batches", "1000", "--partial-rollout", "true" if partial else "false",
             "--no-progress"]
     cfg = parse_args(argv)
     n_prompts = args.batch * args.over_sampling * (args.steps + 4) * 4

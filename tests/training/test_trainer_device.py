@@ -52,6 +52,8 @@ def test_forward_step_moves_batch_to_parameter_device():
 
 
 def test_collective_device_follows_the_group_backend(monkeypatch):
+    # the production branch (the strict test mode, once installed in this process, answers by group kind)
+    monkeypatch.setattr(distributed.platform, "strict_installed", lambda: False)
     monkeypatch.setattr(distributed.dist, "get_backend", lambda group=None: "nccl")
     monkeypatch.setattr(distributed.torch.cuda, "current_device", lambda: 3)
     assert distributed.collective_device() == torch.device("cuda", 3)
