@@ -15,7 +15,6 @@ One rollout step, top to bottom (see docs/design.md for the picture):
 from __future__ import annotations
 
 import codecs
-import json
 import os
 import random
 import signal
@@ -118,9 +117,8 @@ class Trainer:
         from .driver import checkpoint_dirs as checkpoints
         from .driver.logging import MetricsLogger
         from .driver.rollout_manager import EnginePool, RolloutManager
-        from .hybrid.phases import HybridStep
-
         from .driver.run_dir import prepare_outputs, write_config
+        from .hybrid.phases import HybridStep
 
         cfg = self.cfg
         # before Ray: whose files are in --run-dir and --save (nothing written until they pass)
