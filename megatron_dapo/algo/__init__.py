@@ -25,7 +25,7 @@ from .policy_loss import (
     count_valid_tokens,
     policy_loss,
 )
-from .tis import TIS_MODES, mismatch_kl, offpolicy_token_weights, tis_weights
+from .tis import TIS_MODES, TIS_SEQ_CAP_DEFAULT, LossTokenWeights, loss_token_weights, mismatch_kl, tis_weights
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -58,6 +58,8 @@ __all__ = [
     "reinforce_pp_baseline_advantages",
     "TIS_MODES",
     "mismatch_kl",
-    "offpolicy_token_weights",
+    "LossTokenWeights",
+    "TIS_SEQ_CAP_DEFAULT",
+    "loss_token_weights",
     "tis_weights",
 ]

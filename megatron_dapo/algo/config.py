@@ -28,7 +28,7 @@ from .advantages import ADVANTAGE_ESTIMATORS
 from .dynamic_sampling import DYNAMIC_SAMPLING_METRICS
 from .kl import KL_ESTIMATORS
 from .policy_loss import LOSS_AGG_MODES
-from .tis import TIS_MODES
+from .tis import TIS_MODES, TIS_SEQ_CAP_DEFAULT
 
 ALGORITHMS = ("dapo", "grpo", "custom")
 
@@ -125,13 +125,22 @@ class AlgorithmConfig:
     )
     tis_mode: str = _f(
         "none",
-        "Importance-sampling correction of the engine/trainer mismatch (algo/tis.py): 'none', 'token-truncate' "
-        "(weight min(pi_old/pi_engine, C)), 'token-mask' or 'sequence-mask' (tokens or sequences whose ratio leaves "
-        "[1/C, C] get weight 0).",
+        "Importance-sampling correction of the engine/trainer mismatch (algo/tis.py), on the tokens the current "
+        "weights generated: 'none', 'token-truncate' (weight min(pi_old/pi_engine, C)), 'token-mask' (tokens whose "
+        "ratio leaves [1/C, C] are rejected) or 'sequence-mask' (sequences whose geometric-mean ratio leaves "
+        "[1/--tis-seq-cap, --tis-seq-cap] are rejected). A rejected token carries no loss and leaves the "
+        "token-mean denominator (the step's loss is the mean over the tokens it learns from).",
         "--tis-mode",
         choices=TIS_MODES,
     )
-    tis_cap: float = _f(2.0, "The cap C > 1 of --tis-mode (and of --partial-rollout-offpolicy correct).", "--tis-cap")
+    tis_cap: float = _f(2.0, "The cap C > 1 of --tis-mode token-truncate / token-mask (and of "
+                        "--partial-rollout-offpolicy correct).", "--tis-cap")
+    tis_seq_cap: float = _f(
+        TIS_SEQ_CAP_DEFAULT,
+        "The band [1/C_s, C_s] of --tis-mode sequence-mask, on the geometric mean of a sequence's ratios, which sits "
+        "much closer to 1 than a token's ratio (verl's rollout-correction guide: 1.0002-1.001).",
+        "--tis-seq-cap",
+    )
 
     # ------------------------------------------------------------------ helpers
     @classmethod
@@ -215,6 +224,8 @@ class AlgorithmConfig:
             raise ValueError(f"{fl('tis_mode')} must be one of {', '.join(TIS_MODES)}, got {self.tis_mode!r}")
         if _real(self.tis_cap, fl("tis_cap")) <= 1.0:
             raise ValueError(f"{fl('tis_cap')} must be > 1, got {self.tis_cap}")
+        if _real(self.tis_seq_cap, fl("tis_seq_cap")) <= 1.0:
+            raise ValueError(f"{fl('tis_seq_cap')} must be > 1, got {self.tis_seq_cap}")
         return self
 
 
@@ -253,6 +264,7 @@ PRESETS: Dict[str, Dict[str, Any]] = {
         entropy_coef=0.0,
         tis_mode="none",
         tis_cap=2.0,
+        tis_seq_cap=TIS_SEQ_CAP_DEFAULT,
     ),
     "dapo": dict(
         eps_clip_low=0.2,
@@ -273,6 +285,7 @@ PRESETS: Dict[str, Dict[str, Any]] = {
         entropy_coef=0.0,
         tis_mode="none",
         tis_cap=2.0,
+        tis_seq_cap=TIS_SEQ_CAP_DEFAULT,
     ),
 }
 

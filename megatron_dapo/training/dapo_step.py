@@ -18,12 +18,14 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..algo import aggregate_loss, kl_penalty, offpolicy_token_weights, policy_loss, tis_weights
+from ..algo import aggregate_loss, kl_penalty, policy_loss
+from ..algo.tis import mismatch_kl
 from ..algo.config import AlgorithmConfig
 from . import packing as pk
 from .forward import forward_backward
 from .logprobs import chunked_logprobs_entropy
 from .setup import Policy, optimizer_step
+from .token_weights import engine_logprobs_of, token_weights_into, weigh_samples
 
 METRIC_KEYS = (
     "pg_loss",
@@ -81,12 +83,13 @@ def collate(samples: list, pad_to_multiple: int = 1) -> dict:
     adv = torch.zeros(b)
     has_ref = all(x.get("ref_logprobs") is not None for x in samples)
     eng, stale = torch.zeros(b, s), torch.zeros(b, s)
+    weight, trained, fresh, clipped = (torch.zeros(b, s) for _ in range(4))
     for i, x in enumerate(samples):
         n, p = len(x["tokens"]), x["prompt_len"]
         tokens[i, :n] = torch.tensor(x["tokens"])
         resp_mask[i, p:n] = 1
-        if x.get("train", True):
-            loss_mask[i, p:n] = 1
+        token_weights_into(x, n - p, loss_mask[i, p:n], weight[i, p:n], trained[i, p:n], fresh[i, p:n],
+                           clipped[i, p:n])
         if x.get("old_logprobs") is not None:
             old[i, p:n] = torch.tensor(x["old_logprobs"], dtype=torch.float32)
         # the engine's logprobs (ratio 1 where a sample has none) and the off-policy prefix
@@ -98,19 +101,11 @@ def collate(samples: list, pad_to_multiple: int = 1) -> dict:
     # logits are only needed from the first response token on: prompts are not scored
     resp_start = max(1, min(x["prompt_len"] for x in samples))
     out = {"tokens": tokens, "loss_mask": loss_mask, "resp_mask": resp_mask, "old_logprobs": old, "advantages": adv,
-           "resp_start": resp_start, "engine_logprobs": eng, "stale": stale}
+           "resp_start": resp_start, "engine_logprobs": eng, "stale": stale, "is_weight": weight,
+           "trained": trained, "tis_fresh": fresh, "tis_clipped": clipped}
     if has_ref:
         out["ref_logprobs"] = ref
     return out
-
-
-def engine_logprobs_of(x: dict, old: torch.Tensor) -> torch.Tensor:
-    """The engine's logprobs of a sample's response tokens (``x["engine_logprobs"]``), or
-    ``old`` (importance ratio 1) when the sample carries none of the right length."""
-    e = x.get("engine_logprobs")
-    if e is None or len(e) != old.shape[0]:
-        return old
-    return torch.as_tensor(e, dtype=torch.float32)
 
 
 def sequence_pad_multiple(model) -> int:
@@ -277,6 +272,11 @@ def _compute_logprobs_packed(model, samples: list, true_vocab: int, max_tokens, 
     return out
 
 
+#: the per-token fields of a micro-batch that the loss reads
+TOKEN_FIELDS = ("loss_mask", "resp_mask", "old_logprobs", "ref_logprobs", "engine_logprobs", "stale", "is_weight",
+                "trained", "tis_fresh", "tis_clipped")
+
+
 def _loss_inputs(batch: dict, logits: torch.Tensor, true_vocab: int, temperature: float) -> dict:
     """Logprobs, entropy and the per-token fields of a micro-batch as ``[sequences, tokens]``.
 
@@ -291,14 +291,14 @@ def _loss_inputs(batch: dict, logits: torch.Tensor, true_vocab: int, temperature
             return pk.to_grid(v, rows, cols, shape)
 
         out = {"lp": grid(lp), "ent": grid(ent), "adv": grid(batch["advantages"])}
-        for k in ("loss_mask", "resp_mask", "old_logprobs", "ref_logprobs", "engine_logprobs", "stale"):
+        for k in TOKEN_FIELDS:
             if k in batch:
                 out[k] = grid(batch[k])
         return out
     st = batch["resp_start"]  # score tokens st..end only (the prompts carry no loss)
     lp, ent = chunked_logprobs_entropy(logits[:, st - 1 : -1], batch["tokens"][:, st:], true_vocab, temperature)
     out = {"lp": lp, "ent": ent, "adv": batch["advantages"]}
-    for k in ("loss_mask", "resp_mask", "old_logprobs", "ref_logprobs", "engine_logprobs", "stale"):
+    for k in TOKEN_FIELDS:
         if k in batch:
             out[k] = batch[k][:, st:]
     return out
@@ -306,16 +306,14 @@ def _loss_inputs(batch: dict, logits: torch.Tensor, true_vocab: int, temperature
 
 def dapo_loss_fn(
     algo: AlgorithmConfig, true_vocab: int, global_tokens, global_seqs, nan_loss: bool = False, temperature: float = 1.0,
-    offpolicy: Optional[str] = None,
 ):
     """The per-micro-batch loss: decoupled-clip surrogate, aggregated over the whole step.
 
     Logprobs and entropy come from ``logits / temperature`` (the rollout temperature), like the
     old logprobs they are compared with. Padded and packed (THD, any CP) micro-batches alike.
-    Each token's loss is weighted by the importance weight of ``algo.tis_mode``
-    (``algo.tis_weights``: the engine's vs the trainer's old logprobs); with ``offpolicy``
-    (``--partial-rollout-offpolicy``: ``mask`` or ``correct``) the tokens generated under
-    older weights (``stale``) get weight 0 or ``min(rho, C)`` (``algo.offpolicy_token_weights``)."""
+    Each token's loss is multiplied by its importance weight ``is_weight`` and counted where
+    ``loss_mask`` is 1, both set per sample by :func:`weigh_samples` (``--tis-mode`` on the
+    fresh tokens, ``--partial-rollout-offpolicy`` on the stale ones)."""
 
     def loss_fn(batch, logits):
         if batch.get("cp_size", 1) > 1 and algo.loss_agg_mode == "seq-mean-token-mean":
@@ -327,13 +325,16 @@ def dapo_loss_fn(
         )
         eng = x.get("engine_logprobs", old)
         stale = x.get("stale", torch.zeros_like(mask))
-        w, _ = tis_weights(old, eng, mask, algo.tis_mode, algo.tis_cap)
+        w = x["is_weight"]
         # the logged mismatch is the engine/trainer one: over the tokens of the current weights
-        fresh = (mask != 0) & (stale == 0)
-        _, tis = tis_weights(old, eng, fresh, algo.tis_mode, algo.tis_cap)
+        fresh = x["tis_fresh"] != 0
+        trained = x["trained"] != 0  # the tokens of samples that train (before any weighting)
         n_fresh = fresh.sum()
-        if offpolicy:
-            w = w * offpolicy_token_weights(old, eng, mask, stale, offpolicy, algo.tis_cap)
+        ff = fresh.to(torch.float32)
+        with torch.no_grad():
+            kl_fresh = (mismatch_kl(old, eng, fresh).to(torch.float32) * ff).sum()
+            w_fresh = (w.detach().to(torch.float32) * ff).sum()
+            clipped = (x["tis_clipped"].to(torch.float32) * ff).sum()
         per_tok = per_tok * w.to(device=per_tok.device, dtype=per_tok.dtype)
         loss = aggregate_loss(per_tok, mask, algo.loss_agg_mode, global_tokens, global_seqs)
         resp = x["resp_mask"]
@@ -360,10 +361,11 @@ def dapo_loss_fn(
             "approx_kl": (m["approx_kl"].detach() * n_mask, n_mask),
             "ratio_mean": (m["ratio_mean"].detach() * n_mask, n_mask),
             "kl": (kl_sum, n_mask),
-            "tis_weight_mean": (tis["tis_weight_mean"] * n_fresh, n_fresh),
-            "tis_clip_frac": (tis["tis_clip_frac"] * n_fresh, n_fresh),
-            "mismatch_kl": (tis["mismatch_kl"] * n_fresh, n_fresh),
-            "offpolicy_token_frac": (((stale != 0) & (mask != 0)).sum(), n_mask),
+            "tis_weight_mean": (w_fresh, n_fresh),
+            "tis_clip_frac": (clipped, n_fresh),
+            "mismatch_kl": (kl_fresh, n_fresh),
+            # stale tokens of trained samples, over those samples' tokens (masked ones included)
+            "offpolicy_token_frac": (((stale != 0) & trained).sum(), trained.sum()),
             "ratio_max": (m["ratio_max"].detach(), None),
         }
         return loss, stats
@@ -393,6 +395,7 @@ def train_on_minibatch(
     """
     from megatron.core import parallel_state as ps
 
+    samples = weigh_samples(samples, algo, offpolicy)
     packed = uses_packing(policy.model, packing)
     if packed:
         mbs, _ = make_packed_microbatches(policy.model, samples, max_tokens)
@@ -411,7 +414,7 @@ def train_on_minibatch(
     imbalance = float(tok_max[0]) / (float(counts[2]) / dp) if float(counts[2]) > 0 else 1.0
     policy.model.zero_grad_buffer()
     policy.optimizer.zero_grad()
-    loss_fn = dapo_loss_fn(algo, true_vocab, g_tok, g_seq, nan_loss, temperature, offpolicy)
+    loss_fn = dapo_loss_fn(algo, true_vocab, g_tok, g_seq, nan_loss, temperature)
     stats = forward_backward(policy.model, mbs, loss_fn, forward_only=False)
     ok, grad_norm = optimizer_step(policy.optimizer, policy.optimizer.config.clip_grad)
     if ok:

@@ -29,6 +29,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from .token_weights import token_weights_into
+
 # ----------------------------------------------------------------------------- partitions
 
 
@@ -168,7 +170,8 @@ def pack_samples(samples: Sequence[dict], multiple: int = 1) -> dict:
 
     * ``tokens``, ``position_ids`` (restarting at 0 per sequence), ``labels`` (the next token
       within the same sequence, 0 at a sequence's last position and on padding);
-    * label-aligned fields: ``loss_mask`` (1 where the label is a trained response token),
+    * label-aligned fields: ``loss_mask`` (1 where the label is a trained response token, and
+      ``is_weight``, ``trained``, ``tis_fresh``, ``tis_clipped``: ``dapo_step.weigh_samples``),
       ``resp_mask`` (1 where it is any response token), ``old_logprobs`` and
       ``ref_logprobs`` (of the label token), ``engine_logprobs`` (the rollout engine's, else
       the old ones), ``stale`` (1 on the ``stale_len`` leading response tokens generated
@@ -193,6 +196,7 @@ def pack_samples(samples: Sequence[dict], multiple: int = 1) -> dict:
     ref = torch.zeros(1, T)
     adv = torch.zeros(1, T)
     eng, stale = torch.zeros(1, T), torch.zeros(1, T)
+    weight, trained, fresh, clipped = (torch.zeros(1, T) for _ in range(4))
     has_ref = all(s.get("ref_logprobs") is not None for s in samples)
     off = 0
     for s, n, pn in zip(samples, lens, plens):
@@ -205,8 +209,8 @@ def pack_samples(samples: Sequence[dict], multiple: int = 1) -> dict:
         pos[0, off : off + pn] = torch.arange(pn)
         # label position t scores token t+1: response tokens p..n-1 sit at label positions p-1..n-2
         resp_mask[0, off + p - 1 : off + n - 1] = 1
-        if s.get("train", True):
-            loss_mask[0, off + p - 1 : off + n - 1] = 1
+        a, b = off + p - 1, off + n - 1
+        token_weights_into(s, n - p, loss_mask[0, a:b], weight[0, a:b], trained[0, a:b], fresh[0, a:b], clipped[0, a:b])
         if s.get("old_logprobs") is not None:
             old[0, off + p - 1 : off + n - 1] = torch.as_tensor(s["old_logprobs"], dtype=torch.float32)
         if has_ref:
@@ -221,8 +225,8 @@ def pack_samples(samples: Sequence[dict], multiple: int = 1) -> dict:
     out = {
         "tokens": tokens, "labels": labels, "position_ids": pos, "loss_mask": loss_mask, "resp_mask": resp_mask,
         "old_logprobs": old, "advantages": adv, "cu_seqlens": cu_seqlens(plens), "seqlens": lens,
-        "engine_logprobs": eng, "stale": stale,
-        "seqlens_padded": plens, "max_seqlen": max(plens),
+        "engine_logprobs": eng, "stale": stale, "is_weight": weight, "trained": trained, "tis_fresh": fresh,
+        "tis_clipped": clipped, "seqlens_padded": plens, "max_seqlen": max(plens),
     }
     if has_ref:
         out["ref_logprobs"] = ref

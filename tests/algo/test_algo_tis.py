@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from megatron_dapo.algo import aggregate_loss, policy_loss
-from megatron_dapo.algo.tis import TIS_MODES, mismatch_kl, offpolicy_token_weights, tis_weights
+from megatron_dapo.algo.tis import TIS_MODES, loss_token_weights, mismatch_kl, tis_weights
 
 L2, L3 = math.log(2.0), math.log(3.0)
 
@@ -96,14 +96,6 @@ def test_weighted_loss_zero_weight_tokens_give_no_loss_and_no_gradient():
     assert aggregate_loss(per_tok1 * w1, mask, "token-mean").item() == aggregate_loss(per_tok1, mask, "token-mean").item()
 
 
-def test_offpolicy_weights_mask_and_correct():
-    old, eng, mask = _inputs()
-    stale = torch.tensor([[1, 1, 0], [0, 0, 0]])
-    assert offpolicy_token_weights(old, eng, mask, stale, "mask", 2.0).tolist() == [[0.0, 0.0, 1.0], [1.0, 1.0, 1.0]]
-    w = offpolicy_token_weights(old, eng, mask, stale, "correct", 2.0)
-    assert torch.allclose(w, torch.tensor([[1.0, 2.0, 1.0], [1.0, 1.0, 1.0]]), atol=1e-6)
-
-
 def test_bad_input_names_the_argument():
     old, eng, mask = _inputs()
     assert TIS_MODES == ("none", "token-truncate", "token-mask", "sequence-mask")
@@ -113,5 +105,7 @@ def test_bad_input_names_the_argument():
         tis_weights(old, eng, mask, "token-truncate", 1.0)
     with pytest.raises(ValueError, match="engine_logprobs"):
         tis_weights(old, eng[:, :2], mask, "token-truncate", 2.0)
-    with pytest.raises(ValueError, match="how"):
-        offpolicy_token_weights(old, eng, mask, mask, "drop", 2.0)
+    with pytest.raises(ValueError, match="offpolicy"):
+        loss_token_weights(old, eng, mask, mask, "none", 2.0, offpolicy="drop")
+    with pytest.raises(ValueError, match="seq_cap"):
+        tis_weights(old, eng, mask, "sequence-mask", 2.0, seq_cap=1.0)
