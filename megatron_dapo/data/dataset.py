@@ -51,20 +51,39 @@ class DatasetStats:
     bad_rows: int = 0
 
 
-def read_rows(path: str) -> list[dict]:
-    """Rows of a parquet or jsonl file as dicts."""
-    if not os.path.exists(path):
-        raise DataError(f"{path}: file not found")
-    if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
+#: The fix named by an unreadable data file's error.
+_DATA_FIX = "re-download or re-export it (parquet or jsonl in the verl schema: prompt, reward_model.ground_truth)"
 
+
+def _read_parquet(path: str) -> list:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
         return pq.read_table(path).to_pylist()
-    if path.endswith(".jsonl") or path.endswith(".json"):
-        rows = []
-        with open(path) as f:
+    except (pa.ArrowException, OSError) as e:
+        size = os.path.getsize(path) if os.path.isfile(path) else None
+        if size == 0:
+            why = "the file is empty (0 bytes)"
+        elif "magic bytes" in str(e):
+            why = f"not a parquet file, or truncated ({size:,} bytes; no parquet footer)"
+        else:
+            why = f"{type(e).__name__}: {' '.join(str(e).split())}"
+        raise DataError(f"{path}: cannot be read as parquet: {why}; {_DATA_FIX}") from None
+
+
+def _read_json(path: str) -> list:
+    try:
+        with open(path, encoding="utf-8") as f:
             if path.endswith(".json"):
-                data = json.load(f)
-                return list(data)
+                try:
+                    data = json.load(f)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}: not valid JSON ({e}); {_DATA_FIX}") from None
+                if not isinstance(data, list):
+                    raise DataError(f"{path}: a .json data file must hold a list of rows, got {type(data).__name__}")
+                return data
+            rows = []
             for i, line in enumerate(f):
                 line = line.strip()
                 if not line:
@@ -72,9 +91,44 @@ def read_rows(path: str) -> list[dict]:
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as e:
-                    raise DataError(f"{path}: line {i + 1} is not valid JSON ({e})") from e
-        return rows
+                    raise DataError(f"{path}: line {i + 1} is not valid JSON ({e}); {_DATA_FIX}") from None
+            return rows
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not a UTF-8 text file ({e.reason} at byte {e.start}); {_DATA_FIX}") from None
+
+
+def read_rows(path: str) -> list[dict]:
+    """Rows of a parquet or jsonl (or .json list) file as dicts.
+
+    Every way a file can be unusable is a :class:`DataError` naming the file and the fix: not
+    found, a directory, unreadable, an empty or truncated parquet, a CSV renamed ``.parquet``,
+    invalid JSON, a binary file renamed ``.jsonl``, an unsupported extension.
+    """
+    if not os.path.exists(path):
+        raise DataError(f"{path}: file not found")
+    if os.path.isdir(path):
+        raise DataError(f"{path}: is a directory, not a data file (give the .parquet or .jsonl file)")
+    if not os.access(path, os.R_OK):
+        raise DataError(f"{path}: cannot be read (permission denied)")
+    if path.endswith(".parquet"):
+        return _read_parquet(path)
+    if path.endswith(".jsonl") or path.endswith(".json"):
+        return _read_json(path)
     raise DataError(f"{path}: unsupported data format (expected .parquet or .jsonl)")
+
+
+def check_columns(rows: list, path: str) -> None:
+    """The file-level schema: every row is an object and the rows have a ``prompt`` column
+    (a file of another schema fails here, naming its columns, not at its first row)."""
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(f"{path}: row {i} is not an object (got {type(row).__name__}); {_DATA_FIX}")
+    if rows and not any("prompt" in row for row in rows):
+        cols = sorted({k for row in rows[:100] for k in row})
+        raise DataError(
+            f"{path}: no 'prompt' column (columns: {', '.join(cols) or 'none'}); the training data needs the verl "
+            "schema: prompt (chat messages or text), reward_model.ground_truth, data_source (optional)"
+        )
 
 
 def _messages(prompt, path, i):
@@ -123,8 +177,12 @@ def load_prompt_dataset(
     if prompt_overflow not in ("skip", "truncate-left"):
         raise DataError(f"--prompt-overflow must be skip or truncate-left, got {prompt_overflow!r}")
     rows = read_rows(path)
+    if not rows:
+        raise DataError(f"{path}: the file holds no rows; {_DATA_FIX}")
+    check_columns(rows, path)
     stats = DatasetStats(rows=len(rows))
     seen = set()
+    seen_raw = set()  # identical messages render identically: skip their rendering
     records = []
     h = hashlib.sha256()
     for i, row in enumerate(rows):
@@ -149,6 +207,11 @@ def load_prompt_dataset(
             why = f"; the reward of data source {source!r} needs a label" if problem != "prompt" else ""
             raise DataError(f"{path}: row {i} has no '{problem}'{why} (use --skip-bad-rows to skip such rows)")
         msgs = _messages(prompt, path, i)
+        raw = json.dumps([msgs, str(gt)], sort_keys=True, ensure_ascii=False, default=str)
+        if raw in seen_raw:
+            stats.duplicates_removed += 1
+            continue
+        seen_raw.add(raw)
         text = render_prompt(msgs, tokenizer, apply_chat_template)
         key = (text, str(gt))
         if key in seen:

@@ -110,3 +110,92 @@ def test_changed_dataset_refused_on_resume(tmp_path):
         check_fingerprint(f1, f2, allow_change=False, path=p2)
     check_fingerprint(f1, f2, allow_change=True, path=p2)
     check_fingerprint(f1, f1, allow_change=False, path=p1)
+
+
+def _broken_files(tmp_path):
+    """Real ways a data file is unusable, each built from the real DAPO-Math sample."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.data import DATA
+
+    good = (DATA / "train" / "dapo-math-17k-head16.parquet").read_bytes()
+    files = {}
+    files["empty"] = tmp_path / "empty.parquet"
+    files["empty"].write_bytes(b"")
+    files["truncated"] = tmp_path / "truncated.parquet"
+    files["truncated"].write_bytes(good[: len(good) // 2])  # a download cut short
+    files["csv"] = tmp_path / "renamed.parquet"
+    files["csv"].write_text("prompt,answer\nWhat is 1+1?,2\n")  # a CSV renamed to .parquet
+    files["columns"] = tmp_path / "columns.parquet"
+    pq.write_table(pa.table({"question": ["What is 1+1?"], "answer": ["2"]}), files["columns"])
+    files["no_rows"] = tmp_path / "no_rows.parquet"
+    pq.write_table(pq.read_table(DATA / "train" / "dapo-math-17k-head16.parquet").slice(0, 0), files["no_rows"])
+    files["binary"] = tmp_path / "binary.jsonl"
+    files["binary"].write_bytes(good[:200])  # a parquet file renamed to .jsonl
+    files["not_list"] = tmp_path / "object.json"
+    files["not_list"].write_text(json.dumps({"prompt": "x"}))
+    files["directory"] = tmp_path / "dir.parquet"
+    files["directory"].mkdir()
+    return {k: str(v) for k, v in files.items()}
+
+
+def test_unusable_files_are_one_data_error_naming_the_file_and_the_fix(tmp_path):
+    files = _broken_files(tmp_path)
+    expect = {
+        "empty": "the file is empty (0 bytes)",
+        "truncated": "not a parquet file, or truncated",
+        "csv": "not a parquet file, or truncated",
+        "columns": "no 'prompt' column (columns: answer, question)",
+        "no_rows": "the file holds no rows",
+        "binary": "not a UTF-8 text file",
+        "not_list": "must hold a list of rows",
+        "directory": "is a directory",
+    }
+    for kind, path in files.items():
+        with pytest.raises(DataError) as e:
+            load_prompt_dataset(path, CharTok(), 100, apply_chat_template=False)
+        msg = str(e.value)
+        assert msg.startswith(path + ": ") and expect[kind] in msg and "\n" not in msg, (kind, msg)
+        if kind in ("empty", "truncated", "csv", "binary"):
+            assert "re-download or re-export it" in msg, msg
+
+
+def test_identical_rows_are_rendered_once_and_the_result_is_unchanged(tmp_path):
+    """The raw-row de-duplication skips rendering repeats; the records and fingerprint are those of
+    de-duplication by rendered text (the real AIME file: 30 problems x 32 copies)."""
+    from transformers import AutoTokenizer
+
+    from tests.data import DATA, qwen2_tokenizer_dir
+
+    tok = AutoTokenizer.from_pretrained(qwen2_tokenizer_dir())
+    calls = []
+
+    class Counting:
+        chat_template = tok.chat_template
+
+        def apply_chat_template(self, *a, **k):
+            calls.append(1)
+            return tok.apply_chat_template(*a, **k)
+
+        def __call__(self, *a, **k):
+            return tok(*a, **k)
+
+    path = str(DATA / "eval" / "aime-2024.parquet")
+    d = load_prompt_dataset(path, Counting(), 2048)
+    assert len(d) == 30 and d.stats.duplicates_removed == 930 and len(calls) == 30
+    # the same records, in the same order, as rendering every row (the fingerprint hashes them)
+    import hashlib
+
+    from megatron_dapo.data import read_rows, render_prompt
+
+    seen, h, texts = set(), hashlib.sha256(), []
+    for row in read_rows(path):
+        text = render_prompt(row["prompt"], tok, True)
+        gt = row["reward_model"]["ground_truth"]
+        if (text, gt) in seen:
+            continue
+        seen.add((text, gt))
+        texts.append(text)
+        h.update(text.encode() + b"\0" + str(gt).encode() + b"\1")
+    assert [r.prompt_text for r in d.records] == texts and d.fingerprint == h.hexdigest()[:16]
