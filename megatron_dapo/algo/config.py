@@ -28,6 +28,7 @@ from .advantages import ADVANTAGE_ESTIMATORS
 from .dynamic_sampling import DYNAMIC_SAMPLING_METRICS
 from .kl import KL_ESTIMATORS
 from .policy_loss import LOSS_AGG_MODES
+from .policy_losses import POLICY_LOSSES
 from .tis import TIS_MODES, TIS_SEQ_CAP_DEFAULT
 
 ALGORITHMS = ("dapo", "grpo", "custom")
@@ -50,7 +51,7 @@ class AlgorithmConfig:
         choices=ALGORITHMS,
     )
     eps_clip_low: float = _f(
-        0.2, "Lower clip range eps_low: ratio clipped at 1 - eps_low (in [0, 1)).", "--eps-clip-low"
+        0.2, "Lower clip range eps_low: ratio clipped at 1 - eps_low (in [0, 1]; 1: no lower clip).", "--eps-clip-low"
     )
     eps_clip_high: float = _f(
         0.28,
@@ -62,6 +63,16 @@ class AlgorithmConfig:
         "Dual-clip constant c > 1: for negative advantages the per-token loss is capped at -c*A. "
         "'none' disables it (the paper's objective); the official DAPO script uses 10.",
         "--clip-ratio-c",
+    )
+    policy_loss: str = _f(
+        "decoupled-clip",
+        "Policy loss (algo/policy_losses.py): 'decoupled-clip' (DAPO's clip-higher surrogate; GRPO's with "
+        "symmetric clips), 'gspo' (sequence-level ratio; with --loss-agg-mode seq-mean-token-mean and the paper's "
+        "--eps-clip-low 3e-4 --eps-clip-high 4e-4), 'cispo' (clipped IS weight under a stop-gradient, every "
+        "token keeps its gradient) or 'dr-grpo' (no length or std normalisation: with --loss-agg-mode "
+        "seq-mean-token-sum and --advantage-estimator group-mean). docs/algorithm.md has the equations.",
+        "--policy-loss",
+        choices=POLICY_LOSSES.names(),
     )
     loss_agg_mode: str = _f(
         "token-mean",
@@ -174,12 +185,23 @@ class AlgorithmConfig:
             if not isinstance(value, bool):
                 raise ValueError(f"{fl(name)} must be true or false, got {value!r}")
         low = _real(self.eps_clip_low, fl("eps_clip_low"))
-        if not 0.0 <= low < 1.0:
-            raise ValueError(f"{fl('eps_clip_low')} must be in [0, 1), got {self.eps_clip_low}")
+        if not 0.0 <= low <= 1.0:
+            raise ValueError(f"{fl('eps_clip_low')} must be in [0, 1], got {self.eps_clip_low}")
         if _real(self.eps_clip_high, fl("eps_clip_high")) < 0.0:
             raise ValueError(f"{fl('eps_clip_high')} must be >= 0, got {self.eps_clip_high}")
         if self.clip_ratio_c is not None and _real(self.clip_ratio_c, fl("clip_ratio_c")) <= 1.0:
             raise ValueError(f"{fl('clip_ratio_c')} must be > 1 or none, got {self.clip_ratio_c}")
+        if self.policy_loss not in POLICY_LOSSES:
+            raise ValueError(
+                f"{fl('policy_loss')} must be one of {', '.join(POLICY_LOSSES.names())}, got {self.policy_loss!r}"
+            )
+        spec = POLICY_LOSSES.get(self.policy_loss)
+        if spec.aggregation and self.loss_agg_mode not in spec.aggregation:
+            raise ValueError(
+                f"{fl('policy_loss')} {self.policy_loss} is defined with {fl('loss_agg_mode')} "
+                f"{' or '.join(spec.aggregation)}, got {self.loss_agg_mode}: add {fl('loss_agg_mode')} "
+                f"{spec.aggregation[0]}"
+            )
         if self.loss_agg_mode not in LOSS_AGG_MODES:
             raise ValueError(
                 f"{fl('loss_agg_mode')} must be one of {', '.join(LOSS_AGG_MODES)}, got {self.loss_agg_mode!r}"
@@ -246,6 +268,7 @@ def _int(value: Any, flag: str) -> int:
 #: script's settings.
 PRESETS: Dict[str, Dict[str, Any]] = {
     "grpo": dict(
+        policy_loss="decoupled-clip",
         eps_clip_low=0.2,
         eps_clip_high=0.2,
         clip_ratio_c=None,
@@ -267,6 +290,7 @@ PRESETS: Dict[str, Dict[str, Any]] = {
         tis_seq_cap=TIS_SEQ_CAP_DEFAULT,
     ),
     "dapo": dict(
+        policy_loss="decoupled-clip",
         eps_clip_low=0.2,
         eps_clip_high=0.28,
         clip_ratio_c=10.0,

@@ -83,7 +83,7 @@ def policy_loss(
         advantages: ``[batch]`` per-sample (broadcast over tokens) or ``[batch, seq]``.
         loss_mask: ``[batch, seq]`` 1 for response tokens that count, 0 otherwise
             (bool or numeric).
-        eps_low: lower clip ``eps_low`` in ``[0, 1)``.
+        eps_low: lower clip ``eps_low`` in ``[0, 1]`` (1: no lower clip, the ratio is > 0).
         eps_high: upper clip ``eps_high >= 0``.
         clip_ratio_c: dual-clip constant ``c > 1``, or ``None``.
 
@@ -107,7 +107,7 @@ def policy_loss(
 
     Raises:
         ValueError: naming the argument: shapes that are not ``[batch, seq]`` or do not
-            match, an empty batch, ``eps_low`` outside ``[0, 1)``, negative ``eps_high``,
+            match, an empty batch, ``eps_low`` outside ``[0, 1]``, negative ``eps_high``,
             ``clip_ratio_c <= 1``.
     """
     logprobs = as_tensor(logprobs, "logprobs")
@@ -122,8 +122,8 @@ def policy_loss(
 
     eps_low = check_real(eps_low, "eps_low")
     eps_high = check_real(eps_high, "eps_high")
-    if not 0.0 <= eps_low < 1.0:
-        raise ValueError(f"eps_low must be in [0, 1), got {eps_low}")
+    if not 0.0 <= eps_low <= 1.0:
+        raise ValueError(f"eps_low must be in [0, 1], got {eps_low}")
     if eps_high < 0.0:
         raise ValueError(f"eps_high must be >= 0, got {eps_high}")
     if clip_ratio_c is not None:

@@ -18,7 +18,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..algo import aggregate_loss, kl_penalty, policy_loss
+from ..algo import aggregate_loss, kl_penalty
+from ..algo.policy_losses import POLICY_LOSSES
 from ..algo.tis import mismatch_kl
 from ..algo.config import AlgorithmConfig
 from . import packing as pk
@@ -307,7 +308,7 @@ def _loss_inputs(batch: dict, logits: torch.Tensor, true_vocab: int, temperature
 def dapo_loss_fn(
     algo: AlgorithmConfig, true_vocab: int, global_tokens, global_seqs, nan_loss: bool = False, temperature: float = 1.0,
 ):
-    """The per-micro-batch loss: decoupled-clip surrogate, aggregated over the whole step.
+    """The per-micro-batch loss: the --policy-loss surrogate (algo.POLICY_LOSSES), aggregated over the whole step.
 
     Logprobs and entropy come from ``logits / temperature`` (the rollout temperature), like the
     old logprobs they are compared with. Padded and packed (THD, any CP) micro-batches alike.
@@ -315,14 +316,16 @@ def dapo_loss_fn(
     ``loss_mask`` is 1, both set per sample by :func:`weigh_samples` (``--tis-mode`` on the
     fresh tokens, ``--partial-rollout-offpolicy`` on the stale ones)."""
 
+    spec = POLICY_LOSSES.get(algo.policy_loss)
+
     def loss_fn(batch, logits):
+        if batch.get("cp_size", 1) > 1 and spec.whole_sequences:
+            raise ValueError(f"--policy-loss {algo.policy_loss} needs whole sequences per rank: not with CP > 1")
         if batch.get("cp_size", 1) > 1 and algo.loss_agg_mode == "seq-mean-token-mean":
             raise ValueError("--loss-agg-mode seq-mean-token-mean needs whole sequences per rank: not with CP > 1")
         x = _loss_inputs(batch, logits, true_vocab, temperature)
         lp, mask, old = x["lp"], x["loss_mask"], x["old_logprobs"]
-        per_tok, m = policy_loss(
-            lp, old, x["adv"], mask, algo.eps_clip_low, algo.eps_clip_high, algo.clip_ratio_c
-        )
+        per_tok, m = spec(lp, old, x["adv"], mask, algo)
         eng = x.get("engine_logprobs", old)
         stale = x.get("stale", torch.zeros_like(mask))
         w = x["is_weight"]

@@ -35,7 +35,7 @@ CASES = [
     ("loss_mask", lambda: policy_loss(Z, Z, A, torch.ones(3, 3))),
     ("advantages", lambda: policy_loss(Z, Z, torch.zeros(3), M)),
     ("advantages", lambda: policy_loss(Z, Z, torch.zeros(2, 4), M)),
-    ("eps_low", lambda: policy_loss(Z, Z, A, M, eps_low=1.0)),
+    ("eps_low", lambda: policy_loss(Z, Z, A, M, eps_low=1.1)),
     ("eps_low", lambda: policy_loss(Z, Z, A, M, eps_low=1.5)),
     ("eps_low", lambda: policy_loss(Z, Z, A, M, eps_low=-0.1)),
     ("eps_high", lambda: policy_loss(Z, Z, A, M, eps_high=-0.1)),

@@ -91,7 +91,7 @@ def test_apply_custom_changes_nothing():
     "overrides, flag",
     [
         ({"algorithm": "ppo"}, "--algorithm"),
-        ({"eps_clip_low": 1.2}, "--eps-clip-low must be in [0, 1), got 1.2"),
+        ({"eps_clip_low": 1.2}, "--eps-clip-low must be in [0, 1], got 1.2"),
         ({"eps_clip_low": -0.1}, "--eps-clip-low"),
         ({"eps_clip_high": -0.01}, "--eps-clip-high"),
         ({"clip_ratio_c": 1.0}, "--clip-ratio-c"),
