@@ -64,7 +64,8 @@ class BucketEntry:
 def flatten_bucket(
     named_tensors: List[Tuple[str, torch.Tensor]], align: int = BUCKET_ALIGN_BYTES
 ) -> Tuple[torch.Tensor, List[BucketEntry]]:
-    """Pack tensors (any dtypes) into one uint8 buffer on their device.
+    """Pack tensors (any dtypes) into one uint8 buffer on their device (on the CPU: a
+    :func:`shared_cpu_buffer`, zero-filled).
 
     Each tensor starts at a multiple of ``align`` bytes so that SGLang's
     ``flat[start:end].view(dtype)`` is legal for every dtype (SGLang's own
@@ -80,7 +81,10 @@ def flatten_bucket(
         nbytes = t.numel() * t.element_size()
         entries.append(BucketEntry(name, torch.Size(t.shape), t.dtype, offset, offset + nbytes, nbytes))
         offset += -(-nbytes // align) * align if nbytes else 0
-    flat = torch.zeros(max(offset, 1), dtype=torch.uint8, device=device)
+    # a CPU buffer is a named /dev/shm file of ours, so its payload names the file: the bytes
+    # do not depend on torch's process-wide sharing strategy (a file descriptor otherwise)
+    flat = (shared_cpu_buffer(max(offset, 1)) if device.type == "cpu"
+            else torch.zeros(max(offset, 1), dtype=torch.uint8, device=device))
     for e, (_, t) in zip(entries, named_tensors):
         if e.numel:
             flat[e.start_idx:e.end_idx].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))

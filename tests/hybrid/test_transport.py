@@ -260,3 +260,24 @@ def test_engine_error_raises_on_its_feeders(gloo):
     assert "engine 0 failed to load the weights" in outs[0] and "refused bucket 1" in outs[0]
     assert "engine 0 failed" in outs[1]
     assert outs[2] is None and outs[3] is None  # the other replica's engine loaded fine
+
+
+def test_a_copied_buckets_payload_does_not_depend_on_the_process_wide_sharing_strategy():
+    """serialize_bucket's CPU buffer is a named /dev/shm file of ours: its payload is the same
+    kind of reference (a file name) whatever torch's sharing strategy is, so a receiver loads
+    it in any test order (it used to carry a file descriptor under 'file_descriptor')."""
+    import torch.multiprocessing as tmp
+
+    before = tmp.get_sharing_strategy()
+    bucket = [("w", torch.arange(12, dtype=torch.float32).view(3, 4)), ("b", torch.ones(5, dtype=torch.bfloat16))]
+    try:
+        for strategy in ("file_descriptor", "file_system"):
+            tmp.set_sharing_strategy(strategy)
+            payloads, keep = pl.serialize_bucket(bucket, 1)
+            raw = base64.b64decode(payloads[0])
+            assert b"DupFd" not in raw and b"map_shared_file" in raw, strategy
+            flat, meta = pl.load_payload(payloads[0])
+            got = dict(pl.reconstruct_bucket(flat, meta))
+            assert torch.equal(got["w"], bucket[0][1]) and torch.equal(got["b"], bucket[1][1]), strategy
+    finally:
+        tmp.set_sharing_strategy(before)
