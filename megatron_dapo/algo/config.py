@@ -129,7 +129,7 @@ class AlgorithmConfig:
     )
     kl_coef: float = _f(0.0, "Coefficient of the KL penalty to the reference model (DAPO: 0 = none).", "--kl-coef")
     kl_estimator: str = _f(
-        "k3", "KL estimator used when --kl-coef > 0: k1, k2 or k3.", "--kl-estimator", choices=KL_ESTIMATORS
+        "k3", "KL estimator used when --kl-coef > 0: k1, k2 or k3.", "--kl-estimator", choices=KL_ESTIMATORS.names()
     )
     entropy_coef: float = _f(
         0.0, "Coefficient of the entropy bonus (loss -= coef * entropy; DAPO: 0).", "--entropy-coef"
@@ -142,7 +142,7 @@ class AlgorithmConfig:
         "[1/--tis-seq-cap, --tis-seq-cap] are rejected). A rejected token carries no loss and leaves the "
         "token-mean denominator (the step's loss is the mean over the tokens it learns from).",
         "--tis-mode",
-        choices=TIS_MODES,
+        choices=TIS_MODES.names(),
     )
     tis_cap: float = _f(2.0, "The cap C > 1 of --tis-mode token-truncate / token-mask (and of "
                         "--partial-rollout-offpolicy correct).", "--tis-cap")

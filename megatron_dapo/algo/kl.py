@@ -20,8 +20,10 @@ from __future__ import annotations
 import torch
 
 from ._checks import as_tensor, check_float_tensor, check_same_shape
+from .registry import Registry
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
+#: ``--kl-estimator``: name -> ``fn(logprobs, ref_logprobs) -> per-token KL``.
+KL_ESTIMATORS = Registry("KL estimator", flag="--kl-estimator")
 
 #: log-ratio clamp before ``exp`` in k3 (same range as the policy ratio).
 KL_LOG_RATIO_CLAMP = 20.0
@@ -38,18 +40,21 @@ def _prepare(logprobs, ref_logprobs):
     return logprobs.to(dtype), ref_logprobs.detach().to(dtype)
 
 
+@KL_ESTIMATORS.register("k1")
 def kl_k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     r"""k1 estimator: :math:`\log\pi_\theta - \log\pi_{ref}` per token."""
     lp, ref = _prepare(logprobs, ref_logprobs)
     return lp - ref
 
 
+@KL_ESTIMATORS.register("k2")
 def kl_k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     r"""k2 estimator: :math:`\tfrac12(\log\pi_\theta - \log\pi_{ref})^2` per token."""
     lp, ref = _prepare(logprobs, ref_logprobs)
     return 0.5 * (lp - ref) ** 2
 
 
+@KL_ESTIMATORS.register("k3")
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     r"""k3 estimator: :math:`e^{\log\rho} - 1 - \log\rho` with
     :math:`\log\rho = \log\pi_{ref} - \log\pi_\theta` (clamped to ``[-20, 20]``)."""
@@ -58,15 +63,12 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.exp(log_rho) - 1.0 - log_rho
 
 
-_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
-
-
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k3") -> torch.Tensor:
     """Per-token KL estimate of ``kind`` (``"k1"``, ``"k2"`` or ``"k3"``), see the module doc.
 
     Raises:
         ValueError: naming ``kind`` when unknown, or the tensors when their shapes differ.
     """
-    if kind not in _ESTIMATORS:
+    if kind not in KL_ESTIMATORS:
         raise ValueError(f"kind must be one of {', '.join(KL_ESTIMATORS)}; got {kind!r}")
-    return _ESTIMATORS[kind](logprobs, ref_logprobs)
+    return KL_ESTIMATORS.get(kind)(logprobs, ref_logprobs)

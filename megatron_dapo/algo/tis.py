@@ -38,8 +38,41 @@ import torch
 
 from ._checks import as_tensor, check_2d, check_float_tensor, check_real, check_same_shape
 from .kl import kl_k3
+from .registry import Registry
 
-TIS_MODES = ("none", "token-truncate", "token-mask", "sequence-mask")
+#: ``--tis-mode``: name -> ``fn(log_ratio, valid, cap, seq_cap) -> (weights, clipped)`` on
+#: ``[batch, seq]`` (``log_ratio`` 0 and ``valid`` False on masked positions).
+TIS_MODES = Registry("TIS mode", flag="--tis-mode")
+
+
+@TIS_MODES.register("none")
+def _tis_none(log_ratio, valid, cap, seq_cap):
+    return torch.ones_like(log_ratio), torch.zeros_like(valid)
+
+
+@TIS_MODES.register("token-truncate")
+def _tis_token_truncate(log_ratio, valid, cap, seq_cap):
+    ratio = torch.exp(log_ratio)
+    return torch.clamp(ratio, max=cap), ratio > cap
+
+
+@TIS_MODES.register("token-mask")
+def _tis_token_mask(log_ratio, valid, cap, seq_cap):
+    ratio = torch.exp(log_ratio)
+    out = (ratio > cap) | (ratio < 1.0 / cap)
+    return torch.where(out, torch.zeros_like(ratio), torch.ones_like(ratio)), out
+
+
+@TIS_MODES.register("sequence-mask")
+def _tis_sequence_mask(log_ratio, valid, cap, seq_cap):
+    c = cap if seq_cap is None else check_real(seq_cap, "seq_cap")
+    if c <= 1.0:
+        raise ValueError(f"seq_cap must be > 1, got {c}")
+    n = valid.sum(dim=1, keepdim=True).clamp(min=1).to(log_ratio.dtype)
+    seq_ratio = torch.exp(log_ratio.sum(dim=1, keepdim=True) / n)
+    out = ((seq_ratio > c) | (seq_ratio < 1.0 / c)).expand_as(log_ratio)
+    return torch.where(out, torch.zeros_like(log_ratio), torch.ones_like(log_ratio)), out
+
 
 #: Default band of ``sequence-mask`` (``--tis-seq-cap``): sequences whose geometric-mean ratio
 #: leaves [1/1.001, 1.001] are rejected. verl's rollout-correction guide gives 1.0002-1.001 as
@@ -111,27 +144,9 @@ def tis_weights(
     if cap <= 1.0:
         raise ValueError(f"cap must be > 1, got {cap}")
     log_ratio, valid = _prepare(old_logprobs, engine_logprobs, loss_mask)
-    ratio = torch.exp(log_ratio)
-    one = torch.ones_like(ratio)
-    if mode == "none":
-        w, clipped = one, torch.zeros_like(valid)
-    elif mode == "token-truncate":
-        clipped = ratio > cap
-        w = torch.clamp(ratio, max=cap)
-    elif mode == "token-mask":
-        clipped = (ratio > cap) | (ratio < 1.0 / cap)
-        w = torch.where(clipped, torch.zeros_like(ratio), one)
-    else:  # sequence-mask
-        c = cap if seq_cap is None else check_real(seq_cap, "seq_cap")
-        if c <= 1.0:
-            raise ValueError(f"seq_cap must be > 1, got {c}")
-        n = valid.sum(dim=1, keepdim=True).clamp(min=1).to(log_ratio.dtype)
-        seq_ratio = torch.exp(log_ratio.sum(dim=1, keepdim=True) / n)
-        out = (seq_ratio > c) | (seq_ratio < 1.0 / c)
-        clipped = out.expand_as(ratio)
-        w = torch.where(clipped, torch.zeros_like(ratio), one)
+    w, clipped = TIS_MODES.get(mode)(log_ratio, valid, cap, seq_cap)
     clipped = clipped & valid
-    w = torch.where(valid, w, one)
+    w = torch.where(valid, w, torch.ones_like(w))
     with torch.no_grad():
         count = valid.sum().to(torch.float32).clamp(min=1.0)
         f = valid.to(torch.float32)

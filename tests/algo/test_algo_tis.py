@@ -98,7 +98,7 @@ def test_weighted_loss_zero_weight_tokens_give_no_loss_and_no_gradient():
 
 def test_bad_input_names_the_argument():
     old, eng, mask = _inputs()
-    assert TIS_MODES == ("none", "token-truncate", "token-mask", "sequence-mask")
+    assert TIS_MODES.names() == ("none", "token-truncate", "token-mask", "sequence-mask")
     with pytest.raises(ValueError, match="mode"):
         tis_weights(old, eng, mask, "token", 2.0)
     with pytest.raises(ValueError, match="cap"):
