@@ -4,23 +4,31 @@ Each kind of mistake has its error type, raised where it is found:
 
 | kind       | type                                        | e.g.                                        |
 |------------|---------------------------------------------|---------------------------------------------|
-| config     | ``config.ConfigError``                      | a flag out of range, flags that conflict    |
+| config     | ``config.ConfigError``                      | a flag out of range, flags that conflict, broken YAML in ``--config`` |
 | data       | ``data.DataError``                          | a prompt file that is empty or lacks a column |
 | checkpoint | ``checkpoint.dist_ckpt.CheckpointError``    | a missing ``.metadata``, a non-empty ``--save`` |
-| model      | ``models.hf_config.ModelConfigError``       | an unsupported architecture in config.json  |
+| model      | ``models.hf_config.ModelConfigError``       | an unsupported architecture in config.json, a tokenizer that does not load |
+| reward     | ``reward.api.RewardConfigError``            | an unknown reward mode, a ``--reward-fn`` that does not import |
+| file       | ``OSError`` that names a file               | a path that cannot be created or read (``/proc/run``, a full disk) |
 
 :func:`exit_on_user_error` wraps a command's body: such an error ends the command with
-``<command>: error: <message>`` on stderr and exit code 2; ``MEGATRON_DAPO_DEBUG=1`` shows the
-traceback instead. Any other exception is a bug and keeps its traceback.
+``<command>: error: <message>`` (one line) on stderr and exit code 2 (:data:`EXIT_USER_ERROR`);
+``MEGATRON_DAPO_DEBUG=1`` in the environment shows the traceback instead. Any other exception
+is a bug and keeps its traceback. :func:`report_user_error` is the same for a ``main`` that
+returns its exit code, and :class:`OneLineArgumentParser` makes argparse's own errors (an
+unknown flag, a bad value) one line too, instead of a usage text of a hundred lines.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import difflib
 import os
 import sys
 
 DEBUG_ENV = "MEGATRON_DAPO_DEBUG"
+EXIT_USER_ERROR = 2
 
 
 def user_error_types() -> tuple:
@@ -28,21 +36,79 @@ def user_error_types() -> tuple:
     from .config import ConfigError
     from .data import DataError
     from .models.hf_config import ModelConfigError
+    from .reward.api import RewardConfigError
 
-    return (ConfigError, DataError, CheckpointError, ModelConfigError)
+    return (ConfigError, DataError, CheckpointError, ModelConfigError, RewardConfigError)
+
+
+def is_user_error(exc: BaseException) -> bool:
+    """A mistake of the user's (:func:`user_error_types`, or an OSError that names its file:
+    a path from the command line that cannot be created, read or written)."""
+    if isinstance(exc, user_error_types()):
+        return True
+    return isinstance(exc, OSError) and getattr(exc, "filename", None) is not None
+
+
+def debug() -> bool:
+    """Whether ``MEGATRON_DAPO_DEBUG`` asks for tracebacks (any value but empty / 0 / false)."""
+    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _names_a_file(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and getattr(exc, "filename", None) is not None and not isinstance(
+        exc, user_error_types())
 
 
 def one_line(exc: BaseException) -> str:
+    """The message of ``exc`` on one line (an OSError that names a file: ``FILE: what``)."""
+    if _names_a_file(exc):
+        where = f"{exc.filename}" + (f" -> {exc.filename2}" if exc.filename2 else "")
+        return f"{where}: {exc.strerror or type(exc).__name__}"
     return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def report_user_error(command: str, exc: BaseException) -> int:
+    """Print ``<command>: error: <one line>`` on stderr and return :data:`EXIT_USER_ERROR`; re-raise
+    (inside an ``except``) when ``exc`` is no user error or ``MEGATRON_DAPO_DEBUG`` is set."""
+    if not is_user_error(exc) or debug():
+        raise exc
+    hint = f" (check the path given on the command line; {DEBUG_ENV}=1 shows where it was opened)" \
+        if _names_a_file(exc) else ""
+    print(f"{command}: error: {one_line(exc)}{hint}", file=sys.stderr, flush=True)
+    return EXIT_USER_ERROR
 
 
 @contextlib.contextmanager
 def exit_on_user_error(command: str):
-    """Inside: a user error (:func:`user_error_types`) exits 2 with one line on stderr."""
+    """Inside: a user error (:func:`is_user_error`) exits 2 with one line on stderr."""
     try:
         yield
-    except user_error_types() as e:
-        if os.environ.get(DEBUG_ENV):
+    except SystemExit as e:  # ``raise SystemExit("message")``: a script's own one-line refusal
+        if not isinstance(e.code, str) or debug():
             raise
-        print(f"{command}: error: {one_line(e)}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
+        print(f"{command}: error: {' '.join(e.code.split())}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_USER_ERROR) from None
+    except Exception as e:
+        if not is_user_error(e) or debug():
+            raise
+        raise SystemExit(report_user_error(command, e)) from None
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors are one line: ``<prog>: error: <message>`` (with the closest flag for
+    an unknown one) and exit code 2, where argparse prints its whole usage first."""
+
+    def error(self, message: str):
+        if message.startswith("unrecognized arguments:"):
+            known = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+            hints = []
+            for arg in message.split(":", 1)[1].split():
+                if arg.startswith("--"):
+                    close = difflib.get_close_matches(arg.split("=", 1)[0], known, n=1, cutoff=0.8)
+                    if close:
+                        hints.append(f"{arg}: did you mean {close[0]}?")
+            if hints:
+                message += " (" + "; ".join(hints) + ")"
+        if debug():
+            self.print_usage(sys.stderr)
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {' '.join(message.split())} (--help lists the flags)\n")

@@ -14,7 +14,6 @@ One rollout step, top to bottom (see docs/design.md for the picture):
 
 from __future__ import annotations
 
-import codecs
 import os
 import random
 import signal
@@ -26,7 +25,8 @@ import numpy as np
 import torch
 
 from .config import ConfigError, parse_args, validate
-from .errors import DEBUG_ENV, one_line, user_error_types
+from .config.validate import load_tokenizer
+from .errors import report_user_error
 from .driver.batch import assign_advantages, dp_partition, dp_shards, minibatches
 from .driver.cluster import Cluster
 from .models import parse_hf_config
@@ -49,8 +49,6 @@ def hf_config_source(cfg) -> str:
 
 class Trainer:
     def __init__(self, cfg):
-        from transformers import AutoTokenizer
-
         from .data import ResumableSampler, load_prompt_dataset
         from .reward import BatchScorer, reward_needs_label
 
@@ -59,7 +57,7 @@ class Trainer:
         self.arch = parse_hf_config(self.hf_dir)
         self.run_dir = cfg.logging.run_dir  # written only once the checks of run() passed (driver/run_dir.py)
         tok_dir = cfg.model.tokenizer or self.hf_dir
-        self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+        self.tokenizer = load_tokenizer(tok_dir, "--tokenizer" if cfg.model.tokenizer else "--hf-checkpoint")
         self.tokenizer_dir = tok_dir
         if not cfg.data.prompt_data:
             raise ConfigError("--prompt-data is required")
@@ -395,10 +393,17 @@ def stop_on_sigterm():
 
 
 def main(argv=None) -> int:
-    cfg = parse_args(argv)
-    cfg.rollout.stop = [codecs.decode(s, "unicode_escape") for s in cfg.rollout.stop]
+    """The driver's entry point. A mistake of the user's (megatron_dapo/errors.py: config, data,
+    checkpoint, model, reward, an unusable path) ends it with one line on stderr and exit code 2;
+    ``MEGATRON_DAPO_DEBUG=1`` shows the traceback. SIGTERM: exit code 143 after the cleanup."""
+    from .config.cli import decode_escapes
+    from .config.validate import check_model_dir
+
     previous = stop_on_sigterm()
     try:
+        cfg = parse_args(argv)
+        cfg.rollout.stop = decode_escapes("--rollout-stop", cfg.rollout.stop)
+        check_model_dir(cfg)  # --hf-checkpoint and its config.json, before they are read
         arch = parse_hf_config(hf_config_source(cfg))
         if cfg.run.dry_run:  # validates for the target hardware (GPU flags on a CPU login node)
             from .driver.run_dir import prepare_outputs
@@ -412,14 +417,10 @@ def main(argv=None) -> int:
             print(f"[config] warning: {w}", file=sys.stderr)
         trainer = Trainer(cfg)
         trainer.run()
-    except ConfigError as e:
-        print(f"megatron_dapo.train: configuration error: {e}", file=sys.stderr)
-        return 2
-    except user_error_types() as e:  # data, checkpoint, model: one line, no traceback (megatron_dapo/errors.py)
-        if os.environ.get(DEBUG_ENV):
-            raise
-        print(f"megatron_dapo.train: error: {one_line(e)}", file=sys.stderr)
-        return 2
+    except Exception as e:
+        if _SIGTERM.is_set():  # whatever a library made of the interruption
+            return 128 + signal.SIGTERM
+        return report_user_error("megatron_dapo.train", e)  # re-raises anything but a user error
     except BaseException:
         if not _SIGTERM.is_set():
             raise

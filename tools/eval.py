@@ -15,7 +15,6 @@ names the tokenizer directory, --hf-config optionally the config).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -29,6 +28,7 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 MEGATRON_METADATA = "megatron_dapo_checkpoint.json"  # megatron_dapo.checkpoint.dist_ckpt.METADATA_FILE
+HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
 def parse_args(argv=None):
@@ -36,7 +36,9 @@ def parse_args(argv=None):
     from megatron_dapo.reward.api import MODES
     from megatron_dapo.rollout.base import ENGINES
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from megatron_dapo.errors import OneLineArgumentParser
+
+    p = OneLineArgumentParser(prog="eval.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="HF model directory or megatron-dapo torch_dist checkpoint directory")
     p.add_argument("--data", required=True, help="parquet / jsonl evaluation file")
     p.add_argument("--n-samples", type=int, default=None,
@@ -91,6 +93,9 @@ def model_kind(path: str) -> str:
     if os.path.exists(os.path.join(path, MEGATRON_METADATA)):
         return "megatron"
     if os.path.exists(os.path.join(path, "config.json")):
+        if not any(os.path.exists(os.path.join(path, f)) for f in HF_WEIGHTS):
+            raise SystemExit(f"--model {path}: config.json but no weights ({' / '.join(HF_WEIGHTS)}); give the HF "
+                             "checkpoint directory with its weights")
         return "hf"
     raise SystemExit(
         f"--model {path}: neither an HF checkpoint (config.json) nor a megatron-dapo torch_dist "
@@ -181,18 +186,34 @@ def build_engine(args, model_dir: str, tokenizer):
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    from transformers import AutoTokenizer
+    """A mistake (a path, a data file, a model or tokenizer that does not load) ends it with one
+    line and exit code 2 (megatron_dapo/errors.py; MEGATRON_DAPO_DEBUG=1 shows the traceback)."""
+    from megatron_dapo.errors import exit_on_user_error
 
-    from megatron_dapo.eval.runner import dataset_name, evaluate
+    args = parse_args(argv)
+    with exit_on_user_error("eval.py"):
+        return _main(args)
+
+
+def _main(args) -> int:
+    from megatron_dapo.config.validate import load_tokenizer
+    from megatron_dapo.eval.runner import dataset_name, evaluate, load_eval_problems
 
     t0 = time.time()
+    model_kind(args.model)  # before anything loads: the model directory, the data, the output directory
+    load_eval_problems(args.data, limit=args.limit)
+    out = args.out or os.path.join(
+        "runs", "eval", f"{os.path.basename(os.path.abspath(args.model))}__{dataset_name(args.data)}"
+    )
+    try:  # an unwritable --out fails now, not after the generation
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        from megatron_dapo.config import ConfigError
+
+        raise ConfigError(f"--out {out}: cannot create it ({e.strerror}); choose another --out") from e
     with hf_model_dir(args) as model_dir:
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or model_dir)
+        tokenizer = load_tokenizer(args.tokenizer or model_dir, "--tokenizer" if args.tokenizer else "--model")
         kind, engine = build_engine(args, model_dir, tokenizer)
-        out = args.out or os.path.join(
-            "runs", "eval", f"{os.path.basename(os.path.abspath(args.model))}__{dataset_name(args.data)}"
-        )
         scorer = _make_scorer(args, tokenizer)
         try:
             summary = evaluate(

@@ -22,6 +22,7 @@ import typing
 from typing import Any, Optional
 
 from ..algo.config import apply_preset
+from ..errors import OneLineArgumentParser
 from .schema import SECTIONS, DAPOConfig, flag_of
 
 
@@ -103,7 +104,7 @@ def _fields():
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineArgumentParser(
         prog="python -m megatron_dapo.train",
         description="DAPO training on megatron-core (flags: Megatron-LM names for model/parallel/optimizer).",
         argument_default=argparse.SUPPRESS,
@@ -151,9 +152,11 @@ def _coerce(value, flag, tp, opt):
     if tp is list or typing.get_origin(tp) is list:
         return list(value) if isinstance(value, (list, tuple)) else [value]
     if tp in (int, float):
+        if isinstance(value, bool) or (tp is int and isinstance(value, float) and not value.is_integer()):
+            raise ConfigError(f"{flag} expects {tp.__name__}, got {value!r}")
         try:
             return tp(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ConfigError(f"{flag} expects {tp.__name__}, got {value!r}")
     if isinstance(value, str) and opt and value.lower() == "none":
         return None
@@ -165,24 +168,42 @@ def load_yaml(path: str) -> dict:
     import yaml
 
     try:
-        with open(path) as fh:
-            raw = yaml.safe_load(fh) or {}
+        with open(path, encoding="utf-8") as fh:
+            raw = yaml.safe_load(fh)
     except FileNotFoundError:
         raise ConfigError(f"--config: file not found: {path}")
+    except (IsADirectoryError, PermissionError) as e:
+        raise ConfigError(f"--config {path}: cannot read it ({e.strerror}); give a YAML file")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"--config {path}: not UTF-8 text (byte {e.start}); give a YAML file")
     except yaml.YAMLError as e:
-        raise ConfigError(f"--config {path}: invalid YAML ({e})")
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or getattr(e, "context", None) or str(e)
+        raise ConfigError(f"--config {path}: invalid YAML{where}: {problem}; fix the file")
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"--config {path}: expected a mapping of settings (key: value, or sections such as "
+                          f"'optim: {{lr: 1.0e-6}}'), got a {type(raw).__name__}")
     idx = _index()
     out = {}
 
     removed = {k: flag for flag in REMOVED_FLAGS for k in (flag[2:], flag[2:].replace("-", "_"))}
 
     def put(key, value):
+        key = str(key)
         if key.rsplit(".", 1)[-1] in removed:
             raise ConfigError(f"--config {path}: {key!r}: {_removed_message(removed[key.rsplit('.', 1)[-1]])}")
         if key not in idx:
             raise ConfigError(f"--config {path}: unknown setting {key!r}")
         sec, f, flag, tp, opt = idx[key]
-        out[f"{sec}.{f.name}"] = _coerce(value, flag, tp, opt)
+        v = _coerce(value, flag, tp, opt)
+        choices = f.metadata.get("choices")
+        if choices and v not in choices and not (v is None and opt):
+            shown = ", ".join("none" if c is None else str(c) for c in choices)
+            raise ConfigError(f"--config {path}: {key!r} ({flag}) must be one of {shown}, got {value!r}")
+        out[f"{sec}.{f.name}"] = v
 
     for k, v in raw.items():
         if k in SECTIONS and isinstance(v, dict):
@@ -190,6 +211,20 @@ def load_yaml(path: str) -> dict:
                 put(f"{k}.{k2}" if f"{k}.{k2}" in idx else k2, v2)
         else:
             put(k, v)
+    return out
+
+
+def decode_escapes(flag: str, values: list) -> list:
+    """Backslash escapes (``\\n``, ``\\t``, ``\\u2028``) of string flags such as ``--rollout-stop``
+    turned into the characters; any other character (non-ASCII included) is kept as given. A bad
+    escape is a ConfigError naming the flag and the value."""
+    out = []
+    for s in values:
+        s = str(s)
+        try:
+            out.append(s.encode("latin-1", "backslashreplace").decode("unicode_escape"))
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{flag} {s!r}: bad escape ({e.reason}); write a backslash as \\\\, a newline as \\n")
     return out
 
 

@@ -21,6 +21,101 @@ def data_parallel_size(cfg: DAPOConfig) -> int:
     return world_size(cfg) // (p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size)
 
 
+#: Files of which a tokenizer directory holds at least one (fast tokenizer, its config, BPE
+#: vocabulary, SentencePiece model).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
+def check_model_dir(cfg: DAPOConfig) -> None:
+    """``--hf-checkpoint`` is a directory with a config.json (read first: it gives the model shape)."""
+    m = cfg.model
+    if m.hf_checkpoint:
+        if not os.path.isdir(m.hf_checkpoint):
+            what = "not a directory" if os.path.exists(m.hf_checkpoint) else "directory not found"
+            raise ConfigError(f"--hf-checkpoint: {what}: {m.hf_checkpoint} (give an HF checkpoint directory with "
+                              "config.json)")
+        if not os.path.isfile(os.path.join(m.hf_checkpoint, "config.json")):
+            raise ConfigError(f"--hf-checkpoint {m.hf_checkpoint}: no config.json there (give an HF checkpoint "
+                              "directory: config.json, weights, tokenizer)")
+
+
+def check_paths(cfg: DAPOConfig) -> None:
+    """The input paths of a run, checked before anything reads them (a mistyped path is one
+    ConfigError naming the flag, not a traceback from the library that opens it, and never a
+    download: a path that does not exist is not looked up on a model hub)."""
+    check_model_dir(cfg)
+    m = cfg.model
+    if m.tokenizer:
+        if not os.path.isdir(m.tokenizer):
+            what = "not a directory" if os.path.exists(m.tokenizer) else "directory not found"
+            raise ConfigError(f"--tokenizer: {what}: {m.tokenizer} (give the directory the tokenizer was saved to; "
+                              "it is never downloaded)")
+        if not any(os.path.isfile(os.path.join(m.tokenizer, f)) for f in TOKENIZER_FILES):
+            raise ConfigError(f"--tokenizer {m.tokenizer}: no tokenizer there (none of {', '.join(TOKENIZER_FILES)}); "
+                              "give the directory the tokenizer was saved to, or drop --tokenizer to use "
+                              "--hf-checkpoint's")
+    if cfg.data.prompt_data and not os.path.exists(cfg.data.prompt_data):
+        raise ConfigError(f"--prompt-data: file not found: {cfg.data.prompt_data}")
+    if cfg.checkpoint.load and not os.path.exists(cfg.checkpoint.load):
+        raise ConfigError(f"--load: directory not found: {cfg.checkpoint.load}")
+
+
+def load_tokenizer(path: str, flag: str):
+    """``AutoTokenizer.from_pretrained(path)``, local files only; a directory without a tokenizer,
+    one that does not load, or one without a vocabulary is a ModelConfigError naming ``flag``."""
+    from transformers import AutoTokenizer
+
+    from ..models.hf_config import ModelConfigError
+
+    fix = f"give a directory with the model's tokenizer ({' / '.join(TOKENIZER_FILES)})"
+    if not os.path.isdir(path) or not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
+        raise ModelConfigError(f"{flag} {path}: no tokenizer there; {fix}")
+    try:
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # the library's errors for a directory with a broken tokenizer
+        raise ModelConfigError(f"{flag} {path}: the tokenizer does not load ({' '.join(str(e).split())[:300]}); "
+                               f"{fix}") from e
+    if len(tok) < 2:  # a tokenizer_config.json without its vocabulary: transformers builds an empty tokenizer
+        raise ModelConfigError(f"{flag} {path}: the tokenizer has no vocabulary ({len(tok)} token); {fix}")
+    return tok
+
+
+def check_reward(cfg: DAPOConfig) -> None:
+    """The reward settings: numbers in range, and every ``--reward-fn`` / ``--reward-source`` spec
+    well formed and importable (its module is imported once here). Raises RewardConfigError
+    naming the flag."""
+    from ..reward.api import RewardConfigError
+    from ..reward.plugins import RewardRouter, parse_reward_sources
+
+    rc = cfg.reward
+    for flag, v, ok, need in (
+        ("--reward-timeout", rc.timeout_s, rc.timeout_s > 0, "> 0"),
+        ("--reward-num-workers", rc.num_workers, rc.num_workers >= 1, ">= 1"),
+        ("--reward-remote-timeout", rc.remote_timeout_s, rc.remote_timeout_s > 0, "> 0"),
+        ("--reward-remote-max-retries", rc.remote_max_retries, rc.remote_max_retries >= 0, ">= 0"),
+        ("--reward-remote-batch-size", rc.remote_batch_size, rc.remote_batch_size >= 1, ">= 1"),
+    ):
+        if not ok:
+            raise RewardConfigError(f"{flag} must be {need}, got {v}")
+
+    def named(flag, e):
+        msg = " ".join(str(e).split())
+        if isinstance(e, SyntaxError) and e.filename:
+            msg = f"{e.filename}:{e.lineno}: {e.msg}"
+        return RewardConfigError(msg if msg.startswith(flag) else f"{flag}: {msg}")
+
+    try:
+        RewardRouter(rc.mode, rc.reward_fn, None)
+    except RewardConfigError:
+        raise
+    except (ValueError, ImportError, AttributeError, TypeError, SyntaxError) as e:
+        raise named("--reward-fn" if rc.reward_fn else "--reward-mode", e) from e
+    try:
+        parse_reward_sources(rc.reward_source)
+    except (ValueError, ImportError, AttributeError, TypeError, SyntaxError) as e:
+        raise named("--reward-source", e) from e
+
+
 def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[str]:
     """Raise ConfigError on the first invalid combination; return a list of warnings.
 
@@ -149,12 +244,7 @@ def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[
         raise ConfigError(
             f"--save-interval must be >= 0 and --keep-last >= 1, got {cfg.checkpoint.save_interval}, {cfg.checkpoint.keep_last}"
         )
-    if cfg.data.prompt_data and not os.path.exists(cfg.data.prompt_data):
-        raise ConfigError(f"--prompt-data: file not found: {cfg.data.prompt_data}")
-    if cfg.model.hf_checkpoint and not os.path.exists(cfg.model.hf_checkpoint):
-        raise ConfigError(f"--hf-checkpoint: directory not found: {cfg.model.hf_checkpoint}")
-    if cfg.checkpoint.load and not os.path.exists(cfg.checkpoint.load):
-        raise ConfigError(f"--load: directory not found: {cfg.checkpoint.load}")
+    check_paths(cfg)
     if cfg.rollout.check_weight_sync_init and (cfg.checkpoint.load or cfg.model.pretrained_checkpoint):
         raise ConfigError("--check-weight-sync-init needs the trainer to start from --hf-checkpoint's weights: drop it "
                           "or drop --load / --pretrained-checkpoint")
@@ -162,6 +252,12 @@ def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[
         a.validate()
     except ValueError as e:
         raise ConfigError(str(e)) from e
+    if a.eps_clip_high < a.eps_clip_low:
+        raise ConfigError(
+            f"--eps-clip-high {a.eps_clip_high} is below --eps-clip-low {a.eps_clip_low}: the ratio would be clipped "
+            f"at 1 + {a.eps_clip_high} above and 1 - {a.eps_clip_low} below, the reverse of DAPO's clip-higher "
+            "(eps_high >= eps_low, the paper's 0.28 / 0.2); swap the two values")
+    check_reward(cfg)
     if a.dynamic_sampling and a.dynamic_sampling_metric != "acc":
         warnings.append(
             f"--dynamic-sampling-metric {a.dynamic_sampling_metric}: DAPO filters on raw accuracy; filtering on the "

@@ -14,6 +14,11 @@ from .result import RewardResult, check_ground_truth
 MODES = ("dapo", "math")
 
 
+class RewardConfigError(ValueError):
+    """A reward setting that cannot work (an unknown mode, a ``--reward-fn`` / ``--reward-source``
+    spec that does not import or is malformed, a bad remote URL); the message names the flag."""
+
+
 @dataclasses.dataclass(frozen=True)
 class RewardInput:
     """Everything known about one sample when it is scored.
@@ -70,7 +75,7 @@ def as_reward_input(item: Any, index: int = 0) -> RewardInput:
 
 def _check_mode(mode: str) -> None:
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        raise RewardConfigError(f"reward mode must be one of {MODES}, got {mode!r}")
 
 
 def is_equivalent(gold: str, pred: str, mode: str = "math") -> bool:
