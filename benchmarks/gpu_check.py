@@ -270,23 +270,23 @@ def sync(args, policy):
 def probe(args, policy):
     import torch
 
-    from megatron_dapo.hybrid.probe import default_probe_tokens, logprob_mismatch, megatron_probe_logprobs
+    from megatron_dapo.hybrid.probe import check_probe_stats, probe_stats
+    from megatron_dapo.training.dapo_step import compute_logprobs
 
-    toks = default_probe_tokens(policy.arch.vocab_size, length=64, batch=2)
+    g = torch.Generator().manual_seed(1234)
+    seqs = torch.randint(0, policy.arch.vocab_size, (2, 64), generator=g).tolist()
     t0 = time.perf_counter()
-    lp = megatron_probe_logprobs(policy.model, policy.arch, toks)
+    # the weight-sync probe's megatron half, as PolicyWorker.probe_logprobs runs it
+    lp = compute_logprobs(policy, [{"tokens": s, "prompt_len": 1} for s in seqs], policy.arch.vocab_size, 2, None)
     sync_dev(torch)
-    assert torch.isfinite(lp).all() and lp.shape == (2, 63)
-    from megatron_dapo.hybrid.probe import compare_with_engine
-
-    class Echo:  # an "engine" that scores exactly what megatron computed
-        def score(self, seqs, prompt_lens):
-            return lp.float().cpu().tolist()
-
-    d = compare_with_engine(lp, Echo(), toks, 1e-6)
-    assert d == 0.0
-    mm = logprob_mismatch(lp, lp + 0.01, torch.ones_like(lp, dtype=torch.bool))
-    print(f"megatron probe logprobs {tuple(lp.shape)} in {time.perf_counter() - t0:.2f} s, mean {float(lp.mean()):.3f}; mismatch helper {mm}")
+    assert lp is not None and len(lp) == 2 and all(len(x) == 63 for x in lp)
+    assert all(torch.isfinite(torch.tensor(x)).all() for x in lp)
+    stats = probe_stats(lp, [lp])  # an "engine" that scores exactly what megatron computed
+    check_probe_stats(stats, 1e-6)
+    assert stats["max_abs"] == 0.0
+    noisy = probe_stats(lp, [[[v + 0.01 for v in x] for x in lp]])
+    print(f"megatron probe logprobs 2 x 63 in {time.perf_counter() - t0:.2f} s, mean "
+          f"{float(torch.tensor(lp).mean()):.3f}; probe stats of a +0.01 engine {noisy}")
 
 
 def _checksums(torch, off):

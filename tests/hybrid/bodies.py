@@ -83,7 +83,7 @@ def sync_into_engine(hf_cfg: dict, tp: int, pp: int, feeders, bucket_sizes, thre
     """Trained policy -> HFEngine(s) on ``feeders`` for each bucket size; probe each time."""
     import torch.distributed as dist
 
-    from megatron_dapo.hybrid.probe import check_weight_sync, default_probe_tokens
+    from tests.hybrid.probe_helpers import check_weight_sync, default_probe_tokens
     from megatron_dapo.hybrid.weight_sync import WeightSync
 
     policy = build_trained_policy(hf_cfg, tp, pp)
@@ -128,7 +128,7 @@ class SwapQKEngine:
 def corrupted_sync(hf_cfg: dict, tp: int, pp: int, bucket_bytes: int):
     import torch.distributed as dist
 
-    from megatron_dapo.hybrid.probe import check_weight_sync, default_probe_tokens
+    from tests.hybrid.probe_helpers import check_weight_sync, default_probe_tokens
     from megatron_dapo.hybrid.weight_sync import WeightSyncError, sync_weights
 
     policy = build_trained_policy(hf_cfg, tp, pp)
@@ -320,7 +320,7 @@ def bf16_sync(hf_cfg: dict, tp: int, pp: int, bucket_bytes: int):
 
     from megatron_dapo.checkpoint.model_io import load_hf_weights
     from megatron_dapo.distributed import init_parallel
-    from megatron_dapo.hybrid.probe import check_weight_sync, default_probe_tokens
+    from tests.hybrid.probe_helpers import check_weight_sync, default_probe_tokens
     from megatron_dapo.hybrid.weight_sync import sync_weights
     from megatron_dapo.models import ModelBuildOptions, build_gpt_model, padded_vocab_size
     from megatron_dapo.rollout.hf_engine import HFEngine

@@ -99,7 +99,7 @@ def probe_with_host_reference():
     handed over on the host: the all-reduced statistics must live on the group's device."""
     import torch
 
-    from megatron_dapo.hybrid.probe import compare_with_engine
+    from tests.hybrid.probe_helpers import compare_with_engine
 
     class Echo:
         def score(self, seqs, prompt_lens):

@@ -14,7 +14,7 @@ def feed_engines(hf_cfg: dict, tp: int, pp: int, gpus_per_engine: int, bucket_si
     independent reference weights."""
     import torch.distributed as dist
 
-    from megatron_dapo.hybrid.probe import check_weight_sync, default_probe_tokens
+    from tests.hybrid.probe_helpers import check_weight_sync, default_probe_tokens
     from megatron_dapo.hybrid.weight_sync import EngineFeeding, EngineProtocol, WeightSync
     from tests.hybrid.engine_proc import EngineProcess
 
