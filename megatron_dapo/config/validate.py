@@ -252,7 +252,8 @@ def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[
         a.validate()
     except ValueError as e:
         raise ConfigError(str(e)) from e
-    if a.eps_clip_high < a.eps_clip_low:
+    # CISPO's bounds are an importance-weight band, whose lower side is often open (eps_low 1)
+    if a.eps_clip_high < a.eps_clip_low and a.policy_loss != "cispo":
         raise ConfigError(
             f"--eps-clip-high {a.eps_clip_high} is below --eps-clip-low {a.eps_clip_low}: the ratio would be clipped "
             f"at 1 + {a.eps_clip_high} above and 1 - {a.eps_clip_low} below, the reverse of DAPO's clip-higher "

@@ -151,3 +151,12 @@ def test_the_trainers_loss_runs_each_registered_loss_padded_and_packed(name, mon
     if POLICY_LOSSES.get(name).whole_sequences:
         with pytest.raises(ValueError, match=f"--policy-loss {name} needs whole sequences"):
             dapo_step.dapo_loss_fn(algo, V, 5.0, 2.0)(dict(packed, cp_size=2), rows)
+
+
+def test_cispos_open_lower_bound_passes_the_clip_higher_check_that_the_clip_losses_get():
+    from megatron_dapo.config import validate
+
+    ok = parse_args(["--policy-loss", "cispo", "--eps-clip-low", "1", "--eps-clip-high", "0.2"])
+    validate(ok, on_gpu=True)
+    with pytest.raises(ConfigError, match="--eps-clip-high 0.2 is below --eps-clip-low 1"):
+        validate(parse_args(["--eps-clip-low", "1", "--eps-clip-high", "0.2"]), on_gpu=True)
