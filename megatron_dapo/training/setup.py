@@ -27,16 +27,13 @@ class OptimizerOptions:
     (``config.schema.OptimConfig``), so each default lives once."""
 
     lr: float = _OPTIM.lr
-    min_lr: float = 0.0  # only read by a decaying lr_decay_style; no flag selects one
     weight_decay: float = _OPTIM.weight_decay
     adam_beta1: float = _OPTIM.adam_beta1
     adam_beta2: float = _OPTIM.adam_beta2
     adam_eps: float = _OPTIM.adam_eps
     clip_grad: float = _OPTIM.clip_grad
     use_distributed_optimizer: bool = _PARALLEL.use_distributed_optimizer
-    lr_warmup_iters: int = 0
-    lr_decay_style: str = "constant"
-    train_iters: int = 10**9  # constant LR: only the warm-up matters
+    lr_warmup_iters: int = 0  # linear warm-up, then the constant --lr (DAPO's schedule; no decay)
 
 
 @dataclasses.dataclass
@@ -72,7 +69,7 @@ def build_optimizer(model, opt: OptimizerOptions, bf16: bool = False):
     oc = OptimizerConfig(
         optimizer="adam",
         lr=opt.lr,
-        min_lr=opt.min_lr,
+        min_lr=opt.lr,
         weight_decay=opt.weight_decay,
         adam_beta1=opt.adam_beta1,
         adam_beta2=opt.adam_beta2,
@@ -87,13 +84,13 @@ def build_optimizer(model, opt: OptimizerOptions, bf16: bool = False):
         optimizer,
         init_lr=0.0 if opt.lr_warmup_iters > 0 else opt.lr,
         max_lr=opt.lr,
-        min_lr=opt.min_lr if opt.lr_decay_style != "constant" else opt.lr,
+        min_lr=opt.lr,
         lr_warmup_steps=opt.lr_warmup_iters,
-        lr_decay_steps=max(opt.train_iters, opt.lr_warmup_iters + 1),
-        lr_decay_style=opt.lr_decay_style,
+        lr_decay_steps=opt.lr_warmup_iters + 1,  # unused by the constant style; megatron wants > warm-up
+        lr_decay_style="constant",
         start_wd=opt.weight_decay,
         end_wd=opt.weight_decay,
-        wd_incr_steps=max(opt.train_iters, 1),
+        wd_incr_steps=1,
         wd_incr_style="constant",
     )
     return optimizer, scheduler

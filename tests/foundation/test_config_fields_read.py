@@ -128,4 +128,4 @@ def test_allowed_entries_are_real_fields_with_reasons():
 def test_the_scan_sees_a_known_read_and_misses_a_removed_flag():
     reads = field_reads()
     assert "temperature" in reads["rollout"] and "kl_coef" in reads["algo"] and "num_workers" in reads["reward"]
-    assert "min_lr" not in reads["optim"]  # OptimizerOptions.min_lr of training/setup.py is not the config's
+    assert "min_lr" not in reads["optim"]  # no such flag: the schedule is warm-up, then the constant --lr
