@@ -7,9 +7,12 @@
 #
 # Extra arguments are passed through to `python -m megatron_dapo.train` and win over the ones below.
 # Environment: HF_CKPT (HF checkpoint dir of Qwen2.5-32B), PROMPT_DATA (DAPO-Math-17K parquet, verl schema),
-# EVAL_DATA (AIME 2024 parquet), SAVE_DIR, RUN_DIR, NUM_ROLLOUT, NNODES, GPUS_PER_NODE, PYTHON.
-# The model shape is read from $HF_CKPT/config.json (--hf-checkpoint), never retyped here. With --dry-run and no
-# checkpoint on this machine, Qwen2.5-32B's public config.json in examples/qwen2.5-32b/ stands in.
+# EVAL_DATA (AIME 2024 parquet; set it empty for none), TOKENIZER (default: HF_CKPT's), SAVE_DIR, RUN_DIR,
+# NUM_ROLLOUT, NNODES, GPUS_PER_NODE, PYTHON.
+# The model shape is read from $HF_CKPT/config.json (--hf-checkpoint), never retyped here. A path you set is used as
+# given: if it does not exist, the dry run fails naming it. Only for a variable you did NOT set, a dry run on a machine
+# without the default paths stands in (and says so): Qwen2.5-32B's public config.json in examples/qwen2.5-32b (shape
+# only) with the Qwen2 tokenizer, and the sample files in $SHARED_DATA (16 DAPO-Math-17K rows, AIME 2024).
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -19,9 +22,15 @@ if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x "$REPO_ROOT/.venv/bin/python" ]]; then PYTHON="$REPO_ROOT/.venv/bin/python"; else PYTHON=python3; fi
 fi
 
-HF_CKPT="${HF_CKPT:-/checkpoints/Qwen2.5-32B}"
-PROMPT_DATA="${PROMPT_DATA:-/data/dapo-math-17k.parquet}"
-EVAL_DATA="${EVAL_DATA:-/data/aime-2024.parquet}"
+# Which of the paths the user set (even to ""): those are never replaced.
+USER_SET=" "
+for v in HF_CKPT PROMPT_DATA EVAL_DATA TOKENIZER; do [[ -n "${!v+set}" ]] && USER_SET+="$v "; done
+user_set() { [[ "$USER_SET" == *" $1 "* ]]; }
+
+HF_CKPT="${HF_CKPT-/checkpoints/Qwen2.5-32B}"
+PROMPT_DATA="${PROMPT_DATA-/data/dapo-math-17k.parquet}"
+EVAL_DATA="${EVAL_DATA-/data/aime-2024.parquet}"
+TOKENIZER="${TOKENIZER-}"
 SAVE_DIR="${SAVE_DIR:-/checkpoints/dapo-qwen2.5-32b}"
 RUN_DIR="${RUN_DIR:-runs/dapo-qwen2.5-32b}"
 NUM_ROLLOUT="${NUM_ROLLOUT:-1000}"      # rollout steps; set it to your compute budget
@@ -31,24 +40,32 @@ GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
 DRY_RUN=${DRY_RUN:-0}
 for a in "$@"; do [[ "$a" == "--dry-run" ]] && DRY_RUN=1; done
 EXTRA=()
+note() { echo "[run_qwen32b] $*" >&2; }
 if [[ "$DRY_RUN" == 1 ]]; then
   grep -qx -- "--dry-run" < <(printf '%s\n' "$@") || EXTRA+=(--dry-run)
-  # A dry run must work on a machine without the 32B weights or the data sets.
-  if [[ ! -f "$HF_CKPT/config.json" ]]; then
-    echo "[run_qwen32b] $HF_CKPT/config.json not found: dry run with the public config in examples/qwen2.5-32b" >&2
+  # A dry run must work on a machine without the 32B weights or the data sets: stand-ins for the defaults only.
+  if ! user_set HF_CKPT && [[ ! -f "$HF_CKPT/config.json" ]]; then
+    note "HF_CKPT not set and $HF_CKPT/config.json not found: dry run with the public config in examples/qwen2.5-32b (shape only, no weights)"
     HF_CKPT="$REPO_ROOT/examples/qwen2.5-32b"
-    [[ -d "$SHARED_DATA/tokenizers/qwen2" ]] && EXTRA+=(--tokenizer "$SHARED_DATA/tokenizers/qwen2")
-  fi
-  if [[ ! -e "$PROMPT_DATA" ]]; then
-    SAMPLE="$SHARED_DATA/train/dapo-math-17k-head16.parquet"
-    if [[ -e "$SAMPLE" ]]; then
-      echo "[run_qwen32b] $PROMPT_DATA not found: dry run with the 16-row sample $SAMPLE" >&2; PROMPT_DATA="$SAMPLE"
-    else
-      echo "[run_qwen32b] $PROMPT_DATA not found: dry run without --prompt-data" >&2; PROMPT_DATA=""
+    if ! user_set TOKENIZER && [[ -f "$SHARED_DATA/tokenizers/qwen2/tokenizer.json" ]]; then
+      TOKENIZER="$SHARED_DATA/tokenizers/qwen2"; note "TOKENIZER not set: the Qwen2 tokenizer in $TOKENIZER"
     fi
   fi
-  if [[ ! -e "$EVAL_DATA" ]]; then
-    if [[ -e "$SHARED_DATA/eval/aime-2024.parquet" ]]; then EVAL_DATA="$SHARED_DATA/eval/aime-2024.parquet"; else EVAL_DATA=""; fi
+  if ! user_set PROMPT_DATA && [[ ! -e "$PROMPT_DATA" ]]; then
+    SAMPLE="$SHARED_DATA/train/dapo-math-17k-head16.parquet"
+    if [[ -e "$SAMPLE" ]]; then
+      note "PROMPT_DATA not set and $PROMPT_DATA not found: dry run with the 16-row sample $SAMPLE"; PROMPT_DATA="$SAMPLE"
+    else
+      note "PROMPT_DATA not set and $PROMPT_DATA not found: dry run without --prompt-data"; PROMPT_DATA=""
+    fi
+  fi
+  if ! user_set EVAL_DATA && [[ ! -e "$EVAL_DATA" ]]; then
+    SAMPLE="$SHARED_DATA/eval/aime-2024.parquet"
+    if [[ -e "$SAMPLE" ]]; then
+      note "EVAL_DATA not set and $EVAL_DATA not found: dry run with $SAMPLE"; EVAL_DATA="$SAMPLE"
+    else
+      note "EVAL_DATA not set and $EVAL_DATA not found: dry run without --eval-data"; EVAL_DATA=""
+    fi
   fi
 fi
 
@@ -56,6 +73,7 @@ fi
 # Shape (64 layers, hidden 5120, FFN 27648, 40 heads / 8 KV heads, vocab 152064, untied) from config.json.
 MODEL_ARGS=(
   --hf-checkpoint "$HF_CKPT"        # initial weights + tokenizer; --load (below) resumes instead
+  ${TOKENIZER:+--tokenizer "$TOKENIZER"}
   --bf16
 )
 

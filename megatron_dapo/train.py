@@ -406,15 +406,15 @@ def main(argv=None) -> int:
         check_model_dir(cfg)  # --hf-checkpoint and its config.json, before they are read
         arch = parse_hf_config(hf_config_source(cfg))
         if cfg.run.dry_run:  # validates for the target hardware (GPU flags on a CPU login node)
-            from .driver.run_dir import prepare_outputs
-            from .launch.plan import dry_run_report
+            from .launch.preflight import dry_run
 
-            print(dry_run_report(cfg, arch, hf_config_source(cfg)))
-            for line in prepare_outputs(cfg, dry_run=True).lines:
-                print(f"[outputs] {line}")
+            dry_run(cfg, arch, hf_config_source(cfg))  # the plan, a [check] line per check, the [outputs] lines
             return 0
         for w in validate(cfg, arch):
             print(f"[config] warning: {w}", file=sys.stderr)
+        from .launch.preflight import check_before_launch
+
+        check_before_launch(cfg, arch)  # tokenizer vs vocab, weights, checkpoints, eval data, disk: before Ray
         trainer = Trainer(cfg)
         trainer.run()
     except Exception as e:

@@ -231,7 +231,13 @@ def load_prompt_dataset(
         h.update(b"\1")
         records.append(PromptRecord(len(records), list(ids), text, str(gt), source, dict(meta or {})))
     if not records:
-        raise DataError(f"{path}: no usable prompts ({dataclasses.asdict(stats)})")
+        fix = ""
+        if stats.skipped_long:
+            fix = (f"; {stats.skipped_long} prompt(s) are longer than --max-prompt-length {max_prompt_length} tokens: "
+                   "raise it or pass --prompt-overflow truncate-left")
+        elif stats.bad_rows:
+            fix = "; every row lacks a prompt or a label (--skip-bad-rows skipped them all)"
+        raise DataError(f"{path}: no usable prompts ({dataclasses.asdict(stats)}){fix}")
     return PromptDataset(records, stats, h.hexdigest()[:16], path)
 
 

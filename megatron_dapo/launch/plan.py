@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 from ..config.schema import DAPOConfig
 from ..config.validate import data_parallel_size, lr_warmup_optimizer_steps, validate, world_size
@@ -584,12 +584,15 @@ def dry_run_report(
     arch: ModelArch,
     hf_config_source: str = "",
     on_gpu: Optional[bool] = None,
+    checks: Optional[Sequence] = None,
 ) -> str:
     """Validate ``cfg`` against ``arch`` and describe the run without starting anything.
 
     ``on_gpu``: the target hardware; by default a GPU cluster when the config asks for GPU
     features (``--bf16``, ``--rollout-engine sglang``, ``--sequence-parallel``), else CPU
     (context parallelism runs on both). Raises ``ConfigError`` on an invalid configuration.
+    ``checks``: the preflight checks (``launch.preflight.Checks``: data, tokenizer, checkpoints,
+    disk, outputs), printed last, one ``[check]`` line each.
     """
     if on_gpu is None:
         on_gpu = _target_is_gpu(cfg)
@@ -781,4 +784,8 @@ def dry_run_report(
         out.extend(f"WARNING: {x}" for x in warnings)
     else:
         add("--- warnings: none ---")
+    if checks is not None:
+        add("")
+        add(f"--- {checks.title()} (files, tokenizer, checkpoints, disk; launch/preflight.py) ---")
+        out.extend(c.line for c in checks)
     return "\n".join(out)

@@ -24,10 +24,12 @@ SBATCH = ROOT / "examples" / "slurm" / "submit_dapo.sbatch"
 
 
 def _env(tmp_path, python=None, **extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in ("RAY_ADDRESS", "DRY_RUN")}
-    # paths that exist nowhere: the dry-run fallbacks must kick in
-    env.update(HF_CKPT=str(tmp_path / "no-ckpt"), PROMPT_DATA=str(tmp_path / "no.parquet"),
-               EVAL_DATA=str(tmp_path / "no-eval.parquet"), SAVE_DIR=str(tmp_path / "save"),
+    # HF_CKPT, PROMPT_DATA, EVAL_DATA, TOKENIZER not set, and their defaults exist nowhere: the dry-run stand-ins kick
+    # in (a path the user sets is never replaced: tests/launch/test_preflight.py)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in (
+        "RAY_ADDRESS", "DRY_RUN", "HF_CKPT", "PROMPT_DATA", "EVAL_DATA", "TOKENIZER")}
+    # --save on a filesystem not mounted here (the dry run's disk check: a 32B checkpoint does not fit this machine)
+    env.update(SAVE_DIR=str(tmp_path / "cluster" / "checkpoints" / "save"),
                RUN_DIR=str(tmp_path / "run"),
                # the dry run's 16-row DAPO-Math sample: vendored, so a checkout without ../shared works
                SHARED_DATA=str(ROOT / "tests" / "data"))
