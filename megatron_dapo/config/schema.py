@@ -87,8 +87,12 @@ class RolloutConfig:
     engine: str = _f("auto", "Rollout engine: sglang (GPU), hf (CPU) or auto.", "--rollout-engine", choices=("auto", *ENGINES))
     rollout_batch_size: int = _f(512, "Prompts per rollout step (groups kept after dynamic sampling).")
     n_samples_per_prompt: int = _f(16, "Responses per prompt (group size G).")
-    over_sampling_batch_size: Optional[int] = _f(None, "Prompts generated per generation round (default: --rollout-batch-size).")
-    max_num_gen_batches: int = _f(10, "Generation rounds per step (>= 1) before the step fails with what to change.")
+    over_sampling_batch_size: Optional[int] = _f(
+        None, "Prompts generating at once (the window, default: --rollout-batch-size); a group that ends and is "
+        "verified frees its place for a new prompt while more are needed (docs/rollout.md, Streaming).")
+    max_num_gen_batches: int = _f(
+        10, "The step's request budget in windows (>= 1): at most this many x --over-sampling-batch-size prompts are "
+        "started before the step fails with what to change.")
     temperature: float = _f(
         1.0, "Sampling temperature for training rollouts; the trainer divides its logits by it for old and new "
         "logprobs, entropy and the KL reference.", "--rollout-temperature")

@@ -130,6 +130,16 @@ class EngineActor:
     def score(self, sequences, prompt_lens):
         return self.engine.score(sequences, prompt_lens)
 
+    # streaming generation (the rollout manager, driver/engine_pool.py)
+    def submit(self, requests):
+        self.engine.submit(requests)
+
+    def poll(self, timeout_s):
+        return self.engine.poll(timeout_s)
+
+    def abort_requests(self, rids=None):
+        return self.engine.abort_requests(rids)
+
     def update_weights_from_payloads(self, payloads):
         """One bucket: one serialized payload per engine TP rank (rollout/payload.py)."""
         load = getattr(self.engine, "update_weights_from_payloads", None)

@@ -43,6 +43,9 @@ class Sample:
     # the weights the old logprobs come from (masked or corrected, --partial-rollout-offpolicy)
     token_versions: Optional[list] = None
     stale_len: int = 0
+    # wall-clock times (time.time()): the sample's latest request was submitted / ended
+    submitted_at: Optional[float] = None
+    finished_at: Optional[float] = None
 
     @property
     def truncated(self) -> bool:
@@ -66,6 +69,7 @@ class Sample:
 class Group:
     prompt_index: int
     samples: list  # of Sample, all for one prompt
+    scored_at: Optional[float] = None  # wall-clock time the group was verified
 
     @property
     def accs(self) -> list:

@@ -10,7 +10,10 @@ import torch
 
 
 def dump_rollouts(run_dir: str, dataset, step: int, roll) -> str:
-    """Every generated sample of the step (kept or not) as RUN_DIR/rollouts/step_XXXXXX.jsonl."""
+    """Every verified sample of the step (kept or not) as RUN_DIR/rollouts/step_XXXXXX.jsonl, with
+    the wall-clock times (``time.time()``) its latest request was submitted and ended and its
+    group was verified (``group_scored_at``), and ``stale_len`` (tokens of a --partial-rollout
+    prefix generated before this step)."""
     d = os.path.join(run_dir, "rollouts")
     os.makedirs(d, exist_ok=True)
     kept = {id(g) for g in roll.groups}
@@ -24,6 +27,8 @@ def dump_rollouts(run_dir: str, dataset, step: int, roll) -> str:
                     "ground_truth": s.ground_truth, "pred": s.pred, "score": s.score, "reward": s.reward,
                     "acc": s.acc, "reason": s.reason, "response_length": len(s.response_ids),
                     "finish_reason": s.finish_reason, "advantage": s.advantage, "kept": id(g) in kept,
+                    "stale_len": s.stale_len, "submitted_at": s.submitted_at, "finished_at": s.finished_at,
+                    "group_scored_at": g.scored_at,
                 }) + "\n")
     return path
 

@@ -66,6 +66,7 @@ def step_metrics(step: int, roll, samples: list, train_metrics: dict, hybrid_inf
         "partial_resumed_samples": roll.partial_resumed,
         "partial_dropped_prefixes": roll.partial_dropped,
         "partial_pending_groups": roll.partial_pending,
+        "rollout_aborted_samples": roll.aborted_samples,
         "response_length_mean": mean(len(s.response_ids) for s in gen),
         "response_length_max": max((len(s.response_ids) for s in gen), default=0),
         "repetition_rate": float(repetition_rate([s.response_ids for s in gen])) if gen else 0.0,

@@ -1,167 +1,73 @@
-"""Rollout manager: over-sampled generation rounds, verification, dynamic-sampling filter.
+"""Rollout manager: streaming generation, verification as groups arrive, dynamic-sampling filter.
 
-One call of :meth:`RolloutManager.collect` fills a buffer with ``rollout_batch_size`` groups
-(of ``n_samples_per_prompt`` responses each) whose raw correctness is mixed
-(``0 < sum(acc) < G``, paper Eq. 11), generating rounds of ``over_sampling_batch_size``
-prompts until it is full:
+One call of :meth:`RolloutManager.collect` fills a buffer with ``rollout_batch_size`` (N)
+groups of ``n_samples_per_prompt`` (G) responses whose raw correctness is mixed
+(``0 < sum(acc) < G``, paper Eq. 11). Every engine is driven through the same streaming
+interface (``EnginePool``: submit requests, receive each as it ends, abort the rest;
+docs/rollout.md, "Streaming"):
 
-* each round is split into chunks that go to the engines; once the buffer is full, the
-  remaining in-flight chunks are aborted (not in ``--deterministic`` mode, where every
-  chunk of a round finishes so that no timing decides which samples are kept);
+* each prompt's G samples are G requests; a group is verified (reward process pool, which
+  sees each sample's whole record) and filtered (``acc``, or the sample field that
+  ``--dynamic-sampling-metric`` names: kept when it varies within the group) as soon as its
+  last sample ends, not when the longest response of some batch ends;
+* over-sampling is a request budget: at most ``--over-sampling-batch-size`` (W, default N)
+  groups are in flight at once; each admitted group frees its place, which a new prompt takes
+  while the groups in flight are fewer than the groups still needed divided by the step's keep
+  rate so far (so prompts that would only be aborted are not started); a step starts at most
+  ``--max-num-gen-batches`` x W prompts, then fails with what to change (RolloutStallError);
+* once the batch is full the requests still running are aborted: with ``--partial-rollout``
+  their groups are carried to the next step with their prefixes (tokens, engine logprobs, the
+  weight version of each token), otherwise they are thrown away and counted
+  (``aborted_samples``, the ``rollout_aborted_samples`` metric); with
+  ``--reuse-surplus-groups`` the groups that had ended are verified and their mixed ones kept
+  for the next step;
+* ``--deterministic``: groups are admitted in the order they were submitted (a group that ends
+  early waits for the ones before it), every refill decision follows from that order, and
+  nothing a later step uses is aborted (with --partial-rollout or --reuse-surplus-groups the
+  groups in flight run to their end), so no timing decides which samples are kept;
 * an engine that dies or does not answer within ``--engine-timeout-s`` is restarted and
-  re-synced (``EnginePool``), and its chunk is re-queued;
-* verification runs in the reward process pool, which sees each sample's whole record
-  (prompt, response, label, data source, metadata); the filter uses ``acc`` (or the sample
-  field that ``--dynamic-sampling-metric`` names: a group is kept when that field varies within it);
-* with ``--reuse-surplus-groups``, kept groups beyond the batch are carried to the next step
-  (with the old-policy logprobs of the step that generated them);
-* with ``--partial-rollout``, the aborted in-flight generations keep their prefixes (tokens,
-  engine logprobs, the weight version of each token) and chunks not yet started keep their
-  prompts; the next step first continues the prefixes under the new weights (prompt + prefix
-  as the engine's prompt, so any engine continues them), then starts the kept prompts, then
-  new ones. A group is verified and filtered only when all its samples finished; a prefix
-  older than ``--partial-rollout-max-staleness`` steps is dropped and its sample regenerated.
-  The tokens generated under older weights (``Sample.stale_len``) are masked or corrected in
-  the loss (``--partial-rollout-offpolicy``). In ``--deterministic`` mode nothing is aborted
-  (no timing decides), so the work carried over is the round's groups beyond a full batch,
-  kept whole and unscored. The carried work is part of :meth:`RolloutManager.state_dict`.
+  re-synced (``EnginePool``), and its requests start again;
+* ``--partial-rollout``: the next step first continues the carried prefixes under the new
+  weights (prompt + prefix as the engine's prompt, the remaining length budget), as the first
+  groups in flight. A group is verified only when all its samples ended; a prefix older than
+  ``--partial-rollout-max-staleness`` steps is dropped and its sample regenerated. The tokens
+  generated under older weights (``Sample.stale_len``) are masked or corrected in the loss
+  (``--partial-rollout-offpolicy``).
 
-Exceeding ``--max-num-gen-batches`` is an error that says what to change.
+The work carried between steps lives in one place, :class:`CarryOver` (part of
+:meth:`RolloutManager.state_dict`). Each sample records when it was submitted and when it
+ended, each group when it was scored (the rollout dump shows them).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
-import os
+import itertools
+import math
 import time
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
 from ..algo import dynamic_sampling_mask
 from ..reward.api import RewardInput
-from ..rollout.base import SamplingParams
+from ..rollout.base import Request, SamplingParams, derive_seed
 from .batch import Group, Sample, shape_rewards
+from .engine_pool import EnginePool, LocalTransport, RayTransport  # noqa: F401  (re-exported)
 
-log = logging.getLogger(__name__)
+#: How long the manager waits for the pool before looking again (engine timeouts are the pool's).
+WAIT_S = 5.0
 
 
 class RolloutStallError(RuntimeError):
     pass
 
 
-class EnginePool:
-    """Engine actors with restart-on-failure. ``make_engine(i)`` builds engine i (an actor
-    handle); ``resync(handles)`` pushes the current trainer weights into new engines."""
-
-    def __init__(self, make_engine: Callable, num_engines: int, resync: Callable, timeout_s: float):
-        self.make_engine, self.resync, self.timeout_s = make_engine, resync, timeout_s
-        self.handles = [make_engine(i) for i in range(num_engines)]
-        self.restarts = 0
-        self.kill_next_generation = False  # testing: SIGKILL engine 0 right after submitting
-
-    def restart(self, i: int, why: str) -> None:
-        import ray
-
-        log.warning("engine %d %s: restarting it and re-syncing weights", i, why)
-        try:
-            ray.kill(self.handles[i], no_restart=True)
-        except Exception:
-            pass
-        self.handles[i] = self.make_engine(i)
-        self.resync([self.handles[i]])
-        self.restarts += 1
-
-    def run_chunks(self, chunks: list, on_result: Callable[[int, list], bool], ordered: bool,
-                   on_leftover: Optional[Callable[[int, Optional[list]], None]] = None) -> None:
-        """Generate every (prompts, params) chunk; ``on_result(idx, outputs)`` returns True to
-        stop (buffer full): then in-flight chunks are aborted unless ``ordered``.
-        ``on_leftover(idx, outputs)`` then receives each chunk that was not emitted: the
-        aborted ones' outputs (finish reason "abort" for the unfinished samples) and None for
-        those never started."""
-        import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
-
-        n = len(self.handles)
-        pending = {}  # future -> (chunk index, engine index)
-        queue = list(range(len(chunks)))
-        busy = [None] * n
-
-        def submit():
-            for e in range(n):
-                if busy[e] is None and queue:
-                    i = queue.pop(0)
-                    prompts, params = chunks[i]
-                    fut = self.handles[e].generate.remote(prompts, params)
-                    pending[fut] = (i, e, time.monotonic())
-                    busy[e] = fut
-
-        submit()
-        if self.kill_next_generation:
-            self.kill_next_generation = False
-            import signal
-
-            os.kill(ray.get(self.handles[0].pid.remote()), signal.SIGKILL)
-        done_results = {}
-        next_to_emit = 0
-        stop = False
-        while pending and not stop:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=5.0)
-            now = time.monotonic()
-            if not ready:
-                for fut, (i, e, t0) in list(pending.items()):
-                    if now - t0 > self.timeout_s:
-                        del pending[fut]
-                        busy[e] = None
-                        self.restart(e, f"did not answer within {self.timeout_s:.0f}s")
-                        queue.insert(0, i)
-                submit()
-                continue
-            fut = ready[0]
-            i, e, _ = pending.pop(fut)
-            busy[e] = None
-            try:
-                out = ray.get(fut)
-            except (RayActorError, GetTimeoutError) as err:
-                self.restart(e, f"died ({type(err).__name__})")
-                queue.insert(0, i)
-                submit()
-                continue
-            if ordered:
-                done_results[i] = out
-                while next_to_emit in done_results and not stop:
-                    stop = on_result(next_to_emit, done_results.pop(next_to_emit))
-                    next_to_emit += 1
-            else:
-                stop = on_result(i, out)
-            if not stop:
-                submit()
-        if stop and on_leftover is not None:
-            for i in queue:
-                on_leftover(i, None)
-            for i in sorted(done_results):
-                on_leftover(i, done_results[i])
-        if stop and pending:
-            for h in self.handles:
-                try:
-                    h.abort.remote()
-                except Exception:
-                    pass
-            for fut in list(pending):
-                try:
-                    out = ray.get(fut, timeout=self.timeout_s)
-                except Exception:
-                    out = None
-                if on_leftover is not None:
-                    on_leftover(pending[fut][0], out)
-
-
 @dataclasses.dataclass
 class RolloutResult:
     groups: list  # kept groups for this step (exactly rollout_batch_size of them)
-    generated: list  # every generated group of this step (for metrics and dumps)
-    num_gen_batches: int
+    generated: list  # every verified group of this step (for metrics and dumps)
+    num_gen_batches: int  # ceil(prompts started / --over-sampling-batch-size)
     num_kept: int
     num_all_correct: int
     num_all_wrong: int
@@ -171,197 +77,331 @@ class RolloutResult:
     partial_resumed: int = 0  # --partial-rollout: samples continued from a kept prefix this step
     partial_dropped: int = 0  # prefixes dropped by --partial-rollout-max-staleness
     partial_pending: int = 0  # groups carried to the next step
-    discarded_samples: int = 0  # aborted samples thrown away (without --partial-rollout)
+    discarded_samples: int = 0  # samples generated (whole or in part) and thrown away
+    aborted_samples: int = 0  # samples stopped unfinished when the batch was full
+    submitted_prompts: int = 0  # new prompts started this step
+
+
+class CarryOver:
+    """The work carried from one step to the next: ``surplus``, verified mixed groups beyond a
+    full batch (--reuse-surplus-groups); ``pending``, groups with aborted samples or not
+    verified yet (--partial-rollout)."""
+
+    def __init__(self):
+        self.surplus: list = []
+        self.pending: list = []
+
+    def take_surplus(self) -> list:
+        out, self.surplus = self.surplus, []
+        return out
+
+    def drop_stale(self, step: int, max_staleness: int) -> int:
+        """Reset the samples whose prefix has a token older than ``max_staleness`` steps (they
+        are regenerated from the prompt); returns how many."""
+        n = 0
+        for g in self.pending:
+            for s in g.samples:
+                if s.token_versions and min(s.token_versions) < step - max_staleness:
+                    s.response_ids, s.engine_logprobs, s.token_versions, s.finish_reason = [], [], [], "abort"
+                    n += 1
+        return n
+
+    def pop_complete(self) -> list:
+        """The pending groups whose samples have all ended, removed from ``pending``."""
+        done = [g for g in self.pending if _complete(g)]
+        self.pending = [g for g in self.pending if not _complete(g)]
+        return done
+
+    def take_pending(self) -> list:
+        out, self.pending = self.pending, []
+        return out
+
+    def state_dict(self) -> dict:
+        def groups(gs):
+            return [[dataclasses.asdict(s) for s in g.samples] for g in gs]
+
+        return {"surplus": groups(self.surplus), "pending": groups(self.pending)}
+
+    def load_state_dict(self, s: dict) -> None:
+        def groups(gs):
+            return [Group(g[0]["prompt_index"], [Sample(**x) for x in g]) for g in gs]
+
+        self.surplus = groups(s.get("surplus", []))
+        self.pending = groups(s.get("pending", []))
+
+
+def _complete(g: Group) -> bool:
+    return all(s.finish_reason != "abort" for s in g.samples)
+
+
+@dataclasses.dataclass
+class _Flight:
+    """A group in flight: submitted, not admitted yet."""
+
+    group: Group
+    order: int  # submission order within the step
+    todo: int  # its requests not ended yet
+
+
+class _Run:
+    """One step's collection state."""
+
+    def __init__(self, step: int, bars):
+        self.step, self.bars = step, bars
+        self.buffer: list = []  # kept groups (the batch, then the surplus)
+        self.generated: list = []  # verified groups
+        self.flights: dict = {}  # group id -> _Flight
+        self.by_rid: dict = {}  # rid -> (group id, sample)
+        self.arrived: list = []  # group ids whose requests all ended, in arrival order
+        self.outbox: list = []  # requests decided, not submitted yet
+        self.orders = itertools.count()
+        self.kept = self.admitted = self.all_correct = self.all_wrong = 0
+        self.new_prompts = self.reused = self.resumed = self.dropped = 0
+        self.aborted = self.discarded = 0
+        self.t_verify = 0.0
 
 
 class RolloutManager:
     def __init__(self, cfg, dataset, sampler, engines: EnginePool, scorer, tokenizer):
         self.cfg, self.dataset, self.sampler, self.engines = cfg, dataset, sampler, engines
         self.scorer, self.tokenizer = scorer, tokenizer
-        self.surplus: list = []
-        self.pending: list = []  # --partial-rollout: groups with unfinished (or unscored) samples
-        self.pending_prompts: list = []  # --partial-rollout: prompts of chunks never started
+        self.carry = CarryOver()
+        self._gids = itertools.count()  # group ids, unique in this process (request ids derive from them)
+
+    @property
+    def surplus(self) -> list:
+        return self.carry.surplus
+
+    @property
+    def pending(self) -> list:
+        return self.carry.pending
 
     def sampling_params(self, seed: Optional[int]) -> SamplingParams:
         r, a = self.cfg.rollout, self.cfg.algo
         return SamplingParams(
             temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=a.max_response_length,
-            n=r.n_samples_per_prompt, stop=list(r.stop), seed=seed,
+            n=1, stop=list(r.stop), seed=seed,
         )
 
-    def _seed(self, step: int, rnd: int, chunk: int) -> Optional[int]:
+    def _seed(self, step: int, order: int, j: int) -> Optional[int]:
+        """--deterministic: the seed of sample j of the group submitted ``order``-th at ``step``."""
         if not self.cfg.run.deterministic:
             return None
-        return (self.cfg.optim.seed * 1_000_003 + step * 10_007 + rnd * 101 + chunk) % (2**62)
+        return derive_seed((self.cfg.optim.seed * 1_000_003 + step * 10_007 + order * 101) % (2**62), j)
 
+    @property
+    def _window(self) -> int:
+        return self.cfg.rollout.over_sampling_batch_size or self.cfg.rollout.rollout_batch_size
+
+    # ------------------------------------------------------------------- a step ----
     def collect(self, step: int) -> RolloutResult:
-        r, a = self.cfg.rollout, self.cfg.algo
-        N, G = r.rollout_batch_size, r.n_samples_per_prompt
-        per_round = r.over_sampling_batch_size or N
-        buffer = list(self.surplus)
-        reused = len(buffer)
-        self.surplus = []
-        generated, stats = [], {"kept": 0, "all_correct": 0, "all_wrong": 0}
-        t_gen = t_ver = 0.0
-        rounds = 0
-        bars = _bars(self.cfg.logging.progress, step, N)
-        partial = {"resumed": 0, "dropped": 0, "discarded": 0}
-
-        def admit(groups):
-            """Verify, filter on the dynamic-sampling metric, keep the mixed groups."""
-            nonlocal t_ver
-            tv = time.perf_counter()
-            self._verify(groups)
-            t_ver += time.perf_counter() - tv
-            generated.extend(groups)
-            bars.verified(sum(len(g.samples) for g in groups))
-            for g in groups:
-                res = dynamic_sampling_mask(torch.tensor(g.accs, dtype=torch.float32), G, metric=self._metric(g))
-                stats["all_correct"] += res.num_all_correct
-                stats["all_wrong"] += res.num_all_wrong
-                if res.num_kept or not a.dynamic_sampling:
-                    stats["kept"] += res.num_kept
-                    buffer.append(g)
-            bars.kept(min(len(buffer), N), rounds)
-
-        cparts, cchunks = [], []  # --partial-rollout: continuations of the kept prefixes
-        if r.partial_rollout and self.pending:
-            cparts, cchunks = self._continuations(step, partial)
-            admit(self._pop_complete(step))  # groups that were already complete
-        while len(buffer) < N:
-            if rounds >= r.max_num_gen_batches:
-                raise RolloutStallError(
-                    f"step {step}: only {len(buffer)} of --rollout-batch-size {N} mixed-correctness groups after "
-                    f"--max-num-gen-batches {r.max_num_gen_batches} generation rounds of {per_round} prompts "
-                    f"(groups were {stats['all_correct']} all-correct, {stats['all_wrong']} all-wrong). The data is "
-                    "too easy or too hard for the model: raise --max-num-gen-batches or "
-                    "--over-sampling-batch-size, use a dataset of mixed difficulty, or disable --dynamic-sampling."
-                )
-            rounds += 1
-            if rounds > 1:  # one line per extra round: a step searching for mixed groups is never silent
-                print(f"[rollout] step {step}: round {rounds} of at most {r.max_num_gen_batches}, "
-                      f"{min(len(buffer), N)}/{N} mixed-correctness groups so far ({stats['all_correct']} "
-                      f"all-correct, {stats['all_wrong']} all-wrong)", flush=True)
-            idx, self.pending_prompts = self.pending_prompts[:per_round], self.pending_prompts[per_round:]
-            if len(idx) < per_round:
-                idx = idx + self.sampler.next_indices(per_round - len(idx))
-            n_chunks = max(1, min(len(idx), 2 * len(self.engines.handles)))
-            parts = [idx[k::n_chunks] for k in range(n_chunks)]
-            # the continuations go first, in the first round only; they are aborted and kept like the rest
-            nc = len(cchunks)
-            chunks = cchunks + [
-                ([self.dataset[i].prompt_ids for i in part], self.sampling_params(self._seed(step, rounds, k)))
-                for k, part in enumerate(parts)
-            ]
-            cchunks = []
-
-            def on_result(k, outs, parts=parts, nc=nc):
-                if k < nc:
-                    for s, o in zip(cparts[k], outs):
-                        extend_sample(s, o[0], step, a.max_response_length)
-                    if len(buffer) < N:
-                        admit(self._pop_complete(step))
-                    return len(buffer) >= N and not self.cfg.run.deterministic
-                groups = self._to_groups(parts[k - nc], outs, step)
-                if r.partial_rollout and len(buffer) >= N:  # deterministic mode: kept whole for the next step
-                    self.pending.extend(groups)
-                    return False
-                admit(groups)
-                return len(buffer) >= N and not self.cfg.run.deterministic
-
-            def on_leftover(k, outs, parts=parts, nc=nc):
-                if k < nc:  # a continuation aborted again (its samples stay pending) or never started
-                    for s, o in zip(cparts[k], outs or []):
-                        extend_sample(s, o[0], step, a.max_response_length)
-                    return
-                k -= nc
-                if not r.partial_rollout:
-                    partial["discarded"] += sum(len(x) for x in outs) if outs else 0
-                elif outs is None:
-                    self.pending_prompts.extend(parts[k])
-                else:
-                    self.pending.extend(self._to_groups(parts[k], outs, step))
-
-            t0 = time.perf_counter()
-            self.engines.run_chunks(chunks, on_result, ordered=self.cfg.run.deterministic, on_leftover=on_leftover)
-            t_gen += time.perf_counter() - t0
-        t_gen -= t_ver
-        bars.close()
-        kept, surplus = buffer[:N], buffer[N:]
-        if r.reuse_surplus_groups:
-            self.surplus = surplus
+        N = self.cfg.rollout.rollout_batch_size
+        run = _Run(step, _bars(self.cfg.logging.progress, step, N))
+        t0 = self.engines.clock()
+        try:
+            self._start(run)
+            while len(run.buffer) < N:
+                if not run.flights:
+                    self._refill(run)
+                    self._flush(run)
+                    if not run.flights:
+                        raise self._stall(run)
+                for f in self.engines.wait(WAIT_S):
+                    self._on_finished(run, f)
+                self._admit_ready(run)
+            self._stop(run)
+        except Exception:  # (not on SIGTERM / Ctrl-C: the driver's cleanup kills the engines at once)
+            self._abort_quietly()
+            raise
+        finally:
+            run.bars.close()
+        kept, surplus = run.buffer[:N], run.buffer[N:]
+        if self.cfg.rollout.reuse_surplus_groups:
+            self.carry.surplus = surplus + self.carry.surplus
         return RolloutResult(
-            kept, generated, rounds, stats["kept"], stats["all_correct"], stats["all_wrong"], reused, t_gen, t_ver,
-            partial["resumed"], partial["dropped"], len(self.pending), partial["discarded"],
+            kept, run.generated, math.ceil(run.new_prompts / self._window), run.kept, run.all_correct, run.all_wrong,
+            run.reused, self.engines.clock() - t0 - run.t_verify, run.t_verify, run.resumed, run.dropped,
+            len(self.carry.pending), run.discarded, run.aborted, run.new_prompts,
         )
 
-    def _continuations(self, step: int, counts: dict) -> tuple:
-        """--partial-rollout: the chunks that continue every unfinished sample of the kept groups
-        under the current weights (prompt + prefix as the engine's prompt, the remaining length
-        budget), after dropping prefixes older than --partial-rollout-max-staleness (their
-        samples start again from the prompt). Returns ``(parts, chunks)``: ``parts[k]`` are the
-        samples of chunk ``k``."""
-        r, L = self.cfg.rollout, self.cfg.algo.max_response_length
-        todo = []
-        for g in self.pending:
-            for s in g.samples:
-                if s.token_versions and min(s.token_versions) < step - r.partial_rollout_max_staleness:
-                    counts["dropped"] += 1
-                    s.response_ids, s.engine_logprobs, s.token_versions, s.finish_reason = [], [], [], "abort"
-                if s.finish_reason == "abort":
-                    todo.append(s)
-        counts["resumed"] += len(todo)
-        parts, chunks = [], []
-        if todo:
-            # a group's samples share a chunk, so a finished chunk completes whole groups (each
-            # output is cut to its own sample's budget)
-            by_group = [[s for s in g.samples if s.finish_reason == "abort"] for g in self.pending]
-            by_group = [x for x in by_group if x]
-            n_chunks = max(1, min(len(by_group), 2 * len(self.engines.handles)))
-            size = -(-len(by_group) // n_chunks)
-            parts = [sum(by_group[i : i + size], []) for i in range(0, len(by_group), size)]
-            for k, part in enumerate(parts):
-                params = dataclasses.replace(self.sampling_params(self._seed(step, 0, k)), n=1,
-                                             max_new_tokens=L - min(len(s.response_ids) for s in part))
-                chunks.append(([list(s.prompt_ids) + list(s.response_ids) for s in part], params))
-        return parts, chunks
+    def _start(self, run: _Run) -> None:
+        """The carried work first: surplus groups, then the complete pending groups, then the
+        continuations of the others; then new prompts up to the window."""
+        r = self.cfg.rollout
+        run.buffer += self.carry.take_surplus()
+        run.reused = len(run.buffer)
+        if r.partial_rollout and self.carry.pending:
+            run.dropped = self.carry.drop_stale(run.step, r.partial_rollout_max_staleness)
+            for g in self.carry.pop_complete():
+                self._admit(run, g)
+            if len(run.buffer) < r.rollout_batch_size:
+                for g in self.carry.take_pending():
+                    self._submit_group(run, g, carried=True)
+        self._refill(run)
+        self._flush(run)
 
-    def _pop_complete(self, step: int) -> list:
-        """The kept groups whose samples have all finished, removed from ``self.pending``, with
-        ``stale_len`` (tokens generated before ``step``) set."""
-        done = [g for g in self.pending if all(s.finish_reason != "abort" for s in g.samples)]
-        self.pending = [g for g in self.pending if any(s.finish_reason == "abort" for s in g.samples)]
-        for g in done:
-            for s in g.samples:
-                s.stale_len = sum(1 for v in (s.token_versions or []) if v < step)
-                s.step_generated = step
-                s.response_text = self.tokenizer.decode(s.response_ids, skip_special_tokens=True)
-        return done
+    def _refill(self, run: _Run) -> None:
+        """New prompts while the groups in flight are fewer than the target (module doc)."""
+        N, W = self.cfg.rollout.rollout_batch_size, self._window
+        budget = self.cfg.rollout.max_num_gen_batches * W
+        need = N - len(run.buffer)
+        if need <= 0:
+            return
+        target = W if run.kept == 0 else min(W, math.ceil(need * run.admitted / run.kept))
+        while len(run.flights) < target and run.new_prompts < budget:
+            if run.new_prompts and run.new_prompts % W == 0:
+                self._announce_round(run, run.new_prompts // W + 1)
+            pi = self.sampler.next_indices(1)[0]
+            rec = self.dataset[pi]
+            samples = [Sample(prompt_index=pi, prompt_ids=list(rec.prompt_ids), response_ids=[], engine_logprobs=[],
+                              finish_reason="abort", ground_truth=rec.ground_truth, step_generated=run.step,
+                              token_versions=[] if self.cfg.rollout.partial_rollout else None)
+                       for _ in range(self.cfg.rollout.n_samples_per_prompt)]
+            run.new_prompts += 1
+            self._submit_group(run, Group(pi, samples))
 
+    def _announce_round(self, run: _Run, rnd: int) -> None:
+        """One line per started multiple of the window: a step searching for mixed groups is never silent."""
+        print(f"[rollout] step {run.step}: round {rnd} of at most {self.cfg.rollout.max_num_gen_batches}, "
+              f"{min(len(run.buffer), self.cfg.rollout.rollout_batch_size)}/{self.cfg.rollout.rollout_batch_size} "
+              f"mixed-correctness groups so far ({run.all_correct} all-correct, {run.all_wrong} all-wrong)",
+              flush=True)
+
+    def _submit_group(self, run: _Run, g: Group, carried: bool = False) -> None:
+        """Requests for the unfinished samples of ``g`` (all of a new group's; a ``carried``
+        group's samples continue their prefixes with the rest of the length budget)."""
+        gid, order = next(self._gids), next(run.orders)
+        L = self.cfg.algo.max_response_length
+        todo = [(j, s) for j, s in enumerate(g.samples) if s.finish_reason == "abort"]
+        for j, s in todo:
+            params = dataclasses.replace(self.sampling_params(self._seed(run.step, order, j)),
+                                         max_new_tokens=L - len(s.response_ids))
+            rid = f"{gid}.{j}"
+            run.outbox.append(Request(rid, list(s.prompt_ids) + list(s.response_ids), params, group=str(gid)))
+            run.by_rid[rid] = (gid, s)
+        if carried:
+            run.resumed += len(todo)
+        run.flights[gid] = _Flight(g, order, len(todo))
+
+    def _flush(self, run: _Run) -> None:
+        """Submit the requests decided so far, in one call (their samples' ``submitted_at``)."""
+        if run.outbox:
+            reqs, run.outbox = run.outbox, []
+            now = self.engines.clock()
+            for r in reqs:
+                run.by_rid[r.rid][1].submitted_at = now
+            self.engines.submit(reqs)
+
+    def _on_finished(self, run: _Run, f) -> None:
+        hit = run.by_rid.pop(f.rid, None)
+        if hit is None:
+            return
+        gid, s = hit
+        extend_sample(s, f.output, run.step, self.cfg.algo.max_response_length,
+                      versions=self.cfg.rollout.partial_rollout)
+        s.finished_at = f.finished_at
+        fl = run.flights[gid]
+        fl.todo -= 1
+        if fl.todo == 0:
+            run.arrived.append(gid)
+
+    def _admit_ready(self, run: _Run) -> None:
+        """Admit the groups that may be admitted now (all arrived ones; in --deterministic mode
+        only the next in submission order), refilling after each, until the batch is full."""
+        N = self.cfg.rollout.rollout_batch_size
+        while len(run.buffer) < N:
+            gid = self._next_admissible(run)
+            if gid is None:
+                break
+            run.arrived.remove(gid)
+            self._admit(run, run.flights.pop(gid).group)
+            self._refill(run)
+        self._flush(run)
+
+    def _next_admissible(self, run: _Run) -> Optional[int]:
+        if not run.arrived:
+            return None
+        if not self.cfg.run.deterministic:
+            return run.arrived[0]
+        first = min(run.flights, key=lambda gid: run.flights[gid].order)
+        return first if run.flights[first].todo == 0 else None
+
+    def _admit(self, run: _Run, g: Group) -> None:
+        """Verify ``g``, filter it on the dynamic-sampling metric, keep it when mixed."""
+        self._finalize(g, run.step)
+        tv = time.perf_counter()
+        self._verify([g])
+        run.t_verify += time.perf_counter() - tv
+        g.scored_at = self.engines.clock()
+        run.generated.append(g)
+        run.bars.verified(len(g.samples))
+        res = dynamic_sampling_mask(torch.tensor(g.accs, dtype=torch.float32), len(g.samples), metric=self._metric(g))
+        run.admitted += 1
+        run.all_correct += res.num_all_correct
+        run.all_wrong += res.num_all_wrong
+        if res.num_kept or not self.cfg.algo.dynamic_sampling:
+            run.kept += 1
+            run.buffer.append(g)
+        run.bars.kept(min(len(run.buffer), self.cfg.rollout.rollout_batch_size),
+                      math.ceil(run.new_prompts / self._window))
+
+    def _finalize(self, g: Group, step: int) -> None:
+        """A group whose samples all ended: ``stale_len`` (tokens generated before ``step``), text."""
+        for s in g.samples:
+            s.stale_len = sum(1 for v in (s.token_versions or []) if v < step)
+            s.step_generated = step
+            s.response_text = self.tokenizer.decode(s.response_ids, skip_special_tokens=True)
+
+    def _stop(self, run: _Run) -> None:
+        """The batch is full: the requests in flight are aborted (or, in --deterministic mode when
+        a later step uses them, run to their end); their groups are carried, verified as
+        surplus, or thrown away (module doc)."""
+        r = self.cfg.rollout
+        if self.engines.outstanding:
+            if self.cfg.run.deterministic and (r.partial_rollout or r.reuse_surplus_groups):
+                while self.engines.outstanding:
+                    for f in self.engines.wait(WAIT_S):
+                        self._on_finished(run, f)
+            else:
+                for f in self.engines.abort():
+                    run.aborted += f.output.finish_reason == "abort"
+                    self._on_finished(run, f)
+        for fl in sorted(run.flights.values(), key=lambda x: x.order):
+            g = fl.group
+            if r.partial_rollout:
+                self.carry.pending.append(g)
+            elif r.reuse_surplus_groups and _complete(g):
+                self._admit(run, g)
+            else:
+                run.discarded += len(g.samples)
+        run.flights = {}
+
+    def _stall(self, run: _Run) -> RolloutStallError:
+        r = self.cfg.rollout
+        return RolloutStallError(
+            f"step {run.step}: only {len(run.buffer)} of --rollout-batch-size {r.rollout_batch_size} mixed-correctness "
+            f"groups after {run.new_prompts} prompts, the step's budget of --max-num-gen-batches "
+            f"{r.max_num_gen_batches} x --over-sampling-batch-size {self._window} (groups were {run.all_correct} "
+            f"all-correct, {run.all_wrong} all-wrong). The data is too easy or too hard for the model: raise "
+            "--max-num-gen-batches or --over-sampling-batch-size, use a dataset of mixed difficulty, or disable "
+            "--dynamic-sampling."
+        )
+
+    def _abort_quietly(self) -> None:
+        """After an error: nothing of this step keeps running in the engines."""
+        try:
+            if self.engines.outstanding:
+                self.engines.abort()
+        except Exception:  # noqa: BLE001 - the original error is the one to report
+            pass
+
+    # ----------------------------------------------------------------- verifying ----
     def _metric(self, g: Group) -> Optional[torch.Tensor]:
         """The per-sample values of ``--dynamic-sampling-metric`` (None for ``acc``: the DAPO rule)."""
         name = self.cfg.algo.dynamic_sampling_metric
         if name == "acc":
             return None
         return torch.tensor([float(getattr(s, name)) for s in g.samples], dtype=torch.float64)
-
-    def _to_groups(self, prompt_indices: list, outs: list, step: int) -> list:
-        groups = []
-        for pi, samples in zip(prompt_indices, outs):
-            rec = self.dataset[pi]
-            ss = []
-            for o in samples:
-                ss.append(
-                    Sample(
-                        prompt_index=pi, prompt_ids=list(rec.prompt_ids), response_ids=list(o.output_ids),
-                        engine_logprobs=list(o.logprobs), finish_reason=o.finish_reason,
-                        ground_truth=rec.ground_truth, step_generated=step,
-                        token_versions=[step] * len(o.output_ids) if self.cfg.rollout.partial_rollout else None,
-                        response_text=self.tokenizer.decode(o.output_ids, skip_special_tokens=True),
-                    )
-                )
-            groups.append(Group(pi, ss))
-        return groups
 
     def reward_input(self, s: Sample) -> RewardInput:
         """The record the reward sees: the response and its prompt's text, label, data source and metadata."""
@@ -375,30 +415,31 @@ class RolloutManager:
             s.score, s.acc, s.pred, s.reason = float(res.score), bool(res.acc), res.pred, res.reason
         shape_rewards(samples, self.cfg.algo)
 
+    # ---------------------------------------------------------------- checkpoint ----
     def state_dict(self) -> dict:
-        def groups(gs):
-            return [[dataclasses.asdict(s) for s in g.samples] for g in gs]
-
-        return {"surplus": groups(self.surplus), "pending": groups(self.pending),
-                "pending_prompts": list(self.pending_prompts)}
+        return self.carry.state_dict()
 
     def load_state_dict(self, s: dict) -> None:
-        def groups(gs):
-            return [Group(g[0]["prompt_index"], [Sample(**x) for x in g]) for g in gs]
+        self.carry.load_state_dict(s)
+        # a checkpoint of the chunked manager: prompts of chunks that never started
+        for pi in s.get("pending_prompts", []):
+            rec = self.dataset[pi]
+            self.carry.pending.append(Group(pi, [
+                Sample(prompt_index=pi, prompt_ids=list(rec.prompt_ids), response_ids=[], engine_logprobs=[],
+                       finish_reason="abort", ground_truth=rec.ground_truth, token_versions=[])
+                for _ in range(self.cfg.rollout.n_samples_per_prompt)]))
 
-        self.surplus = groups(s.get("surplus", []))
-        self.pending = groups(s.get("pending", []))
-        self.pending_prompts = list(s.get("pending_prompts", []))
 
-
-def extend_sample(s: Sample, out, step: int, max_len: int) -> None:
-    """Append a continuation ``out`` (a GenerationOutput) to sample ``s``'s prefix, cut to the
-    ``max_len`` response budget; its tokens get weight version ``step``."""
+def extend_sample(s: Sample, out, step: int, max_len: int, versions: bool = True) -> None:
+    """Append ``out`` (a GenerationOutput: a whole response, or a continuation of ``s``'s prefix)
+    to sample ``s``, cut to the ``max_len`` response budget; with ``versions`` its tokens get
+    weight version ``step`` (``token_versions``)."""
     room = max_len - len(s.response_ids)
     ids, lps = list(out.output_ids)[:room], list(out.logprobs)[:room]
     s.response_ids = list(s.response_ids) + ids
     s.engine_logprobs = list(s.engine_logprobs) + lps
-    s.token_versions = list(s.token_versions or []) + [step] * len(ids)
+    if versions:
+        s.token_versions = list(s.token_versions or []) + [step] * len(ids)
     s.finish_reason = "length" if len(out.output_ids) > room else out.finish_reason
 
 

@@ -1,5 +1,9 @@
 """The rollout-engine interface shared by the SGLang (GPU) and HF transformers (CPU) engines.
 
+Two ways to generate: ``generate`` (a blocking batch call: evaluation, tools) and the streaming
+interface the rollout manager uses (``submit`` requests one sample each, ``poll`` for the ones
+that finished, ``abort_requests`` for the prefixes of the rest; docs/rollout.md, "Streaming").
+
 Logprob semantics (both engines, by default): ``GenerationOutput.logprobs[i]`` is the
 log-probability of ``output_ids[i]`` under the *raw policy*, i.e. ``log_softmax(logits)``
 at temperature 1.0, before temperature scaling and before top-k / top-p truncation. This is
@@ -88,6 +92,37 @@ class GenerationOutput:
     text: Optional[str] = None
 
 
+@dataclass
+class Request:
+    """One streamed sample: ``params.n`` must be 1. ``rid``: the caller's id, unique among the
+    engine's outstanding requests; ``group``: requests of one group go to one engine (the
+    EnginePool), so an engine can prefill their shared prompt once."""
+
+    rid: str
+    prompt_ids: List[int]
+    params: SamplingParams
+    group: Optional[str] = None
+
+
+@dataclass
+class Finished:
+    """A streamed request that ended: finished (stop / length) or aborted with its prefix
+    (finish reason "abort": the tokens and logprobs generated so far). ``finished_at``:
+    wall-clock time (``time.time()``) when the engine ended it."""
+
+    rid: str
+    output: GenerationOutput
+    finished_at: float
+
+
+def check_request(r: Request) -> None:
+    if r.params.n != 1:
+        raise ValueError(f"request {r.rid!r}: a streamed request is one sample (n=1), got n={r.params.n}")
+    if len(r.prompt_ids) == 0:
+        raise ValueError(f"request {r.rid!r}: empty prompt")
+    r.params.validate()
+
+
 def derive_seed(seed: int, sample_index: int) -> int:
     """The seed of sample ``sample_index`` of a request seeded with ``seed`` (63-bit)."""
     if sample_index == 0:
@@ -140,6 +175,22 @@ class RolloutEngine(abc.ABC):
         self, prompts: List[List[int]], params: SamplingParams
     ) -> List[List[GenerationOutput]]:
         """``params.n`` outputs per prompt, in prompt order."""
+
+    # --- streaming generation (the rollout manager) ------------------------------------
+    def submit(self, requests: List[Request]) -> None:
+        """Queue requests (``check_request``); they start as the engine has room."""
+        raise NotImplementedError(f"{type(self).__name__} has no streaming generation")
+
+    def poll(self, timeout_s: float) -> List[Finished]:
+        """The requests that ended since the last call; waits (HFEngine: generates) up to
+        ``timeout_s`` for at least one while any is outstanding; [] when none is."""
+        raise NotImplementedError(f"{type(self).__name__} has no streaming generation")
+
+    def abort_requests(self, rids: Optional[Sequence[str]] = None) -> List[Finished]:
+        """Stop the outstanding requests ``rids`` (all when None) and return them: the running
+        ones with their prefix (finish reason "abort"), the queued ones empty, those that
+        ended before the abort as they ended. Unknown rids are ignored."""
+        raise NotImplementedError(f"{type(self).__name__} has no streaming generation")
 
     @abc.abstractmethod
     def score(

@@ -23,6 +23,10 @@ keep every token up to and including the one that completed the stop string (tha
 carry characters past it) and nothing after; ``text`` is cut just before the stop string.
 Stop tokens (EOS and ``stop_token_ids``) are included in ``output_ids``.
 
+Streaming (``submit`` / ``poll`` / ``abort_requests``, the rollout manager's interface):
+continuous batching over ``max_running`` slots, rollout/continuous.py; ``poll`` runs the decode
+steps. Releasing "weights" or "kv_cache" while streamed requests are outstanding is refused.
+
 Memory: ``release_memory(["weights"])`` resizes every parameter storage to 0 bytes (really
 freed); ``resume_memory(["weights"])`` re-allocates it with *undefined contents*: generate and
 score refuse until a complete weight update has been finished (``finish_weight_update``).
@@ -42,6 +46,8 @@ import torch
 
 from megatron_dapo.rollout.base import (
     KV_CACHE,
+    Finished,
+    Request,
     LOGPROBS_MODES,
     WEIGHTS,
     EngineReleasedError,
@@ -52,6 +58,7 @@ from megatron_dapo.rollout.base import (
     check_weight_action,
     derive_seed,
 )
+from megatron_dapo.rollout.continuous import ContinuousBatcher
 
 
 class HFEngine(RolloutEngine):
@@ -76,6 +83,7 @@ class HFEngine(RolloutEngine):
         logprobs_mode: str = "raw",
         seed: Optional[int] = None,
         load_weights_from: Optional[Union[str, os.PathLike]] = None,
+        max_running: int = 128,
     ) -> None:
         super().__init__()
         from transformers import AutoModelForCausalLM
@@ -111,6 +119,7 @@ class HFEngine(RolloutEngine):
         self._snapshot: Optional[Dict[str, torch.Tensor]] = None  # check_weights("snapshot")
         self._cache = None
         self._step_hook: Optional[Callable[[int], None]] = None  # tests: called every step
+        self._stream = ContinuousBatcher(self, max_running)
 
         if eos_token_ids is None:
             eos = getattr(self.config, "eos_token_id", None)
@@ -247,6 +256,11 @@ class HFEngine(RolloutEngine):
         return list(seen.values())
 
     def _release(self, tags: List[str]) -> None:
+        if self._stream.outstanding:
+            raise RuntimeError(
+                f"HFEngine.release_memory({tags}) with {self._stream.outstanding} streamed requests outstanding: "
+                "abort_requests() (or poll them to the end) first"
+            )
         if WEIGHTS in tags:
             self._saved_sizes = []
             for t, s in self._unique_storages():
@@ -434,6 +448,19 @@ class HFEngine(RolloutEngine):
             )
         return result
 
+    # ------------------------------------------------------------ streaming ----
+    def submit(self, requests: List[Request]) -> None:
+        self._check_ready("submit")
+        self._stream.submit(list(requests))
+
+    def poll(self, timeout_s: float = 1.0) -> List[Finished]:
+        if self._stream.rows or self._stream.waiting:
+            self._check_ready("poll")
+        return self._stream.poll(timeout_s)
+
+    def abort_requests(self, rids: Optional[Sequence[str]] = None) -> List[Finished]:
+        return self._stream.abort(rids)
+
     def _check_stop_strings(self, b, outs_ids, texts, stops) -> bool:
         text = self.tokenizer.decode(outs_ids[b])
         hits = [(text.find(s), s) for s in stops if s in text]
@@ -498,6 +525,7 @@ class HFEngine(RolloutEngine):
     def shutdown(self) -> None:
         self._closed = True
         self._cache = None
+        self._stream = ContinuousBatcher(self, self._stream.max_running)  # drops what was streaming
         self.model = None
         self._params = {}
 

@@ -23,6 +23,15 @@ variable is process-wide: all SGLangEngines started by one process must use the 
 ``score`` uses prompt ("input") logprobs, which SGLang 0.5.23 always computes from raw logits
 (the adapter asks at temperature 1.0 anyway).
 
+Streaming (``submit`` / ``poll`` / ``abort_requests``): one ``Engine.async_generate`` task
+per request (``rid`` given, see :func:`sglang_rid`) on the Engine's own event loop, which runs
+only inside this adapter's calls (``poll`` drives it until a task ends; the scheduler process
+generates meanwhile). ``abort_requests`` first lets every target reach the scheduler (a rid
+not dispatched yet would miss its abort and run to the end), then sends
+``TokenizerManager.abort_request(rid=...)`` for each, and waits for their answers: SGLang ends a
+running request with finish reason "abort" and the output ids and logprobs so far, a queued
+one with none.
+
 Weight updates (0.5.23's protocol): ``update_weights_from_tensor`` is refused outside a
 session, so the adapter opens one (``Engine.begin_weight_update``) explicitly or at the first
 bucket and ends it (``Engine.end_weight_update``) in ``finish_weight_update``. The call
@@ -33,6 +42,7 @@ emptied). Every control call's result is checked. See docs/rollout.md.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import functools
 import io
@@ -41,6 +51,9 @@ import logging
 import os
 import pickle
 import random
+import time
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -52,10 +65,13 @@ from megatron_dapo.rollout.base import (
     LOGPROBS_MODES,
     WEIGHTS,
     EngineReleasedError,
+    Finished,
     GenerationOutput,
+    Request,
     RolloutEngine,
     SamplingParams,
     WeightUpdateError,
+    check_request,
     check_weight_action,
     derive_seed,
 )
@@ -90,6 +106,8 @@ USED_API: Dict[str, Any] = {
     "callables": [
         ("sglang.srt.entrypoints.engine", "Engine.generate",
          ("input_ids", "sampling_params", "return_logprob", "logprob_start_len")),
+        ("sglang.srt.entrypoints.engine", "Engine.async_generate",
+         ("input_ids", "sampling_params", "return_logprob", "rid")),
         ("sglang.srt.entrypoints.engine", "Engine.update_weights_from_tensor",
          ("named_tensors", "load_format", "flush_cache")),
         ("sglang.srt.entrypoints.engine", "Engine.begin_weight_update", ()),
@@ -99,7 +117,7 @@ USED_API: Dict[str, Any] = {
         ("sglang.srt.entrypoints.engine", "Engine.flush_cache", ()),
         ("sglang.srt.entrypoints.engine", "Engine.get_server_info", ()),
         ("sglang.srt.entrypoints.engine", "Engine.shutdown", ()),
-        ("sglang.srt.managers.tokenizer_manager", "TokenizerManager.abort_request", ("abort_all",)),
+        ("sglang.srt.managers.tokenizer_manager", "TokenizerManager.abort_request", ("rid", "abort_all")),
         # TokenizerManager's check_weights (the offline Engine has no method for it), called as
         # the Engine's own methods call the tokenizer manager: loop.run_until_complete(...)
         ("sglang.srt.managers.tokenizer_control_mixin", "TokenizerControlMixin.check_weights", ("obj", "request")),
@@ -110,6 +128,9 @@ USED_API: Dict[str, Any] = {
     "attributes": [
         ("sglang.srt.entrypoints.engine", "Engine", "tokenizer_manager"),
         ("sglang.srt.entrypoints.engine", "Engine", "loop"),
+        # streaming: whether a request reached the scheduler (abort_requests waits for it)
+        ("sglang.srt.managers.tokenizer_manager", "TokenizerManager", "rid_to_state"),
+        ("sglang.srt.managers.tokenizer_manager", "ReqState", "dispatched"),
     ],
     # names we import: (module, name); "sglang" itself must export Engine
     "imports": [
@@ -150,6 +171,8 @@ USED_API: Dict[str, Any] = {
         ("sglang.srt.managers.tokenizer_manager",
          ("meta_info", "finish_reason", "output_token_logprobs", "input_token_logprobs", "output_ids")),
         ("sglang.srt.managers.schedule_batch", ("type", "stop", "length", "abort")),
+        # an aborted queued request is answered with finish type "abort" and its output ids
+        ("sglang.srt.managers.tokenizer_manager", ("abort", "output_ids", "Abort in waiting queue")),
         # the session rule we follow (refusal messages of the scheduler's weight updater)
         ("sglang.srt.managers.scheduler_components.weight_updater",
          ("update_weights_from_tensor must run between begin_weight_update() and end_weight_update()",)),
@@ -287,6 +310,28 @@ def build_generate_requests(
             sps.append(to_sglang_sampling_params(params, seed))
             index.append((i, j))
     return input_ids, sps, index
+
+
+#: Ends every rid the adapter gives SGLang: SGLang's scheduler aborts each request whose rid
+#: *starts with* the aborted one (``Scheduler.abort_request``), so no rid may be a prefix of another.
+RID_END = "#"
+#: How long abort_requests waits for SGLang to take and answer the aborts.
+STREAM_ABORT_TIMEOUT_S = 120.0
+
+
+def sglang_rid(prefix: str, rid: str) -> str:
+    """The rid SGLang gets for our request ``rid``: ``prefix`` (one per adapter) + rid + RID_END."""
+    if RID_END in rid or RID_END in prefix:
+        raise ValueError(f"request id {rid!r} (prefix {prefix!r}) must not contain {RID_END!r}")
+    return f"{prefix}{rid}{RID_END}"
+
+
+def build_stream_request(r: Request, default_seed: int) -> Tuple[List[int], Dict[str, Any]]:
+    """(input_ids, sampling_params) of one streamed request: its seed is ``derive_seed(seed, 0)``
+    of the request's seed or ``default_seed``, as sample 0 of a blocking call with that seed."""
+    check_request(r)
+    base = r.params.seed if r.params.seed is not None else default_seed
+    return [int(t) for t in r.prompt_ids], to_sglang_sampling_params(r.params, derive_seed(base, 0))
 
 
 _FINISH_TYPES = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -597,6 +642,8 @@ class SGLangEngine(RolloutEngine):
         # per-call seeds when a request brings none (see build_generate_requests)
         self._seed_rng = random.Random(random_seed)
         self._session_open = False
+        self._streams: Dict[str, _Stream] = {}  # our rid -> its async_generate task
+        self._rid_prefix = f"mdapo-{uuid.uuid4().hex[:12]}-"
         self._held: List[torch.Tensor] = []  # flat buffers SGLang may still be copying from
         self._session_devices: set = set()  # devices of the buffers freed in this session
         # load_format="dummy": nothing valid until the first complete sync
@@ -628,6 +675,59 @@ class SGLangEngine(RolloutEngine):
         outs = self._engine.generate(input_ids=ids, sampling_params=sps, return_logprob=True)
         flat = [from_sglang_output(o, p) for o, p in zip(outs, ids)]
         return group_outputs(flat, index, len(prompts))
+
+    # streaming
+    def submit(self, requests) -> None:
+        self._check_can_generate("submit")
+        loop = self._engine.loop
+        for r in requests:
+            if r.rid in self._streams:
+                raise ValueError(f"request id {r.rid!r} is already outstanding")
+            ids, sp = build_stream_request(r, self._seed_rng.getrandbits(63))
+            srid = sglang_rid(self._rid_prefix, r.rid)
+            task = loop.create_task(
+                self._engine.async_generate(input_ids=ids, sampling_params=sp, return_logprob=True, rid=srid))
+            st = _Stream(task, srid, ids)
+            task.add_done_callback(functools.partial(_stamp, st))
+            self._streams[r.rid] = st
+
+    def poll(self, timeout_s: float = 1.0) -> List[Finished]:
+        tasks = [st.task for st in self._streams.values()]
+        if tasks and not any(t.done() for t in tasks):
+            self._engine.loop.run_until_complete(
+                asyncio.wait(tasks, timeout=max(0.0, float(timeout_s)), return_when=asyncio.FIRST_COMPLETED))
+        return self._take([rid for rid, st in self._streams.items() if st.task.done()])
+
+    def abort_requests(self, rids=None) -> List[Finished]:
+        want = [rid for rid in (self._streams if rids is None else rids) if rid in self._streams]
+        running = [rid for rid in want if not self._streams[rid].task.done()]
+        self._run_until(lambda: all(self._dispatched(rid) for rid in running), "reach the scheduler")
+        tm = self._engine.tokenizer_manager
+        for rid in running:
+            if not self._streams[rid].task.done():
+                tm.abort_request(rid=self._streams[rid].srid)
+        self._run_until(lambda: all(self._streams[rid].task.done() for rid in running), "answer their abort")
+        return self._take(want)
+
+    def _dispatched(self, rid: str) -> bool:
+        st = self._streams[rid]
+        state = self._engine.tokenizer_manager.rid_to_state.get(st.srid)
+        return st.task.done() or (state is not None and state.dispatched)
+
+    def _run_until(self, cond, what: str, timeout_s: float = STREAM_ABORT_TIMEOUT_S) -> None:
+        """Drive the Engine's loop until ``cond()`` holds; an error after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not cond():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"SGLang: aborted requests did not {what} within {timeout_s:.0f}s")
+            self._engine.loop.run_until_complete(asyncio.sleep(0.005))
+
+    def _take(self, rids) -> List[Finished]:
+        out = []
+        for rid in rids:
+            st = self._streams.pop(rid)
+            out.append(Finished(rid, from_sglang_output(st.task.result(), st.input_ids), st.finished_at or time.time()))
+        return out
 
     def score(self, sequences, prompt_lens):
         self._check_can_generate("score")
@@ -807,6 +907,11 @@ class SGLangEngine(RolloutEngine):
 
     # memory
     def _release(self, tags):
+        if self._streams:
+            raise RuntimeError(
+                f"SGLangEngine.release_memory({list(tags)}) with {len(self._streams)} streamed requests outstanding: "
+                "abort_requests() (or poll them to the end) first"
+            )
         result = self._engine.release_memory_occupation(tags=list(tags))
         _check_result(result, "release_memory_occupation")
         if WEIGHTS in tags:
@@ -846,6 +951,18 @@ class SGLangEngine(RolloutEngine):
             self._held = []
             self._engine.shutdown()
             self._engine = None
+
+
+@dataclass
+class _Stream:
+    task: Any  # asyncio.Task of Engine.async_generate
+    srid: str
+    input_ids: List[int]
+    finished_at: Optional[float] = None
+
+
+def _stamp(st: _Stream, _task) -> None:
+    st.finished_at = time.time()
 
 
 def _set_logprob_env(mode: str) -> None:

@@ -15,60 +15,37 @@ from megatron_dapo.driver.rollout_manager import RolloutManager, extend_sample
 from megatron_dapo.driver.batch import Sample
 from megatron_dapo.reward import RewardResult
 from megatron_dapo.rollout.base import GenerationOutput, SamplingParams
-
-
-class Tok:
-    def decode(self, ids, skip_special_tokens=True):
-        return " ".join(str(i) for i in ids)
+from tests.driver.scripted import ScriptedEngine, Tok, local_pool, sample_index
 
 
 def full_response(i: int, j: int, seed) -> list:
     """What a policy with unchanged weights generates for prompt i, sample j: right (first token 1)
-    for j == 0 only (every group mixed); length 5 + j; later tokens depend on the request seed."""
-    return [1 if j == 0 else 0] + [10 + (i * 7 + j * 3 + t + (seed or 0)) % 40 for t in range(1, 5 + j)]
+    for j == 0 only (every group mixed); 2 + 2 * (i % 3) + j tokens (prompts 0, 3, 6, ... end
+    first); later tokens depend on the request seed."""
+    return [1 if j == 0 else 0] + [10 + (i * 7 + j * 3 + t + (seed or 0)) % 40 for t in range(1, 2 + 2 * (i % 3) + j)]
+
+
+def _respond(req):
+    """The rest of ``full_response`` after the prefix the prompt carries ([i, 7] + prefix)."""
+    i, prefix = req.prompt_ids[0], req.prompt_ids[2:]
+    return full_response(i, sample_index(req.rid), None)[len(prefix):], "stop"
 
 
 class AbortingPool:
-    """Engines that generate ``full_response`` (continuing a prefix where the prompt carries one).
-    When ``on_result`` says stop, the next ``len(handles)`` chunks are the in-flight ones: they come
-    back aborted after ``cut`` tokens; the chunks after them were never started."""
+    """A streaming engine (tests/driver/scripted.py: one token per request per poll) that
+    generates ``full_response``, continuing a prefix where the prompt carries one; the manager
+    aborts what still runs when the batch is full."""
 
-    def __init__(self, n_engines=2, cut=2):
-        self.handles = [object()] * n_engines
-        self.restarts = 0
-        self.cut = cut
-        self.prompts = []  # every prompt the engines saw, in order
+    def __init__(self, respond=_respond, slots=10**9):
+        self.engine = ScriptedEngine(respond, slots=slots)
+        self.pool = local_pool([self.engine])
 
-    def _generate(self, prompt, params, limit=None):
-        i, base = prompt[0], prompt[2:]  # prompt = [i, 7] + prefix (a continuation) or [i, 7]
-        outs = []
-        for j in range(params.n):
-            # a continuation (n = 1) continues the sample its prefix's first token names
-            full = full_response(i, j if params.n > 1 else _sample_index(base), None)
-            ids = full[len(base):][: params.max_new_tokens]
-            fin = "stop" if len(base) + len(ids) == len(full) else "length"
-            if limit is not None and len(ids) > limit:
-                ids, fin = ids[:limit], "abort"
-            outs.append(GenerationOutput(list(prompt), ids, [-0.5] * len(ids), fin))
-        return outs
+    @property
+    def prompts(self):
+        return [list(r.prompt_ids) for r in self.engine.seen]
 
-    def run_chunks(self, chunks, on_result, ordered, on_leftover=None):
-        for k, (prompts, params) in enumerate(chunks):
-            self.prompts.extend(list(p) for p in prompts)
-            if on_result(k, [self._generate(p, params) for p in prompts]) and not ordered:
-                rest = list(range(k + 1, len(chunks)))
-                for kk in rest[: len(self.handles)]:
-                    ps, pr = chunks[kk]
-                    self.prompts.extend(list(p) for p in ps)
-                    on_leftover(kk, [self._generate(p, pr, limit=self.cut) for p in ps])
-                for kk in rest[len(self.handles):]:
-                    on_leftover(kk, None)
-                return
-
-
-def _sample_index(prefix):
-    # only sample 0 starts with 1 (right); with G = 2 the other one is sample 1
-    return 0 if prefix and prefix[0] == 1 else 1
+    def clear(self):
+        self.engine.seen.clear()
 
 
 class Scorer:
@@ -80,11 +57,11 @@ class Scorer:
 def _mgr(argv=(), pool=None):
     cfg = parse_args(["--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4",
                       "--max-response-length", "8", "--overlong-buffer-length", "4", "--over-sampling-batch-size", "6",
-                      "--partial-rollout", "true", *argv])
+                      "--partial-rollout", "true", "--no-progress", *argv])
     ds = [PromptRecord(i, [i, 7], f"p{i}", "x") for i in range(40)]
     sampler = ResumableSampler(len(ds), seed=0, shuffle=False)
     pool = pool or AbortingPool()
-    return RolloutManager(cfg, ds, sampler, pool, Scorer(), Tok()), pool, sampler
+    return RolloutManager(cfg, ds, sampler, pool.pool, Scorer(), Tok()), pool, sampler
 
 
 def _roundtrip(state):
@@ -97,45 +74,45 @@ def _roundtrip(state):
 def test_aborted_prefixes_are_kept_and_continued_next_step():
     mgr, pool, sampler = _mgr()
     r1 = mgr.collect(1)
-    # 6 prompts in 4 chunks [0, 4], [1, 5], [2], [3]: chunk 0 fills the batch; chunks 1 and 2 were
-    # in flight (aborted after 2 tokens), chunk 3 never started
-    assert [g.prompt_index for g in r1.groups] == [0, 4]
-    assert [g.prompt_index for g in mgr.pending] == [1, 5, 2] and mgr.pending_prompts == [3]
-    assert r1.partial_pending == 3 and r1.discarded_samples == 0
+    # a window of 6 prompts; groups 0 and 3 (2 and 3 tokens) end first, at the third decode
+    # step, and fill the batch; the other four are aborted with 3 tokens per sample
+    assert [g.prompt_index for g in r1.groups] == [0, 3] and r1.submitted_prompts == 6
+    assert [g.prompt_index for g in mgr.pending] == [1, 2, 4, 5]
+    assert r1.partial_pending == 4 and r1.discarded_samples == 0 and r1.aborted_samples == 8
     for g in mgr.pending:
         for s in g.samples:
-            assert s.finish_reason == "abort" and len(s.response_ids) == 2 and s.token_versions == [1, 1]
+            assert s.finish_reason == "abort" and len(s.response_ids) == 3 and s.token_versions == [1, 1, 1]
             assert s.score == 0.0 and not s.acc  # not scored before the whole group finished
     state = _roundtrip({"mgr": mgr.state_dict(), "sampler": sampler.state_dict()})
-    pool.prompts.clear()
+    pool.clear()
     r2 = mgr.collect(2)
-    # the engines continue prompt + prefix (remaining budget) before any new prompt, in the first
-    # round; the continuations of groups 1 and 5 fill the batch, so the one of group 2 and the
-    # first new chunk (kept prompt 3 first, then 9) are in flight and aborted in their turn
-    assert [p[:2] for p in pool.prompts[:6]] == [[1, 7], [1, 7], [5, 7], [5, 7], [2, 7], [2, 7]]
-    assert all(len(p) == 4 for p in pool.prompts[:6]) and pool.prompts[6] == [3, 7]
-    assert r2.num_gen_batches == 1 and r2.partial_resumed == 6
-    assert [g.prompt_index for g in r2.groups] == [1, 5]
+    # the engines continue prompt + prefix (the remaining budget) before any new prompt; the
+    # continuations of groups 1 and 4 end first and fill the batch; those of 2 and 5 and the
+    # new prompts 6 and 7 are aborted in their turn
+    assert [p[:2] for p in pool.prompts[:8]] == [[1, 7], [1, 7], [2, 7], [2, 7], [4, 7], [4, 7], [5, 7], [5, 7]]
+    assert all(len(p) == 5 for p in pool.prompts[:8]) and pool.prompts[8:] == [[6, 7]] * 2 + [[7, 7]] * 2
+    assert r2.partial_resumed == 8 and r2.submitted_prompts == 2
+    assert [g.prompt_index for g in r2.groups] == [1, 4]
     for g in r2.groups:
         for j, s in enumerate(g.samples):
             # the same tokens as an uninterrupted generation (the weights did not change here)
             assert s.response_ids == full_response(g.prompt_index, j, None)
-            assert s.token_versions == [1, 1] + [2] * (len(s.response_ids) - 2)
-            assert s.stale_len == 2 and s.step_generated == 2 and s.finish_reason == "stop"
+            assert s.token_versions == [1, 1, 1] + [2] * (len(s.response_ids) - 3)
+            assert s.stale_len == 3 and s.step_generated == 2 and s.finish_reason == "stop"
             assert len(s.engine_logprobs) == len(s.response_ids)
     # group 2 was continued by 2 more tokens, then aborted again: still waiting, both versions
     g2 = {g.prompt_index: g for g in mgr.pending}[2]
-    assert all(s.token_versions == [1, 1, 2, 2] and s.finish_reason == "abort" for s in g2.samples)
-    assert [g.prompt_index for g in mgr.pending] == [2, 3, 9] and mgr.pending_prompts == [6, 10, 7, 8]
-    # step 3: the continuations of groups 2 and 3 fill the batch (group 2 with 4 stale tokens per
-    # sample); group 9's is aborted a second time; the first new chunk starts with kept prompt 6
-    pool.prompts.clear()
+    assert all(s.token_versions == [1, 1, 1, 2, 2] and s.finish_reason == "abort" for s in g2.samples)
+    assert [g.prompt_index for g in mgr.pending] == [2, 5, 6, 7]
+    g6 = {g.prompt_index: g for g in mgr.pending}[6]  # sample 0 (2 tokens) had ended, sample 1 had not
+    assert [s.finish_reason for s in g6.samples] == ["stop", "abort"]
+    # step 3: group 6 is complete (verified at once: 2 of its tokens of step 2), group 2's
+    # continuation (1 and 2 tokens left) ends first; group 5's is aborted again
+    pool.clear()
     r3 = mgr.collect(3)
-    assert [g.prompt_index for g in r3.groups] == [2, 3] and pool.prompts[6] == [6, 7]
-    for j, s in enumerate(r3.groups[0].samples):
-        assert s.response_ids == full_response(2, j, None) and s.stale_len == 4
-    g9 = {g.prompt_index: g for g in mgr.pending}[9]
-    assert all(s.token_versions == [2, 2, 3, 3] and s.finish_reason == "abort" for s in g9.samples)
+    assert [g.prompt_index for g in r3.groups] == [6, 2]
+    for j, s in enumerate(r3.groups[1].samples):
+        assert s.response_ids == full_response(2, j, None) and s.stale_len == 5
     # the checkpointed state continues identically
     mgr2, pool2, sampler2 = _mgr()
     mgr2.load_state_dict(state["mgr"])
@@ -143,18 +120,18 @@ def test_aborted_prefixes_are_kept_and_continued_next_step():
     r2b = mgr2.collect(2)
     assert [[s.response_ids for s in g.samples] for g in r2b.groups] == [[s.response_ids for s in g.samples]
                                                                          for g in r2.groups]
-    assert [g.prompt_index for g in mgr2.pending] == [2, 3, 9]
+    assert [g.prompt_index for g in mgr2.pending] == [2, 5, 6, 7]
 
 
 def test_staleness_bound_drops_old_prefixes():
     mgr, pool, _ = _mgr(["--partial-rollout-max-staleness", "1"])
     mgr.collect(1)
-    pool.prompts.clear()
+    pool.clear()
     r = mgr.collect(3)  # prefixes of step 1 are 2 steps old at step 3 > bound 1
-    assert r.partial_dropped == 6 and r.partial_resumed == 6
+    assert r.partial_dropped == 8 and r.partial_resumed == 8
     # regenerated from the bare prompt, as continuations (n = 1) of an empty prefix
-    assert [p[0] for p in pool.prompts[:6]] == [1, 1, 5, 5, 2, 2] and all(len(p) == 2 for p in pool.prompts[:6])
-    again = [g for g in r.generated if g.prompt_index in (1, 5, 2)]
+    assert [p for p in pool.prompts[:8]] == [[1, 7], [1, 7], [2, 7], [2, 7], [4, 7], [4, 7], [5, 7], [5, 7]]
+    again = [g for g in r.generated if g.prompt_index in (1, 2, 4, 5)]
     assert again
     for g in again:
         for s in g.samples:
@@ -165,19 +142,19 @@ def test_a_group_waits_for_all_its_samples():
     mgr, _, _ = _mgr()
     mgr.collect(1)
     g = mgr.pending[0]
-    g.samples[0].finish_reason = "stop"  # one sample finished in the aborted chunk, one not
+    g.samples[0].finish_reason = "stop"  # one sample finished before the abort, one not
     g.samples[0].response_ids = full_response(g.prompt_index, 0, None)
     g.samples[0].token_versions = [1] * len(g.samples[0].response_ids)
     r = mgr.collect(2)
     done = {x.prompt_index: x for x in r.generated}[g.prompt_index]
     assert done.samples[0].stale_len == len(done.samples[0].response_ids)  # all of it older than step 2
-    assert done.samples[1].stale_len == 2 and done.samples[0].acc and not done.samples[1].acc
+    assert done.samples[1].stale_len == 3 and done.samples[0].acc and not done.samples[1].acc
 
 
 def test_without_partial_rollout_aborted_samples_are_discarded():
     mgr, _, _ = _mgr(["--partial-rollout", "false"])
     r = mgr.collect(1)
-    assert mgr.pending == [] and mgr.pending_prompts == [] and r.discarded_samples == 6
+    assert mgr.pending == [] and r.discarded_samples == 8 and r.aborted_samples == 8
 
 
 def test_extend_sample_cuts_to_the_budget():
@@ -192,14 +169,18 @@ def test_extend_sample_cuts_to_the_budget():
 class SeededPool(AbortingPool):
     """Deterministic mode: responses depend on the request seed, nothing is aborted."""
 
-    def _generate(self, prompt, params, limit=None):
-        assert limit is None and params.seed is not None
-        i = prompt[0]
-        outs = []
-        for j in range(params.n):
-            full = full_response(i, j, params.seed % 1000)
-            outs.append(GenerationOutput(list(prompt), full, [-0.5] * len(full), "stop"))
-        return outs
+    def __init__(self, slots=10**9):
+        super().__init__(self._seeded, slots)
+        self.engine.abort_requests = self._no_abort
+
+    @staticmethod
+    def _seeded(req):
+        assert req.params.seed is not None and len(req.prompt_ids) == 2
+        return full_response(req.prompt_ids[0], sample_index(req.rid), req.params.seed % 1000), "stop"
+
+    @staticmethod
+    def _no_abort(rids=None):
+        raise AssertionError("--deterministic --partial-rollout aborted a request")
 
 
 def _summary(res):

@@ -9,7 +9,7 @@ from megatron_dapo.data.dataset import PromptRecord, ResumableSampler
 from megatron_dapo.driver.batch import assign_advantages
 from megatron_dapo.driver.rollout_manager import RolloutManager, RolloutStallError
 from megatron_dapo.reward import RewardResult
-from megatron_dapo.rollout.base import GenerationOutput
+from tests.driver.scripted import ScriptedEngine, local_pool, sample_index
 
 
 class Tok:
@@ -18,30 +18,28 @@ class Tok:
 
 
 class ScriptedPool:
-    """Prompt i's sample j answers 'R' (right) when pattern[i % len](j) else 'W'; lengths vary."""
+    """Prompt i's sample j answers 'R' (right) when pattern(i, j) else 'W'; lengths vary.
+    A streaming engine (tests/driver/scripted.py) behind a real EnginePool."""
 
-    def __init__(self, pattern, lengths=None):
-        self.handles = [object()]
-        self.restarts = 0
+    def __init__(self, pattern, lengths=None, slots=10**9):
         self.pattern = pattern
         self.lengths = lengths or (lambda i, j: 3)
-        self.calls = 0
+        self.engine = ScriptedEngine(self._respond, slots=slots)
+        self.pool = local_pool([self.engine])
 
-    def run_chunks(self, chunks, on_result, ordered, on_leftover=None):
-        for k, (prompts, params) in enumerate(chunks):
-            self.calls += 1
-            outs = []
-            for p in prompts:
-                i = p[0]
-                group = []
-                for j in range(params.n):
-                    ok = self.pattern(i, j)
-                    ids = [1 if ok else 0] * self.lengths(i, j)
-                    fin = "length" if len(ids) >= params.max_new_tokens else "stop"
-                    group.append(GenerationOutput(list(p), ids, [-0.1] * len(ids), fin))
-                outs.append(group)
-            if on_result(k, outs) and not ordered:
-                return
+    def _respond(self, req):
+        i, j = req.prompt_ids[0], sample_index(req.rid)
+        ok = self.pattern(i, j)
+        ids = [1 if ok else 0] * self.lengths(i, j)
+        return ids, "length" if len(ids) >= req.params.max_new_tokens else "stop"
+
+    def prompts(self):
+        """Prompt indices in the order the engine saw their groups."""
+        out = []
+        for r in self.engine.seen:
+            if not out or out[-1][1] != r.group:
+                out.append((r.prompt_ids[0], r.group))
+        return [i for i, _ in out]
 
 
 class Scorer:
@@ -56,7 +54,7 @@ def _mgr(pattern, argv=(), lengths=None, n_prompts=40):
     ds = [PromptRecord(i, [i, 7], f"p{i}", "x") for i in range(n_prompts)]
     sampler = ResumableSampler(len(ds), seed=0, shuffle=False)
     pool = ScriptedPool(pattern, lengths)
-    return RolloutManager(cfg, ds, sampler, pool, Scorer(), Tok()), pool, cfg
+    return RolloutManager(cfg, ds, sampler, pool.pool, Scorer(), Tok()), pool, cfg
 
 
 def test_keeps_only_mixed_groups_and_counts():
@@ -66,11 +64,14 @@ def test_keeps_only_mixed_groups_and_counts():
     res = mgr.collect(1)
     assert len(res.groups) == 4
     assert all(0 < sum(g.accs) < 4 for g in res.groups)
-    assert res.num_gen_batches == 2  # 2 mixed groups per round of 4
-    # round 1: chunks [0, 2] (mixed) and [1, 3] (all right, all wrong); round 2: chunk [4, 6]
-    # fills the buffer, so chunk [5, 7] is abandoned (in-flight requests aborted)
-    assert pool.calls == 3
-    assert res.num_all_correct == 1 and res.num_all_wrong == 1 and res.num_kept == 4
+    # a window of 4 prompts: 0-3 end together and are admitted in arrival order; after 1 (all
+    # right: keep rate 1/2, 3 more needed) two new prompts take the freed places (4, 5), after 3
+    # (all wrong) two more (6, 7); 6 fills the batch, so 7, ended too, is thrown away unverified
+    assert [g.prompt_index for g in res.generated] == [0, 1, 2, 3, 4, 5, 6]
+    assert pool.prompts() == list(range(8)) and res.submitted_prompts == 8
+    assert res.num_gen_batches == 2  # 8 prompts started, windows of 4
+    assert res.num_all_correct == 2 and res.num_all_wrong == 1 and res.num_kept == 4
+    assert res.discarded_samples == 4 and res.aborted_samples == 0
 
 
 def test_filter_uses_raw_accuracy_not_shaped_reward():
@@ -98,7 +99,8 @@ def test_every_extra_generation_round_prints_a_line_and_zero_rounds_is_refused(c
         mgr.collect(1)
     lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("[rollout] step 1: round")]
     assert [l.split()[4] for l in lines] == ["2", "3"], lines  # rounds 2 and 3 announced, then the error
-    assert "0/4 mixed-correctness groups so far (0 all-correct, 4 all-wrong)" in lines[0]
+    # the first prompt of the second window starts as soon as the first group is rejected
+    assert "0/4 mixed-correctness groups so far (0 all-correct, 1 all-wrong)" in lines[0]
     cfg = parse_args(["--max-num-gen-batches", "0"])
     with pytest.raises(ConfigError, match="--max-num-gen-batches must be >= 1, got 0"):
         validate(cfg)
@@ -160,7 +162,7 @@ def test_reward_sees_the_whole_record_and_is_chosen_by_data_source():
     pool = ScriptedPool(lambda i, j: j == 0)  # sample 0 of each prompt answers 1, sample 1 answers 0
     with BatchScorer(num_workers=1, timeout_s=30, sources=["judged=tests.driver.record_rewards:judge_by_metadata"]) as scorer:
         assert not scorer.needs_label("judged") and scorer.needs_label("gsm8k")
-        mgr = RolloutManager(cfg, ds, ResumableSampler(2, seed=0, shuffle=False), pool, scorer, Answers())
+        mgr = RolloutManager(cfg, ds, ResumableSampler(2, seed=0, shuffle=False), pool.pool, scorer, Answers())
         res = mgr.collect(1)
     by_prompt = {g.prompt_index: g.samples for g in res.groups}
     assert [(s.acc, s.pred) for s in by_prompt[0]] == [

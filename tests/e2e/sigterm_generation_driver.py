@@ -1,8 +1,8 @@
 """A driver for test_sigterm_generation: ``megatron_dapo.train.main`` (flags parsed, validated and
 preflight-checked on a real tiny model) with a Trainer whose ``run`` starts a local Ray, builds
-the driver's real :class:`EnginePool` over two engine actors whose ``generate`` takes an hour,
-prints ``generating PID PID`` and runs one generation round (``EnginePool.run_chunks``, the loop
-``RolloutManager.collect`` waits in). SIGTERM must end it within seconds: ``main``'s cleanup
+the driver's real :class:`EnginePool` over two engine actors whose generation takes an hour
+(``poll`` never answers), prints ``generating PID PID`` and waits for requests as
+``RolloutManager.collect`` does (``EnginePool.wait``). SIGTERM must end it within seconds: ``main``'s cleanup
 kills the engine actors (``Cluster.shutdown``), then exit code 143. The stand-in cluster's
 ``shutdown`` kills the actors as the real one does and writes the file named by argv[1].
 
@@ -19,7 +19,7 @@ import ray
 
 from megatron_dapo import train
 from megatron_dapo.driver.rollout_manager import EnginePool
-from megatron_dapo.rollout.base import SamplingParams
+from megatron_dapo.rollout.base import Request, SamplingParams
 
 GENERATION_S = 3600.0
 
@@ -31,12 +31,15 @@ class SlowEngine:
     def pid(self) -> int:
         return os.getpid()
 
-    def generate(self, prompts, params):
-        time.sleep(GENERATION_S)
-        return [[None] * params.n for _ in prompts]
-
-    def abort(self) -> None:
+    def submit(self, requests) -> None:
         pass
+
+    def poll(self, timeout_s):
+        time.sleep(GENERATION_S)
+        return []
+
+    def abort_requests(self, rids=None):
+        return []
 
 
 class _Cluster:
@@ -62,11 +65,12 @@ class GeneratingTrainer:
         self.cluster = _Cluster(sys.argv[1])
         self.engines = EnginePool(lambda i: SlowEngine.remote(), 2, resync=lambda handles: None, timeout_s=7200)
         pids = ray.get([h.pid.remote() for h in self.engines.handles])
-        params = SamplingParams(max_new_tokens=8, n=2)
-        chunks = [([[1, 2, 3]], params) for _ in range(4)]
+        params = SamplingParams(max_new_tokens=8)
+        self.engines.submit([Request(f"{g}.{j}", [1, 2, 3], params, group=str(g)) for g in range(4) for j in range(2)])
         print("generating", *pids, flush=True)
-        self.engines.run_chunks(chunks, lambda i, outs: False, ordered=False)
-        raise AssertionError("the generation round ended by itself")
+        while not self.engines.wait(5.0):
+            pass
+        raise AssertionError("the generation ended by itself")
 
 
 if __name__ == "__main__":

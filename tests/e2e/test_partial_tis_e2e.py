@@ -47,5 +47,5 @@ def test_partial_rollout_and_tis_steps(tmp_path):
         assert math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0
     state = torch.load(os.path.join(checkpoints.resolve(ckpt), checkpoints.STATE_FILE), weights_only=False)
     carried = state["rollout_manager"]
-    assert {"pending", "pending_prompts", "surplus"} <= set(carried)
+    assert {"pending", "surplus"} <= set(carried)
     assert len(carried["pending"]) == rows[-1]["partial_pending_groups"]

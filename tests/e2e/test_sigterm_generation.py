@@ -2,7 +2,7 @@
 silently ... SIGTERM stops it within seconds").
 
 The driver (``megatron_dapo.train.main`` over a tiny real model, tests/e2e/sigterm_generation_driver.py)
-waits in the real ``EnginePool.run_chunks`` on two engine actors whose generation takes an hour.
+waits in the real ``EnginePool.wait`` on two engine actors whose generation takes an hour.
 SIGTERM to the driver alone (what scancel sends) must end it long before the round would have:
 exit code 143, the engine actors killed by ``main``'s cleanup, no process of its session left
 after Ray's own shutdown grace.
@@ -55,7 +55,7 @@ def test_sigterm_during_a_generation_round_stops_the_run_and_its_engines(tmp_pat
             assert line, "the driver ended before generating:\n" + p.stderr.read()[-3000:]
         engine_pids = [int(x) for x in line.split()[1:]]
         assert len(engine_pids) == 2 and all(_alive(x) for x in engine_pids), line
-        time.sleep(3)  # inside the round: run_chunks waits in ray.wait
+        time.sleep(3)  # inside the round: EnginePool.wait waits in ray.wait
         t0 = time.monotonic()
         os.kill(p.pid, signal.SIGTERM)  # the driver only, as scancel does
         try:
