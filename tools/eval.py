@@ -195,6 +195,23 @@ def main(argv=None) -> int:
         return _main(args)
 
 
+def _check_out_dir(out: str) -> None:
+    """``--out`` can be created (or written) without creating anything: its nearest existing
+    ancestor must be a writable directory. A ConfigError naming ``--out`` otherwise."""
+    from megatron_dapo.config import ConfigError
+
+    path = os.path.abspath(out)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"--out {out}: it is a file; choose another --out")
+    probe = path
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise ConfigError(f"--out {out}: cannot create it ({probe} is a file); choose another --out")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out}: cannot create it ({probe} is not writable); choose another --out")
+
+
 def _main(args) -> int:
     from megatron_dapo.config.validate import load_tokenizer
     from megatron_dapo.eval.runner import dataset_name, evaluate, load_eval_problems
@@ -205,14 +222,10 @@ def _main(args) -> int:
     out = args.out or os.path.join(
         "runs", "eval", f"{os.path.basename(os.path.abspath(args.model))}__{dataset_name(args.data)}"
     )
-    try:  # an unwritable --out fails now, not after the generation
-        os.makedirs(out, exist_ok=True)
-    except OSError as e:
-        from megatron_dapo.config import ConfigError
-
-        raise ConfigError(f"--out {out}: cannot create it ({e.strerror}); choose another --out") from e
+    _check_out_dir(out)  # an unwritable --out fails now, not after the generation; nothing created yet
     with hf_model_dir(args) as model_dir:
         tokenizer = load_tokenizer(args.tokenizer or model_dir, "--tokenizer" if args.tokenizer else "--model")
+        os.makedirs(out, exist_ok=True)  # every check passed
         kind, engine = build_engine(args, model_dir, tokenizer)
         scorer = _make_scorer(args, tokenizer)
         try:

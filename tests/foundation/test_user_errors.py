@@ -257,6 +257,7 @@ def test_eval_mistakes_are_one_line_before_the_model_loads(tiny, tmp_path, capfd
 
     tool = _tool("eval")
     hf, prompts = tiny
+    monkeypatch.chdir(tmp_path)  # the default --out (runs/eval/...) is relative: never inside the repository
     common = ["--engine", "hf", "--k", "1", "--no-progress", "--reward-workers", "1"]
     one_line(_exits_2(capfd, tool.main, ["--model", hf, "--data", str(tmp_path / "typo.jsonl"), *common]), "typo.jsonl")
     weightless = tmp_path / "weightless"
@@ -273,6 +274,7 @@ def test_eval_mistakes_are_one_line_before_the_model_loads(tiny, tmp_path, capfd
     monkeypatch.setenv(DEBUG_ENV, "1")
     with pytest.raises(DataError, match="typo.jsonl"):  # the traceback, for a bug report
         tool.main(["--model", hf, "--data", str(tmp_path / "typo.jsonl"), *common])
+    assert not (tmp_path / "runs").exists()  # a refused evaluation creates no output directory
 
 
 # ------------------------------------------------------------------------------------- sbatch
