@@ -56,3 +56,47 @@ def _one_ray_cluster_per_session():
     ray = _sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         ray.shutdown()
+
+
+# ----------------------------------------------------------------- nothing left in the repository
+# A test writes only under its temporary directories. The files that git does not track (and
+# that are not caches) are listed when the session starts and when it ends; a path that
+# appeared in between fails the session, naming it (a refused `tools/eval.py` once left
+# runs/eval/<model>__<data>/ in the working directory).
+_CACHES = (".venv", ".whl", ".pytest_cache", "__pycache__", ".egg-info", ".git")
+
+
+def _untracked_paths() -> set:
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    paths = set()
+    for line in out.splitlines():
+        if line[:2] in ("??", "!!"):
+            p = line[3:].strip().strip('"')
+            if not any(part in _CACHES or part.endswith(".egg-info") for part in Path(p).parts):
+                paths.add(p)
+    return paths
+
+
+def pytest_sessionstart(session):
+    session.config._repo_untracked_before = _untracked_paths()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    before = getattr(session.config, "_repo_untracked_before", None)
+    if before is None or os.environ.get("MEGATRON_DAPO_ALLOW_REPO_WRITES"):
+        return
+    new = sorted(_untracked_paths() - before)
+    if new:
+        tr = session.config.pluginmanager.get_plugin("terminalreporter")
+        msg = "tests left files in the repository (a test writes only under its tmp_path): " + ", ".join(new[:20])
+        if tr is not None:
+            tr.write_line(msg, red=True)
+        else:
+            print(msg, file=sys.stderr)
+        session.exitstatus = 1
