@@ -35,6 +35,9 @@ FORMAT = "megatron_dapo/torch_dist"
 FORMAT_VERSION = 1
 METADATA_FILE = "megatron_dapo_checkpoint.json"
 MODEL_KEY = "model"
+#: what a trainer checkpoint stores beside the model (``training.train_checkpoint``): loading the
+#: model alone from it leaves these unread, which is not a mismatch
+TRAINER_STATE_PREFIXES = ("optimizer.", "scheduler")
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Architecture fields whose mismatch is an error (they change shapes or the math).
@@ -384,6 +387,8 @@ def load_checkpoint(
         repad = _request_full_vocab_tensors(model_ssd, have_vocab)
     ssd = _with_extra(model_ssd, extra_sharded_state)
     loaded, missing, unexpected = dist_checkpointing.load(ssd, directory, strict=StrictHandling.RETURN_ALL)
+    if extra_sharded_state is None:  # the model alone (a converter, --pretrained-checkpoint, eval): a trainer
+        missing = {k for k in missing if not str(k).startswith(TRAINER_STATE_PREFIXES)}  # checkpoint holds more
     _raise_mismatch(directory, missing, unexpected)
     for top, name in repad:
         loaded[top][name] = _vocab_shard(loaded[top][name], arch.vocab_size, want_vocab)
