@@ -23,8 +23,8 @@ docs/rollout.md, "Streaming"):
   for the next step;
 * ``--deterministic``: groups are admitted in the order they were submitted (a group that ends
   early waits for the ones before it), every refill decision follows from that order, and
-  nothing a later step uses is aborted (with --partial-rollout or --reuse-surplus-groups the
-  groups in flight run to their end), so no timing decides which samples are kept;
+  nothing is aborted (the groups in flight when the batch is full run to their end, then are
+  carried whole, verified as surplus or thrown away), so no timing decides what is kept;
 * an engine that dies or does not answer within ``--engine-timeout-s`` is restarted and
   re-synced (``EnginePool``), and its requests start again;
 * ``--partial-rollout``: the next step first continues the carried prefixes under the new
@@ -353,12 +353,11 @@ class RolloutManager:
             s.response_text = self.tokenizer.decode(s.response_ids, skip_special_tokens=True)
 
     def _stop(self, run: _Run) -> None:
-        """The batch is full: the requests in flight are aborted (or, in --deterministic mode when
-        a later step uses them, run to their end); their groups are carried, verified as
-        surplus, or thrown away (module doc)."""
+        """The batch is full: the requests in flight are aborted (in --deterministic mode they run
+        to their end); their groups are carried, verified as surplus, or thrown away (module doc)."""
         r = self.cfg.rollout
         if self.engines.outstanding:
-            if self.cfg.run.deterministic and (r.partial_rollout or r.reuse_surplus_groups):
+            if self.cfg.run.deterministic:  # how far an aborted request got would depend on timing
                 while self.engines.outstanding:
                     for f in self.engines.wait(WAIT_S):
                         self._on_finished(run, f)

@@ -100,9 +100,10 @@ def test_deterministic_mode_does_not_depend_on_timing(flags):
     runs = []
     for engines, slots in ((1, 1), (1, 10**9), (2, 3)):
         mgr, _, _ = make(argv, engines=engines, slots=slots, respond_fn=seeded)
-        runs.append([(_summary(r), r.submitted_prompts, r.discarded_samples, r.partial_pending)
+        runs.append([(_summary(r), r.submitted_prompts, r.discarded_samples, r.partial_pending, r.aborted_samples)
                      for r in (mgr.collect(step) for step in (1, 2, 3))])
     assert runs[0] == runs[1] == runs[2]
+    assert all(x[4] == 0 for x in runs[0])  # nothing aborted: the groups in flight ran to their end
     assert sum(x[1] for x in runs[0]) > 6  # some groups were rejected and replaced
 
 
