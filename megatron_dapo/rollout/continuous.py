@@ -62,7 +62,7 @@ class ContinuousBatcher:
         self.rows: List[_Row] = []
         self.cache = None
         self.mask = None  # [B, T]: which cache columns hold a row's tokens
-        self.logits = None  # [B, V] next-token logits, None while the rows need a forward
+        self.logits = None  # next-token logits of the rows ([n_k, V] blocks in row order), None while they need a forward
         self.last = None  # [B] the tokens sampled last, fed by the next forward
 
     @property
@@ -123,7 +123,7 @@ class ContinuousBatcher:
         mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
         pos = torch.tensor([[r.next_pos] for r in self.rows], device=self.e.device)
         logits = self.e._forward(self.last.view(-1, 1).to(self.e.device), mask, pos, self.cache, last_only=True)
-        self.mask, self.logits = mask, logits[:, -1, :].float()
+        self.mask, self.logits = mask, [logits[:, -1, :].float()]
         for r in self.rows:
             r.next_pos += 1
 
@@ -172,41 +172,51 @@ class ContinuousBatcher:
     def _merge(self, cache, mask, logits, rows) -> None:
         _check_layers(cache)
         if not self.rows:
-            self.cache, self.mask, self.logits, self.rows = cache, mask, logits, rows
+            self.cache, self.mask, self.logits, self.rows = cache, mask, [logits], rows
             return
         width = max(self.mask.shape[1], mask.shape[1])
         for old, new in zip(self.cache.layers, cache.layers):
             old.keys = torch.cat([_pad_left(old.keys, width, -2), _pad_left(new.keys, width, -2)], dim=0)
             old.values = torch.cat([_pad_left(old.values, width, -2), _pad_left(new.values, width, -2)], dim=0)
         self.mask = torch.cat([_pad_left(self.mask, width, 1), _pad_left(mask, width, 1)], dim=0)
-        self.logits = torch.cat([self.logits, logits], dim=0)
+        self.logits = self.logits + [logits]  # (no copy of the running rows' logits)
         self.rows = self.rows + rows
 
     def _sample_rows(self) -> None:
-        B = len(self.rows)
-        tokens = torch.empty(B, dtype=torch.long)
-        lps = torch.empty(B, dtype=torch.float32)
-        by_params = collections.defaultdict(list)  # rows sharing the distribution settings
-        for i, r in enumerate(self.rows):
-            p = r.req.params
-            by_params[(p.temperature, p.top_p, p.top_k)].append(i)
-        for idx in by_params.values():
-            sel = torch.tensor(idx)
-            t, lp = self.e._sample(self.logits[sel.to(self.logits.device)], [self.rows[i].gen for i in idx],
-                                   self.rows[idx[0]].req.params)
-            tokens[sel], lps[sel] = t, lp.float()
+        tokens, lps, start = [], [], 0
+        for block in self.logits:
+            t, lp = self._sample_block(block, self.rows[start:start + block.shape[0]])
+            tokens.append(t)
+            lps.append(lp.float())
+            start += block.shape[0]
+        tokens = torch.cat(tokens)
         now = time.time()
         ended = []
-        for i, r in enumerate(self.rows):
-            tok = int(tokens[i])
+        for i, (r, tok, lp) in enumerate(zip(self.rows, tokens.tolist(), torch.cat(lps).tolist())):
             r.out.append(tok)
-            r.lps.append(float(lps[i]))
+            r.lps.append(lp)
             reason = self._finish_reason(r, tok)
             if reason is not None:
                 self.done.append(Finished(r.req.rid, self._output(r.req, r.out, r.lps, reason, r.text), now))
                 ended.append(i)
         self.logits, self.last = None, tokens
         self._drop(ended)
+
+    def _sample_block(self, logits, rows):
+        """``HFEngine._sample`` per group of rows sharing the distribution settings."""
+        by_params = collections.defaultdict(list)
+        for i, r in enumerate(rows):
+            p = r.req.params
+            by_params[(p.temperature, p.top_p, p.top_k)].append(i)
+        if len(by_params) == 1:  # the usual case: no copy of the logits
+            return self.e._sample(logits, [r.gen for r in rows], rows[0].req.params)
+        tokens = torch.empty(len(rows), dtype=torch.long)
+        lps = torch.empty(len(rows), dtype=torch.float32)
+        for idx in by_params.values():
+            sel = torch.tensor(idx)
+            t, lp = self.e._sample(logits[sel.to(logits.device)], [rows[i].gen for i in idx], rows[idx[0]].req.params)
+            tokens[sel], lps[sel] = t, lp.float()
+        return tokens, lps
 
     def _finish_reason(self, r: _Row, tok: int) -> Optional[str]:
         if tok in r.stop_ids:
@@ -242,7 +252,8 @@ class ContinuousBatcher:
         self.cache.batch_select_indices(sel.to(dev))
         self.mask = self.mask[sel.to(dev)]
         self.last = self.last[sel] if self.last is not None else None
-        self.logits = self.logits[sel.to(self.logits.device)] if self.logits is not None else None
+        if self.logits is not None:
+            self.logits = [torch.cat(self.logits)[sel.to(dev)]]
         self.rows = [self.rows[i] for i in keep]
         first = int(self.mask.any(dim=0).nonzero()[0])
         if first > 0:

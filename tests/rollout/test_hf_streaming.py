@@ -161,3 +161,14 @@ def test_requests_are_checked_and_release_waits_for_them(ref):
 
     with pytest.raises(EngineReleasedError):
         eng.submit([Request("c", [1, 2], SamplingParams())])
+
+
+def test_rows_with_different_sampling_settings_share_the_batch(ref):
+    eng = engine(ref, max_running=4)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=9, ignore_eos=True)
+    hot = SamplingParams(temperature=1.3, max_new_tokens=9, ignore_eos=True, seed=99)
+    want = {f"g{i}": eng.generate([p], greedy)[0][0].output_ids for i, p in enumerate(MORE[:3])}
+    want.update({f"h{i}": eng.generate([p], hot)[0][0].output_ids for i, p in enumerate(MORE[:3])})
+    eng.submit([Request(f"{k}{i}", p, params) for i, p in enumerate(MORE[:3]) for k, params in (("g", greedy), ("h", hot))])
+    got, _, _ = drain(eng, 6)
+    assert {k: o.output_ids for k, o in got.items()} == want
