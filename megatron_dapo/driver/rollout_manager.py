@@ -440,6 +440,8 @@ def extend_sample(s: Sample, out, step: int, max_len: int, versions: bool = True
     if versions:
         s.token_versions = list(s.token_versions or []) + [step] * len(ids)
     s.finish_reason = "length" if len(out.output_ids) > room else out.finish_reason
+    if s.finish_reason == "abort" and len(s.response_ids) >= max_len:
+        s.finish_reason = "length"  # aborted at the budget: nothing is left to continue
 
 
 class _bars:

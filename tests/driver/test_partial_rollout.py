@@ -164,6 +164,9 @@ def test_extend_sample_cuts_to_the_budget():
     s = Sample(0, [1], [5], [-1.0], "abort", "x", token_versions=[1])
     extend_sample(s, GenerationOutput([1, 5], [7, 2], [-2.0] * 2, "stop"), 2, max_len=3)
     assert s.response_ids == [5, 7, 2] and s.finish_reason == "stop" and s.engine_logprobs == [-1.0, -2.0, -2.0]
+    s = Sample(0, [1], [5], [-1.0], "abort", "x", token_versions=[1])
+    extend_sample(s, GenerationOutput([1, 5], [7, 8], [-2.0] * 2, "abort"), 2, max_len=3)
+    assert s.response_ids == [5, 7, 8] and s.finish_reason == "length"  # aborted at the budget: not continued
 
 
 class SeededPool(AbortingPool):
