@@ -11,6 +11,7 @@ separators, dollar signs) so that the parser sees only mathematics.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 
 #: Only the tail of very long texts is searched (the final answer is at the end).
 MAX_TEXT_CHARS = 20000
@@ -22,9 +23,6 @@ _KNOWN_CMDS = (
 )
 _DOUBLE_ESCAPED = re.compile(r"\\\\(?=(?:" + _KNOWN_CMDS + r")(?![a-zA-Z]))")
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_ANSWER_PHRASE = re.compile(
-    r"(?:final\s+answer\s*(?:is|:)|answer\s*(?:is|:)|^####)\s*", re.IGNORECASE | re.MULTILINE
-)
 _HOPE = re.compile(r"\s*I hope it is correct.*$", re.IGNORECASE | re.DOTALL)
 _MATH_SPAN = re.compile(
     r"(?<!\\)\$\$((?:\\.|[^$\\])+?)\$\$"  # $$...$$ (may span lines)
@@ -135,28 +133,6 @@ def normalize_plain_number(num: str) -> str:
     return num.replace(",", ".")
 
 
-def _answer_phrase(text: str, after: int = 0, final_only: bool = False) -> str | None:
-    """Text after the last "final answer is" / "answer:" phrase (starting at or after `after`)."""
-    matches = [m for m in _ANSWER_PHRASE.finditer(text) if m.start() >= after]
-    if final_only:
-        matches = [m for m in matches if m.group().lower().startswith(("final", "####"))]
-    # "... so our answer is correct." states no answer: skip phrases without math or digits.
-    matches = [m for m in matches if re.match(r"\s*(?:[\\$\d(\[{-]|\(?[A-E]\b|[^\n.]{0,80}?[\d$\\])", text[m.end() :])]
-    if not matches:
-        return None
-    rest = text[matches[-1].end() :]
-    rest = _HOPE.sub("", rest)
-    lead = _MATH_SPAN.match(rest.lstrip(' "'))
-    if lead:  # "The final answer is $x$. More text" -> "$x$"
-        return lead.group()
-    line = rest.split("\n")[0]
-    masked = _MATH_SPAN.sub(lambda m: "#" * len(m.group()), line)
-    end = re.search(r"\.\s+[A-Z]", masked)
-    if end:
-        line = line[: end.start()]
-    return line.strip() or None
-
-
 # JSON strings written without escaping the backslash turn "\\frac" into a form feed and
 # "\\beta" / "\\binom" into a backspace; those characters never belong to an answer. (A tab
 # is left alone: "\\t" + "ext" is ambiguous with a real tab before "ext".)
@@ -187,68 +163,394 @@ def preprocess(text: str) -> str:
     return text
 
 
+
+# --------------------------------------------------------------------------- readings
+# The final answer of a text is found by the first of these readings that gives one
+# (docs/verifier.md, "Extraction order"):
+#   1. boxed:      the last group of \boxed{} (boxes joined by "and" / "," form one list);
+#   2. answer:     the last "Answer:" line (markdown bold ignored), up to the line's end;
+#   3. sentence:   the last answer sentence ("the answer is", "the final answer is", "####"),
+#                  up to the sentence's end;
+#   4. conclusion: the last "therefore / thus / hence / so ... (is | = | are) ..." sentence
+#                  in the last 300 characters;
+# and, for a bare answer or a solution text (not for a response scored by compute_score):
+#   5. math:       the last group of math spans $...$ / \(...\) / \[...\];
+#   6. raw:        a short text as a whole ("15x - 80", "3 or 4", "Evelyn");
+#   7. number:     the last number of prose, only where it stands alone (not inside
+#                  "2*pi + 18").
+# A span (3, 4, the "Answer:" line) is read whole (`read_span`): its math, LaTeX or ASCII,
+# up to the end, never just its last number.
+
+# (Each pattern is linear: no two adjacent repeats can share a run of spaces.)
+_ANSWER_LINE = re.compile(r"answer(?:\s*(?:\*\*|__|\}))?\s*:[ \t]*(?:\*\*|__|\})?[ \t]*", re.IGNORECASE)
+_ANSWER_SENTENCE = re.compile(
+    r"\b(?:answers?|final\s+result)(?:\s+to\s+(?:this|the)\s+(?:problem|question))?\s+"
+    r"(?:is|are|was|would\s+be|will\s+be|should\s+be|equals|=)\s*:?[ \t]*|^####[ \t]*",
+    re.IGNORECASE | re.MULTILINE,
+)
+_CONCLUSION = re.compile(
+    r"(?:^[ \t]*|[.!?:][ \t]+)(?:therefore|thus|hence|so|consequently|in\s+conclusion|finally|overall|in\s+total|altogether)\b[ \t]*,?",
+    re.IGNORECASE | re.MULTILINE,
+)
+#: The end of a sentence: a newline, or ". ! ?" before a space or the end (a decimal point
+#: is followed by a digit, so "3.5" and ".0000672" do not end one; "5!" is a factorial and
+#: "\\!" a LaTeX space).
+_SENTENCE_END = re.compile(r"(?<!\\)(?:[.?]|(?<![\d)}])!)(?=\s|$)|\n")
+_SENTENCE_WINDOW = 600
+MAX_NESTING_SCAN = 40
+_CONCLUSION_WINDOW = 300
+#: Words that judge an answer instead of giving one ("so our answer is correct").
+_JUDGMENT = re.compile(
+    r"(?:not|correct|incorrect|right|wrong|valid|invalid|reasonable|consistent|confirmed|verified|indeed|"
+    r"clear|obvious|as\s+follows|below|above|the\s+following|the\s+same|same|unique|undefined|unknown)\b",
+    re.IGNORECASE,
+)
+_FILLER = re.compile(
+    r"(?:(?:that|then|therefore|thus|hence|simply|just|exactly|precisely|indeed|clearly|finally|"
+    r"equal\s+to|equals|given\s+by|the\s+value|is|are|:|=)(?![A-Za-z0-9])[ \t,]*)+",
+    re.IGNORECASE,
+)
+#: Letters that are mathematics in ASCII answers ("sqrt(5)", "2*pi", "5*i", "ln 2").
+_ASCII_MATH_WORDS = re.compile(
+    r"arcsin|arccos|arctan|sinh|cosh|tanh|sqrt|cbrt|infinity|infty|inf|sin|cos|tan|cot|sec|csc|"
+    r"log|ln|exp|pi|abs|mod|gcd|lcm|max|min",
+    re.IGNORECASE,
+)
+_GLUE = {"or", "and", "either", "&", "both", "maybe", "perhaps", "possibly", "probably"}
+_AMBIGUOUS = {"a", "an", "the", "I"}
+_UNIT_MARKS = {"percent": "%", "%": "%", "degrees": "°", "degree": "°"}
+#: How a sentence continues after its answer ("12, which is ...", "3 because ..."): a
+#: connective word after a comma.
+_VERBS = {"is", "are", "was", "equals", "equal", "be", "=", "gives", "yields", "becomes"}
+
+
+_BOLD = re.compile(r"(?<![\w)\]}])\*\*|\*\*(?![\w(\[{+-])")
+
+
+def strip_bold(text: str) -> str:
+    """Markdown bold markers removed ("**Answer:** 5"); an ASCII power "x**2" is kept."""
+    return _BOLD.sub("", text) if "**" in text else text
+
+
+def _mask_math(text: str) -> str:
+    return _MATH_SPAN.sub(lambda m: "#" * len(m.group()), text)
+
+
+def sentence_after(text: str, pos: int) -> tuple[str, int]:
+    """(the sentence that starts at text[pos], its end offset); math spans are never cut."""
+    window = text[pos : pos + _SENTENCE_WINDOW]
+    lead = len(window) - len(window.lstrip())
+    window = window[lead:]  # "The answer is\n$$5$$": the answer may start on the next line
+    m = _SENTENCE_END.search(_mask_math(window))
+    end = m.start() if m else len(window)
+    return window[:end], pos + lead + end
+
+
+def _token_kind(token: str) -> str:
+    """ "math", "glue" (or / and / punctuation), "ambiguous" (a / the / I) or "word"."""
+    if "\x00" in token:
+        return "math"
+    t = token.strip(",;:!?\"'()*").rstrip(".")
+    if not t:
+        return "glue" if not re.search(r"[()]", token) else "math"
+    if t.lower() in _GLUE:
+        return "glue"
+    if t in _AMBIGUOUS:
+        return "ambiguous"
+    core = re.sub(r"\\[a-zA-Z]+", "", t)
+    core = _ASCII_MATH_WORDS.sub("", core)
+    if re.search(r"[A-Za-z]{2,}", core):
+        return "word"
+    if re.search(r"[0-9A-Za-z+\-*/^=<>()\[\]{}|√π∞²³°%!_.≤≥−·×]", core):
+        return "math"
+    return "glue"
+
+
+def _runs(kinds: list[str]) -> list[tuple[int, int]]:
+    """Maximal runs of math tokens, glue allowed between two math tokens."""
+    runs, start, last = [], None, None
+    for k, kind in enumerate(kinds):
+        if kind == "math":
+            if start is None:
+                start = k
+            last = k
+        elif kind == "glue" and start is not None:
+            continue
+        else:
+            if start is not None:
+                runs.append((start, last + 1))
+            start = last = None
+    if start is not None:
+        runs.append((start, last + 1))
+    return runs
+
+
+def _split_tokens(s: str) -> list[str]:
+    """Whitespace-separated tokens; whitespace inside {...} does not split ("\\text{ cm}")."""
+    tokens, depth, start = [], 0, None
+    for i, ch in enumerate(s):
+        if ch == "{" and (i == 0 or s[i - 1] != "\\"):
+            depth += 1
+        elif ch == "}" and (i == 0 or s[i - 1] != "\\") and depth > 0:
+            depth -= 1
+        if ch.isspace() and depth == 0:
+            if start is not None:
+                tokens.append(s[start:i])
+                start = None
+        elif start is None:
+            start = i
+    if start is not None:
+        tokens.append(s[start:])
+    return tokens
+
+
+def _outside_latex(s: str) -> str:
+    """The text outside LaTeX groups and commands ("\\frac{270}7\\text{ degrees}" -> " 7 ")."""
+    prev = None
+    for _ in range(MAX_NESTING_SCAN):
+        if prev == s:
+            break
+        prev, s = s, re.sub(r"\{[^{}]*\}", " ", s)
+    return re.sub(r"\\[a-zA-Z]+|\\.", " ", s)
+
+
+_ATOM = re.compile("\x00(\\d+)\x00")
+
+
+def _plain_span(s: str, atoms: list[str]) -> list[str] | None:
+    """A span whose math spans are held as atoms: all of it when it is all mathematics (LaTeX
+    or ASCII), a short text as a text answer, else the first math run of the prose (after its
+    last "is" / "are" / "=" that a run follows), never a number taken out of an expression."""
+
+    def restore(text: str) -> str:
+        return _ATOM.sub(lambda m: atoms[int(m.group(1))].strip(), text)
+
+    outside = [_token_kind(t) for t in _split_tokens(_outside_latex(s))[:80]]
+    if "word" not in outside and ("math" in outside or "ambiguous" in outside or "\\" in s):
+        text = restore(s).strip(" ,;:")
+        return [text] if text else None
+    tokens = _split_tokens(s)[:80]
+    kinds = [_token_kind(t) for t in tokens]
+    if "math" not in kinds:
+        return [s] if len(tokens) <= 4 else None  # a worded answer ("Evelyn", "the Cougars")
+    runs = _runs(kinds)
+    verbs = [k for k, t in enumerate(tokens) if t.lower().strip(",:") in _VERBS]
+    if verbs:  # "the number of ways is 12", "the value of x is 5"
+        later = [r for r in runs if r[0] > verbs[-1]]
+        if later:
+            runs = later
+    if len(runs) > 1 and runs[0][1] - runs[0][0] == 1:
+        first = restore(tokens[runs[0][0]])
+        if re.fullmatch(r"\(?[A-Za-z]\)?[,.]?", first) and not re.fullmatch(r"\(?[A-E]\)?[,.]?", first):
+            runs = runs[1:]  # "the value of x is 5": a variable named before its value
+    start, end = runs[0]
+    run = tokens[start:end]
+    mark = tokens[end].lower().strip(",.;:") if end < len(tokens) else ""
+    text = restore(" ".join(run)).strip(" ,;:")
+    text = re.sub(r"^=\s*", "", text).rstrip(".")
+    if mark in _UNIT_MARKS:
+        text += _UNIT_MARKS[mark]
+    return [text] if text else None
+
+
+def read_span(span: str) -> list[str] | None:
+    """The answer a span states, whole: its mathematics (math spans, LaTeX or ASCII) up to the
+    end, else a short worded answer. None when it states none."""
+    s = strip_bold(span).strip().strip('"“”').strip()
+    s = _HOPE.sub("", s)
+    m = _FILLER.match(s)
+    if m:
+        s = s[m.end() :]
+    s = s.strip().rstrip(" ,;:?").strip()
+    if s.endswith("!") and not re.search(r"(?:[\d)}]|(?<![A-Za-z])[A-Za-z])!$", s):  # "5!", "n!": factorials
+        s = s[:-1].rstrip()
+    if s.endswith(".") and not s.endswith("\\."):
+        s = s[:-1].rstrip()
+    if not s or "\x00" in s:
+        return None
+    atoms: list[str] = []
+
+    def hold(m: re.Match) -> str:
+        atoms.append(next(g for g in m.groups() if g is not None))
+        return f"\x00{len(atoms) - 1}\x00"
+
+    return _plain_span(_MATH_SPAN.sub(hold, s), atoms)
+
+
 def _after_last_is(phrase: str) -> str:
     """ "The largest $n$ is 34" -> "34" (an " is " outside math spans)."""
-    masked = _MATH_SPAN.sub(lambda m: "#" * len(m.group()), phrase)
+    masked = _mask_math(phrase)
     k = masked.rfind(" is ")
     return phrase[k + 4 :] if k >= 0 and phrase[k + 4 :].strip() else phrase
 
 
-def _phrase_answer(phrase: str) -> tuple[list[str], str]:
-    phrase = _after_last_is(phrase)
-    spans = find_math_spans(phrase)
-    if spans:
-        return spans, "math"
-    phrase = phrase.strip().strip('"').rstrip(".").strip()
-    if " is " in phrase:
-        phrase = phrase.rsplit(" is ", 1)[1].strip().rstrip(".")
-    if re.fullmatch(r"[-+]?[\d.,/ ]+", phrase):
-        return [normalize_plain_number(phrase.replace(" ", "") if "," in phrase else phrase)], "text"
-    if re.search(r"[\\^_{}=]", phrase) or len(phrase.split()) <= 2:
-        return [phrase], "math"
-    num = find_plain_number(phrase)
-    return ([num], "text") if num else ([phrase], "text")
+def _states_answer(sentence: str) -> list[str] | None:
+    """The answer of a sentence after its trigger, or None when it judges instead ("... is
+    correct", "... is not 5") or states nothing."""
+    s = strip_bold(sentence).strip().strip('"“”').strip()
+    m = _FILLER.match(s)
+    if _JUDGMENT.match(s[m.end() :] if m else s):
+        return None
+    return read_span(s)
 
 
-def extract_final_answer(text: str) -> tuple[list[str], str]:
-    """Return (answer parts, source) where source is "boxed", "phrase", "math", "text" or "raw".
+@dataclass
+class Reading:
+    """What a text answers: `parts` (several: a list), the reading that found it, and the other
+    answers it commits to (other boxes, an "Answer:" line, a later answer sentence), which a
+    hedge check compares too."""
 
-    Several parts mean several answers joined by "and"/","-like separators (a list).
+    parts: list[str]
+    source: str
+    others: list[list[str]] = field(default_factory=list)
+    end: int = 0
+
+
+def box_groups(text: str) -> list[tuple[int, int, list[str]]]:
+    """Every group of \\boxed{} answers as (start, end, contents); adjacent boxes joined by
+    "and" / "," -like separators form one group."""
+    spans = []
+    pos = 0
+    while (m := _BOX_RE.search(text, pos)) is not None:
+        end = _match_brace(text, m.end() - 1)
+        inner_end = end - 1 if text[end - 1 : end] == "}" else end
+        spans.append((m.start(), end, text[m.end() : inner_end]))
+        pos = max(end, m.end())
+    groups: list[tuple[int, int, list[str]]] = []
+    for span in spans:
+        if groups and _joinable(text[groups[-1][1] : span[0]]):
+            start, _, parts = groups[-1]
+            groups[-1] = (start, span[1], parts + [span[2]])
+        else:
+            groups.append((span[0], span[1], [span[2]]))
+    return [g for g in groups if any(p.strip() for p in g[2])]
+
+
+def _answer_line(text: str) -> tuple[list[str], int] | None:
+    """The last "Answer:" line that states an answer: (its answer, its start offset)."""
+    matches = list(_ANSWER_LINE.finditer(text))[-20:]
+    for m in reversed(matches):
+        line = text[m.end() : m.end() + _SENTENCE_WINDOW].split("\n", 1)[0]
+        if not line.strip():  # "Answer:\n$$5$$"
+            line = sentence_after(text, m.end())[0]
+        inner = _ANSWER_SENTENCE.search(line)
+        if inner:  # "Answer: The final answer is $5$."
+            line = sentence_after(line, inner.end())[0]
+        parts = _states_answer(line)
+        if parts:
+            return parts, m.start()
+    return None
+
+
+def _answer_sentence(text: str, pattern: re.Pattern = _ANSWER_SENTENCE, after: int = 0) -> tuple[list[str], int] | None:
+    """The last answer sentence that states an answer: (its answer, its start offset)."""
+    matches = [m for m in pattern.finditer(text) if m.start() >= after][-20:]
+    for m in reversed(matches):
+        sentence, _ = sentence_after(text, m.end())
+        parts = _states_answer(sentence)
+        if parts:
+            return parts, m.start()
+    return None
+
+
+def _conclusion(text: str) -> tuple[list[str], int] | None:
+    """The last "therefore ... = x" sentence near the end of the text, when it has math."""
+    start = max(0, len(text.rstrip()) - _CONCLUSION_WINDOW)
+    found = _answer_sentence(text, _CONCLUSION, after=start)
+    if found is None:
+        return None
+    parts, pos = found
+    sentence = _mask_math(sentence_after(text, pos)[0])
+    if not re.search(r"=|\b(?:is|are|was|equals|gives|get|obtain)\b", sentence) and not re.search(r"=", " ".join(parts)):
+        return None  # "so we need to find $x$ such that": states no value
+    if not re.search(r"[\d\\^=+*/]|(?<![A-Za-z])[A-Za-z](?![A-Za-z])", " ".join(parts)):
+        return None  # a conclusion in words only ("so we are done"): no answer
+    return parts, pos
+
+
+def lone_number(text: str) -> str | None:
+    """The last number of prose when it stands alone: not an operand ("2*pi + 18", "2*pi+18",
+    "15x" give none), so a last-number reading never cuts a number out of an expression."""
+    matches = list(_PLAIN_NUMBER.finditer(text))
+    if not matches:
+        return None
+    last = matches[-1]
+    before = text[: last.start()].rstrip()[-1:]
+    after = text[last.end() :]
+    if before and before in "+-*/^×·_<>\\":
+        return None
+    if last.group()[0] in "+-" and before and (before.isalnum() or before in ")}]"):
+        return None  # "2*pi+18": the sign is an operator
+    if after[:1].isalpha() or after[:1] in "^_(" or after.lstrip()[:1] in tuple("+-*/^×·=<>"):
+        return None
+    return normalize_plain_number(last.group())
+
+
+def read_answer(text: str, response: bool = False) -> Reading | None:
+    """The final answer of `text` by the documented order of readings (module comment above).
+
+    With `response=True` (a response scored by `compute_score`) only readings 1-4 count and
+    None means "no answer"; otherwise a bare answer or solution text always gets a reading.
     """
     text = preprocess(text)
-    boxed = find_boxed_spans(text)
-    if boxed is not None:
-        # A "final answer is" stated after the last box wins (the box was an intermediate step).
-        later = _answer_phrase(text, after=boxed[1], final_only=True)
-        if later is None:
-            return boxed[0], "boxed"
-    phrase = _answer_phrase(text)
-    if phrase is not None:
-        parts, _ = _phrase_answer(phrase)
-        return parts, "phrase"
+    boxes = box_groups(text)
+    line = _answer_line(text)
+    last_box_end = boxes[-1][1] if boxes else 0
+    line_start = line[1] if line else -1
+    sentence = _answer_sentence(text, after=max(last_box_end, line_start + 1))
+    others: list[list[str]] = [g[2] for g in boxes[:-1]]
+    if boxes:  # an "Answer:" line or sentence that only repeats a box is no further answer
+        if line is not None and not any(_BOX_RE.search(p) for p in line[0]):
+            others.append(line[0])
+        if sentence is not None and not any(_BOX_RE.search(p) for p in sentence[0]):
+            others.append(sentence[0])
+        return Reading(boxes[-1][2], "boxed", others, last_box_end)
+    if line is not None:
+        if sentence is not None and sentence[0] != line[0]:
+            others.append(sentence[0])
+        return Reading(line[0], "answer", others)
+    if sentence is None:
+        sentence = _answer_sentence(text)
+    if sentence is not None:
+        return Reading(sentence[0], "sentence")
+    conclusion = _conclusion(text)
+    if conclusion is not None:
+        return Reading(conclusion[0], "conclusion")
+    if response:
+        return None
     spans = find_math_spans(text)
     if spans:
         tail = text[text.rfind(spans[-1]) + len(spans[-1]) :]
-        if not (len(tail) > 30 and find_plain_number(tail)):
-            return spans, "math"
-        return [find_plain_number(tail)], "text"
+        if len(tail) > 30 and (num := lone_number(tail)) is not None:
+            return Reading([num], "number")
+        return Reading(spans, "math")
     stripped = text.strip()
     if len(stripped) <= 300 and has_colon_labels(stripped):
-        return [stripped], "raw"  # "Smallest: 2, Largest: 9"
+        return Reading([stripped], "raw")  # "Smallest: 2, Largest: 9"
     bare = stripped.strip("$€ ").rstrip(".")
     if _PLAIN_NUMBER.fullmatch(bare):
-        return [normalize_plain_number(bare)], "text"
+        return Reading([normalize_plain_number(bare)], "raw")
     unit = _NUMBER_WITH_UNIT.fullmatch(bare)
     if unit and not (set(w.lower() for w in _WORDS.findall(unit.group(2))) & _MATH_WORDS):
-        return [normalize_plain_number(unit.group(1))], "text"  # "540 degrees", "20 cm^2"
-    if len(stripped) <= 40 and not re.search(r"[A-Za-z]{2,}\s*[\s:'.]\s*[A-Za-z0-9]", stripped):
-        return [stripped], "raw"
-    # Prose without LaTeX ("... which is 1,000.99m²"): its last number.
+        return Reading([normalize_plain_number(unit.group(1))], "raw")  # "540 degrees", "20 cm^2"
+    if "\n" not in stripped and len(stripped) <= 300:
+        parts = read_span(stripped)
+        if parts:
+            return Reading(parts, "raw")
     if "\\" not in stripped and re.search(r"[A-Za-z]{2,}", stripped):
-        num = find_plain_number(stripped)
+        num = lone_number(stripped)
         if num is not None:
-            return [num], "text"
-    return [stripped], "raw"
+            return Reading([num], "number")
+    return Reading([stripped], "raw")
+
+
+def extract_final_answer(text: str) -> tuple[list[str], str]:
+    """Return (answer parts, source): `read_answer` for a bare answer or a solution text.
+
+    Several parts mean several answers joined by "and"/","-like separators (a list).
+    """
+    reading = read_answer(text)
+    return reading.parts, reading.source
 
 
 # --------------------------------------------------------------------------- clean-up
@@ -285,6 +587,11 @@ _SET_BUILDER = re.compile(
 _MIXED_NUMBER = re.compile(r"(?<![\d.}/^_])(\d+) (\d+)/(\d+)(?![\d.])")
 
 
+def _join_thousands(m: re.Match) -> str:
+    """ "9\\,901" -> "9901": digits in groups of three after a thin space or a space."""
+    return m.group(1) + re.sub(r"\D", "", m.group(2))
+
+
 def _degrees_value(m: re.Match) -> str:
     value = f"({m.group(1)}+{m.group(2)}/60"
     return value + (f"+{m.group(3)}/3600)" if m.group(3) else ")")
@@ -299,10 +606,16 @@ def clean_answer(text: str) -> str:
     """Remove presentation-only LaTeX so that the parser sees only the mathematics."""
     # One space for any run of whitespace: every "\s*" below then scans at most one
     # character, so no pattern turns quadratic on long runs of spaces.
-    s = re.sub(r"\s+", " ", text).replace("**", "")
+    s = re.sub(r"[\s\u00a0\u2009\u202f]+", " ", text)
+    s = re.sub(r"(?<=[\w)\]}])\s?\*\*\s?(?=[\w(\[{+-])", "^", s).replace("**", "")  # ASCII x**2; markdown bold
     s = _DOUBLE_ESCAPED.sub(r"\\", s)
+    s = re.sub(r"√\s*(\d+(?:\.\d+)?|[A-Za-z])", r"\\sqrt{\1}", s)  # √51 is the root of 51 (LaTeX's \sqrt 51 is not)
     for a, b in _UNICODE:
         s = s.replace(a, b)
+    # Thousands separated by a thin space or a space: 9\,901, 9\;901, 1 000 000 (whole numbers).
+    s = re.sub(r"(?<![\d.])(\d{1,3})((?:(?:\\[,;: !]|\\thinspace|~| )\d{3})+)(?![\d])", _join_thousands, s)
+    s = re.sub(r"\b(?:either|maybe|perhaps|possibly|probably)\s+", "", s)
+    s = re.sub(r"\s*\(\s*(?:or|and)\s+([^()]*)\)", r", \1", s)  # "5 (or 6)": a second value
     s = _DEGREES_MINUTES.sub(_degrees_value, s)  # before degree signs are dropped
     s = re.sub(r"\\(?:left|right)\s*\.", " ", s)
     s = re.sub(r"\\(?:left|right|bigl|bigr|Bigl|Bigr|biggl|biggr|big|Big|bigg|Bigg)(?![a-zA-Z])", "", s)
@@ -315,7 +628,7 @@ def clean_answer(text: str) -> str:
     s = re.sub(r"\\(?:displaystyle|textstyle|scriptstyle)", "", s)
     s = re.sub(r"\\[dtc]frac", r"\\frac", s)
     s = re.sub(r"\\(?:mbox|textnormal|textrm|textit|textup|textsf|textbf|mathrm|mathit|mathbf|mathsf|operatorname)(?![a-zA-Z])", r"\\text", s)
-    s = re.sub(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\\degree", "", s)
+    s = re.sub(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\\degree|°|º", "", s)
     s = re.sub(r"\\(?:therefore|because)(?![a-zA-Z])", " ", s).strip()
     s = re.sub(r"\\text\s*\{\s*(sin|cos|tan|cot|sec|csc|log|ln|exp|arcsin|arccos|arctan)\s*\}", r"\\\1 ", s)
     # A trailing qualifier ("... \text{ for all } x \in Z", "\text{where } k \in Z") is no part of the value.
@@ -373,8 +686,8 @@ _LABEL_OK = re.compile(r"[A-Za-z\\(){}|:,\s\[\]']+")
 def is_label(text: str) -> bool:
     """Whether the left side of "lhs = value" only names the value ("x", "f(x)", "(p,q)", "|AB|")."""
     t = re.sub(r"_\s*\{[^{}]*\}|_\s*\w", "", text).strip()
-    if not t or re.search(r"\d|[+\-*/^]", t):
-        return False
+    if not t or re.search(r"\d|[+\-*/^]", t) or re.search(r"\\(?:pi|infty|sqrt)(?![a-zA-Z])", t):
+        return False  # "\pi \approx 3.14": a value, not a name
     if "\\frac" in t:
         t = t.replace("\\frac", "")
     return bool(_LABEL_OK.fullmatch(t)) and bool(re.search(r"[A-Za-z]", t))

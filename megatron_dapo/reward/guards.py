@@ -27,6 +27,13 @@ MAX_SYMBOL_EXPONENT = 10_000
 MAX_OTHER_EXPONENT = 1000
 #: Most terms of a \sum with numeric bounds.
 MAX_SUM_TERMS = 10_000
+#: Most terms of a \sum or \prod with numeric bounds evaluated term by term (a sum of a
+#: polynomial in its index is summed in closed form, up to MAX_SUM_TERMS terms).
+MAX_BIGOP_TERMS = 300
+#: Most decimal digits, over all exact terms, of a \sum or \prod evaluated term by term.
+MAX_BIGOP_DIGITS = 30_000
+#: Largest `count_ops` of one irrational term of such a sum or product.
+MAX_BIGOP_TERM_OPS = 40
 #: Largest number inside \binom with a symbolic partner, or on either side when the
 #: value would exceed MAX_POWER_DIGITS digits.
 MAX_BINOM_ARG = 10_000

@@ -16,10 +16,14 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 import sympy
 
 from .guards import (
+    MAX_BIGOP_DIGITS,
+    MAX_BIGOP_TERM_OPS,
+    MAX_BIGOP_TERMS,
     MAX_BINOM_ARG,
     MAX_FACTORIAL,
     MAX_ITEMS,
@@ -86,6 +90,7 @@ _FUNCS = {
     "sinh": sympy.sinh, "cosh": sympy.cosh, "tanh": sympy.tanh, "exp": sympy.exp,
     "ln": sympy.log, "log": sympy.log, "lg": lambda x: sympy.log(x, 10),
 }
+_ASCII_FUNCS = {"sqrt": sympy.sqrt, "cbrt": lambda x: make_pow(x, sympy.Rational(1, 3)), "abs": sympy.Abs}
 _INVERSES = {sympy.sin: sympy.asin, sympy.cos: sympy.acos, sympy.tan: sympy.atan, sympy.cot: sympy.acot,
              sympy.sinh: sympy.asinh, sympy.cosh: sympy.acosh, sympy.tanh: sympy.atanh}
 _GREEK = {
@@ -141,7 +146,7 @@ def make_number(text: str) -> sympy.Expr:
 def _digits_estimate(value: sympy.Expr) -> float:
     """Rough decimal size of a rational (numerator/denominator digits)."""
     p, q = sympy.fraction(value)
-    return max(len(str(abs(int(p)))), len(str(abs(int(q)))))
+    return max(abs(int(p)).bit_length(), abs(int(q)).bit_length()) * 0.30103 + 1
 
 
 def check_power_cost(base: sympy.Expr, n: int) -> None:
@@ -229,6 +234,7 @@ class _Parser:
         self.i = 0
         self.depth = 0
         self.in_abs = False  # inside |...|: a "|" closes instead of opening
+        self.bound: dict[str, sympy.Symbol] = {}  # index letters of enclosing sums and products
 
     # -- helpers
     def peek(self, offset: int = 0) -> tuple[str, str]:
@@ -503,16 +509,20 @@ class _Parser:
             if len(text) > 1:
                 self.push_back("word", text[1:])
             return self.word_value(text[0])
-        if kind == "cmd":
+        if kind == "cmd" or text == "(":
             return self.parse_atom()
         raise ParseError("missing argument")
 
     def word_value(self, word: str):
+        if word in self.bound:  # the index of an enclosing \sum / \prod
+            return self.bound[word]
         if word == "e":
             return sympy.E
+        if word == "i":
+            return sympy.I
         if word == "pi":
             return sympy.pi
-        if word in ("inf", "infty", "oo"):
+        if word in ("inf", "infty", "infinity", "oo"):
             return sympy.oo
         return _sym(word)
 
@@ -520,7 +530,9 @@ class _Parser:
         """Letters: a function name, a long word (one symbol) or single-letter symbols."""
         if word in _FUNCS:
             return self.apply_function(_FUNCS[word])
-        if word in ("pi", "inf", "infty", "oo"):
+        if word in _ASCII_FUNCS:  # sqrt(5), sqrt 5, cbrt(2): ASCII math
+            return self.apply_function(_ASCII_FUNCS[word])
+        if word in ("pi", "inf", "infty", "infinity", "oo"):
             return self.word_value(word)
         if len(word) >= 3:
             value = _sym(word)
@@ -686,8 +698,8 @@ class _Parser:
                 if env in ("pmatrix", "bmatrix", "matrix", "vmatrix", "Bmatrix", "smallmatrix", "array"):
                     return self.parse_matrix(env)
                 raise ParseError(f"environment {env}")
-            if name == "sum":
-                return self.parse_sum()
+            if name in ("sum", "prod"):
+                return self.parse_bigop(name)
             if name in _IGNORED_CMDS:
                 if self.starts_atom():
                     return self.parse_atom()
@@ -695,40 +707,129 @@ class _Parser:
             raise ParseError(f"unknown command {text}")
         raise ParseError(f"unexpected {text!r}")
 
-    def parse_sum(self):
-        lower = upper = None
-        var = None
-        for _ in range(2):
-            if self.at("_"):
+    def parse_bigop(self, kind: str):
+        """\\sum / \\prod with an index ``_{k=a}`` and a bound ``^{b}`` (either order, \\limits allowed).
+
+        The index letter is bound while the body is parsed (``i`` and ``e`` are then the index,
+        not the constants). Numeric bounds are evaluated term by term (`bigop_value`).
+        """
+        lower = upper = var = None
+        for _ in range(4):
+            if self.at("\\limits", "\\nolimits", "\\displaystyle"):
                 self.next()
-                sub = self.parse_script()
-                if isinstance(sub, Rel) and sub.ops == ("=",) and isinstance(sub.parts[0], sympy.Symbol):
-                    var, lower = sub.parts[0], _expr(sub.parts[1])
-                else:
-                    raise ParseError("sum without index")
-            elif self.at("^"):
+            elif self.at("_") and var is None:
+                self.next()
+                var, lower = self.bigop_index()
+            elif self.at("^") and upper is None:
                 self.next()
                 upper = _expr(self.parse_script())
+            else:
+                break
         if var is None or upper is None:
-            raise ParseError("sum without limits")
-        body = _expr(self.parse_term())
+            raise ParseError(f"{kind} without limits")
+        saved = dict(self.bound)
+        self.bound[var.name] = var
+        try:
+            body = _expr(self.parse_term())
+        finally:
+            self.bound = saved
+        return bigop_value(kind, body, var, lower, upper)
+
+    def bigop_index(self):
+        """(index symbol, lower bound) of ``_{k=1}`` / ``_k=1`` / ``_{k = 1}``."""
+        braced = self.at("{")
+        if braced:
+            self.next()
+        kind, text = self.next()
+        if kind == "word" and len(text) == 1:
+            var = _sym(text)
+        elif kind == "cmd" and text[1:] in _GREEK:
+            var = _sym(text[1:])
+        else:
+            raise ParseError("sum without index")
+        if not self.at("="):
+            raise ParseError("sum without index")
+        self.next()
+        if braced:
+            lower = _expr(self.parse_list(stops=("}",)))
+            self.expect("}")
+        else:
+            lower = _expr(self.parse_script())
+        return var, lower
+
+
+def guarded_subs(expr, var: sympy.Symbol, value):
+    """`expr` with `var` replaced by `value`, rebuilt through the size guards (make_pow ...).
+
+    A plain substitution would evaluate ``k^{k}`` at k = 2000, or ``2^{2^{k}}``, before any
+    check could see it; here each power, factorial and binomial is checked as it is rebuilt.
+    """
+    if expr == var:
+        return value
+    if not expr.args or not expr.has(var):
+        return expr
+    if isinstance(expr, (sympy.Sum, sympy.Product)):
+        raise TooComplex("nested sum with a symbolic bound")
+    args = [guarded_subs(a, var, value) for a in expr.args]
+    if expr.is_Pow:
+        return make_pow(args[0], args[1])
+    if isinstance(expr, sympy.factorial):
+        return make_factorial(args[0])
+    if isinstance(expr, sympy.binomial):
+        return make_binomial(*args)
+    return expr.func(*args)
+
+
+def bigop_value(kind: str, body, var, lower, upper):
+    """The value of a sum or product.
+
+    Numeric bounds: a polynomial sum in closed form; anything else term by term, each term
+    rebuilt through the guards, at most `MAX_BIGOP_TERMS` terms and `MAX_BIGOP_DIGITS` digits
+    of exact terms in all (``\\sum_{k=1}^{2000} k^{k}`` is refused, whatever its index letter
+    or spelling, before sympy tries Euler-Maclaurin on it). Symbolic bounds: an unevaluated
+    `sympy.Sum` within `check_sum_cost`; a product with a symbolic bound is not parsed.
+    """
+    if not (lower.is_number and upper.is_number):
+        if kind == "prod":
+            raise ParseError("product with a symbolic bound")
         check_sum_cost(body, lower, upper)
         return sympy.Sum(body, (var, lower, upper))
+    if not (lower.is_Integer and upper.is_Integer):
+        raise ParseError(f"{kind} with non-integer bounds")
+    terms = int(upper) - int(lower) + 1
+    if terms > MAX_SUM_TERMS:
+        raise TooComplex(f"{kind} too long")
+    if terms <= 0:
+        return sympy.Integer(0 if kind == "sum" else 1)
+    if kind == "sum" and body.is_polynomial(var):
+        degree = sympy.degree(body, var) if body.has(var) else 0
+        if degree > MAX_SYMBOLIC_EXPONENT or any(abs(r) > 10**6 for r in body.atoms(sympy.Rational)):
+            raise TooComplex("sum of a high power")
+        return sympy.summation(body, (var, lower, upper))
+    if terms > MAX_BIGOP_TERMS:
+        raise TooComplex(f"{kind} of too many general terms")
+    values, digits = [], 0
+    for k in range(int(lower), int(upper) + 1):
+        term = guarded_subs(body, var, sympy.Integer(k))
+        if term.is_Rational:
+            digits += _digits_estimate(term)
+            if digits > MAX_BIGOP_DIGITS:
+                raise TooComplex(f"{kind} of huge terms")
+        elif term.is_number and sympy.count_ops(term) > MAX_BIGOP_TERM_OPS:
+            raise TooComplex(f"{kind} of complicated terms")
+        values.append(term)
+    return sympy.Add(*values) if kind == "sum" else sympy.Mul(*values)
 
 
 def check_sum_cost(body: sympy.Expr, lower: sympy.Expr, upper: sympy.Expr) -> None:
-    """Raise for a \\sum whose evaluation would be costly (too many terms, high powers)."""
+    """Raise for a \\sum with a symbolic bound whose evaluation would be costly (high powers,
+    huge constants)."""
     exponents = [abs(int(p.exp.p)) for p in body.atoms(sympy.Pow) if p.exp.is_Rational]
-    top = max(exponents, default=1)
-    if lower.is_number and upper.is_number:
-        if not (lower.is_Integer and upper.is_Integer):
-            raise ParseError("sum with non-integer bounds")
-        terms = int(upper) - int(lower) + 1
-        if terms > MAX_SUM_TERMS or terms * top > 10 * MAX_SUM_TERMS:
-            raise TooComplex("sum too long")
-    elif top > MAX_SYMBOLIC_EXPONENT:
+    if max(exponents, default=1) > MAX_SYMBOLIC_EXPONENT:
         raise TooComplex("symbolic sum of a high power")
-    if any(abs(r) > 10**6 for r in body.atoms(sympy.Rational)) and not (lower.is_number and upper.is_number):
+    if any(not p.exp.is_number for p in body.atoms(sympy.Pow)):
+        raise TooComplex("symbolic sum of a variable power")
+    if any(abs(r) > 10**6 for r in body.atoms(sympy.Rational)):
         raise TooComplex("symbolic sum with huge constants")
 
 
@@ -741,7 +842,7 @@ def _text_value(raw: str):
         return make_number(content.lstrip("+")) if not content.startswith("-") else -make_number(content[1:])
     if re.fullmatch(r"\(?[A-Za-z]\)?", content):
         letter = content.strip("()")
-        return sympy.E if letter == "e" else _sym(letter)
+        return sympy.E if letter == "e" else sympy.I if letter == "i" else _sym(letter)
     words = " ".join(content.split())
     if re.fullmatch(r"[A-Za-z]+", words):
         return _sym(words)
@@ -792,6 +893,13 @@ def parse_latex(text: str):
     """Parse a cleaned answer string into a value (see module docstring).
 
     Raises ParseError when the text is not understood and TooComplex when it is too big.
+    Values are immutable, so parses are cached (a response's candidates and readings parse
+    the same gold many times).
     """
     check_parsable(text)
+    return _parse_cached(text)
+
+
+@lru_cache(maxsize=4096)
+def _parse_cached(text: str):
     return _Parser(tokenize(text)).parse()

@@ -19,8 +19,8 @@ import re
 
 import sympy
 
-from .equiv import Labeled, ratio_value, values_equal
-from .extract import clean_answer, extract_final_answer, split_label, split_top
+from .equiv import Labeled, _dedupe, _flatten, expand_pm, ratio_value, values_equal
+from .extract import Reading, clean_answer, extract_final_answer, read_answer, split_label, split_top
 from .latex import Seq, Text, parse_latex
 from .result import RewardResult, check_ground_truth
 
@@ -134,10 +134,24 @@ def _fallback_equal(gold: str, pred: str) -> bool:
 
 
 def math_equivalent(gold: str, pred: str) -> bool:
-    """Whether `pred` is mathematically equivalent to `gold` (both answers or short texts)."""
+    """Whether `pred` is mathematically equivalent to `gold` (both answers or short texts).
+
+    When `pred` commits to several answers (two boxes that differ, a box and a different
+    "Answer:" line), every one must match: see `committed_equal`.
+    """
     check_ground_truth(gold)
     if not isinstance(pred, str) or not pred.strip():
         return False
+    if gold.strip() == pred.strip():
+        return True
+    reading = read_answer(pred)
+    if reading.others:
+        return committed_equal(gold, reading)
+    return _answer_equal(gold, pred)
+
+
+def _answer_equal(gold: str, pred: str) -> bool:
+    """One answer against the gold (no hedge check)."""
     if gold.strip() == pred.strip():
         return True
     letter = mcq_gold_letter(gold)
@@ -154,6 +168,66 @@ def math_equivalent(gold: str, pred: str) -> bool:
                     if _equivalent_once(g2, p2):
                         return True
     return _rounded_gold_equal(gold, pred)
+
+
+# --------------------------------------------------------------------------- hedges
+def _joined(parts: list[str]) -> str:
+    return ", ".join(p.strip() for p in parts if p.strip())
+
+
+def gold_elements(gold: str) -> list | None:
+    """The elements of a gold that is a list or set of several values ("3, 5, 7", "1 \\pm
+    \\sqrt{19}", "\\{1, 2\\}"), else None (one value, a tuple, an interval ...)."""
+    try:
+        value, _ = answer_value(gold)
+    except MemoryError:
+        raise
+    except Exception:  # noqa: BLE001
+        return None
+    if isinstance(value, Labeled):
+        value = value.value
+    if isinstance(value, Seq) and value.kind in ("list", "set"):
+        items = _dedupe(_flatten(value.items))
+    elif isinstance(value, sympy.Expr):
+        items = expand_pm(value)
+    else:
+        return None
+    return items if len(items) > 1 else None
+
+
+def _element_of(elements: list, pred: str) -> bool:
+    try:
+        value, _ = answer_value(pred)
+        return value is not None and any(values_equal(e, value) for e in elements)
+    except MemoryError:
+        raise
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def committed_equal(gold: str, reading: Reading) -> bool:
+    """The hedge rule: a response that commits to several answers is right only when all of them
+    are (`reading.parts` and each of `reading.others`: other boxes, the "Answer:" line, a later
+    answer sentence). "\\boxed{3} ... \\boxed{4}" is wrong for a gold of 3 and for 4.
+
+    A gold that is a list or set is matched element-wise: each other answer may also be one
+    of its elements, and answers spread over several boxes are compared as their union
+    ("\\boxed{3} ... \\boxed{5}" against "3, 5"). One answer that is itself a list of
+    values ("3 or 4", "-3/4, 5/4, or 1/4") is compared as a list, so it is wrong against a
+    single value (`equiv._collection_equal`).
+    """
+    primary = _joined(reading.parts)
+    others = [_joined(o) for o in reading.others if _joined(o)]
+    if not primary:
+        return False
+    if _answer_equal(gold, primary):
+        if all(o == primary or _answer_equal(gold, o) for o in others):
+            return True
+        elements = gold_elements(gold)
+        return elements is not None and all(o == primary or _answer_equal(gold, o) or _element_of(elements, o) for o in others)
+    if others and gold_elements(gold) is not None:
+        return _answer_equal(gold, _joined([primary] + others))
+    return False
 
 
 # --------------------------------------------------------------------------- text answers
@@ -296,31 +370,25 @@ def _has_text(value) -> bool:
     return False
 
 
-_ANSWER_LINE = re.compile(r"Answer\s*:\s*([^\n]+)", re.IGNORECASE)
-
-
 def extract_response_answer(response: str) -> str | None:
-    """The final answer of a response for `math` mode: the last "Answer:" line, else \\boxed{}.
-
-    Returns None when the response states no answer.
-    """
-    lines = _ANSWER_LINE.findall(response.replace("**", ""))
-    if lines:
-        return lines[-1].strip()
-    parts, source = extract_final_answer(response)
-    if source in ("boxed", "phrase"):
-        return ", ".join(parts)
-    return None
+    """The final answer of a response for `math` mode (`extract.read_answer`: the last box,
+    "Answer:" line, answer sentence or concluding sentence). None when it states none."""
+    reading = read_answer(response, response=True)
+    if reading is None:
+        return None
+    return _joined(reading.parts) or None
 
 
 def math_score(response: str, ground_truth: str) -> RewardResult:
-    """Score a response in `math` mode: +1.0 when its final answer is equivalent to the gold."""
+    """Score a response in `math` mode: +1.0 when its final answer is equivalent to the gold
+    and every other answer it commits to is too (`committed_equal`)."""
     check_ground_truth(ground_truth)
-    answer = extract_response_answer(response)
-    if answer is None or not answer.strip():
+    reading = read_answer(response, response=True)
+    answer = _joined(reading.parts) if reading is not None else ""
+    if not answer:
         return RewardResult(-1.0, False, "", "no_answer")
-    ok = math_equivalent(ground_truth, answer)
+    ok = committed_equal(ground_truth, reading)
     return RewardResult(1.0 if ok else -1.0, ok, answer[:200], "ok" if ok else "wrong")
 
 
-__all__ = ["answer_value", "extract_response_answer", "math_equivalent", "math_score"]
+__all__ = ["answer_value", "committed_equal", "extract_response_answer", "gold_elements", "math_equivalent", "math_score"]
