@@ -146,3 +146,101 @@ def test_fuzz_random_and_hostile_answers_bounded_time():
         if elapsed >= BOUND_S:
             slow.append(("is_equivalent", pred[:80], gold, round(elapsed, 2)))
     assert not slow, slow
+
+
+# Sums and products of huge terms: a bound must hold for the shape, whatever the index letter
+# or the spelling of the bounds (sympy's Euler-Maclaurin on k^k once ran for minutes).
+BIGOPS = [
+    "\\sum_{k=1}^{2000} k^{k}",
+    "\\prod_{k=1}^{2000} k^{k}",
+    "\\sum_{k=1}^{1000} k!",
+    "\\sum_{k=1}^{300} 2^{2^{k}}",
+    "\\sum_{k=1}^{9999} \\sin(k)",
+    "\\sum_{k=1}^{10^{4}} \\sqrt{k}",
+    "\\sum_{k=1}^{n} k^{k}",
+    "\\sum_{k=1}^{300} \\binom{2k}{k}",
+    "\\sum_{k=1}^{300} \\frac{1}{k^{k}}",
+    "\\prod_{k=1}^{10^{9}} k",
+    "\\sum_{j=1}^{2000} \\sum_{k=1}^{2000} j^{k}",
+    "\\sum_{k=1}^{2000} k^{k} - \\sum_{k=1}^{2000} k^{k} + 5",
+]
+
+
+@pytest.mark.parametrize("shape", BIGOPS, ids=[b[:30] for b in BIGOPS])
+@pytest.mark.parametrize("letter", ["k", "n", "i", "j", "m", "t", "e"])
+def test_huge_sums_any_index_letter(shape, letter):
+    text = _rename_index(shape, letter) if letter != "k" else shape
+    for gold in ("5", "\\pi"):
+        for call in (lambda: is_equivalent(gold, text), lambda: compute_score("Answer: " + text, gold, mode="math")):
+            start = time.process_time()
+            call()
+            elapsed = time.process_time() - start
+            assert elapsed < BOUND_S, (text[:60], gold, f"{elapsed:.2f}s")
+
+
+def _rename_index(text: str, letter: str) -> str:
+    """The same sum with another index letter (k -> letter), the other letters kept apart."""
+    import re
+
+    if re.search(rf"(?<![A-Za-z\\]){letter}(?![A-Za-z])", text):
+        return text  # the letter is taken
+    return re.sub(r"(?<![A-Za-z\\])k(?![A-Za-z])", letter, text)
+
+
+def _respell(text: str, rng: random.Random) -> str:
+    """One random respelling of a hostile answer: index letter, braces, script order, \\limits,
+    \\displaystyle, \\prod for \\sum, spaces, \\dfrac / \\tfrac, \\times, written-out powers of
+    ten, thin-space thousands, \\left( \\right), and a wrapper ($...$, \\boxed{}, \\(...\\))."""
+    import re
+
+    s = text
+    if rng.random() < 0.5:
+        s = _rename_index(s, rng.choice("nijmte"))
+    if rng.random() < 0.3:
+        s = re.sub(r"(\\(?:sum|prod))(_\{[^{}]*\})(\^\{[^{}]*\})", r"\1\3\2", s)  # ^ before _
+    if rng.random() < 0.3:
+        s = s.replace("\\sum", "\\sum\\limits").replace("\\prod", "\\prod\\limits")
+    if rng.random() < 0.2:
+        s = s.replace("\\sum", "\\prod") if rng.random() < 0.5 else s.replace("\\prod", "\\sum")
+    if rng.random() < 0.3:
+        s = re.sub(r"\^\{(\w)\}", r"^\1", s)  # ^{k} -> ^k
+    if rng.random() < 0.3:
+        s = re.sub(r"10\^\{(\d)\}", lambda m: "1" + "0" * int(m.group(1)), s)  # 10^{9} -> 1000000000
+    if rng.random() < 0.2:
+        s = re.sub(r"(?<![\d.])(\d{4,12})(?!\d)", lambda m: f"{int(m.group(1)):,}".replace(",", rng.choice(["\\,", "{,}"])), s)
+    if rng.random() < 0.3:
+        s = s.replace("\\frac", rng.choice(["\\dfrac", "\\tfrac"])).replace("\\binom", "\\dbinom")
+    if rng.random() < 0.2:
+        s = s.replace("\\cdot", rng.choice(["\\times", "*"]))
+    if rng.random() < 0.3:
+        s = re.sub(r"([\^_=+])", r" \1 ", s)
+    if rng.random() < 0.2:
+        s = "\\displaystyle " + s
+    if rng.random() < 0.2:
+        s = f"\\left({s}\\right)"
+    wrap = rng.choice(["{}", "${}$", "\\boxed{{{}}}", "\\({}\\)", "{}."])
+    return wrap.format(s)
+
+
+@pytest.mark.slow
+def test_fuzz_respelled_hostile_shapes_bounded_time():
+    """Every hostile shape above, respelled four ways, answered under the bound in both modes."""
+    rng = random.Random(28)
+    slow = []
+    for shape in HOSTILE + BIGOPS:
+        for _ in range(4):
+            text = _respell(shape, rng)
+            gold = rng.choice(["5", "x^2", "(0, 2)", "\\pi"])
+            for name, call in (
+                ("is_equivalent", lambda: is_equivalent(gold, text)),
+                ("is_equivalent reversed", lambda: is_equivalent(text, gold)),
+                ("math", lambda: compute_score("Answer: " + text, gold, mode="math")),
+                ("math sentence", lambda: compute_score(f"So the answer is {text}", gold, mode="math")),
+                ("dapo", lambda: compute_score("Answer: " + text, gold, mode="dapo")),
+            ):
+                start = time.process_time()
+                call()
+                elapsed = time.process_time() - start
+                if elapsed >= BOUND_S:
+                    slow.append((name, text[:80], gold, round(elapsed, 2)))
+    assert not slow, slow
