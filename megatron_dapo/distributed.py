@@ -104,8 +104,15 @@ def init_parallel(
     pipeline_model_parallel_size: int = 1,
     context_parallel_size: int = 1,
     seed: int = 1234,
+    expert_model_parallel_size: int = 1,
+    expert_tensor_parallel_size: Optional[int] = None,
 ) -> None:
-    """(Re)initialise megatron's model-parallel groups over the default group and seed RNGs."""
+    """(Re)initialise megatron's model-parallel groups over the default group and seed RNGs.
+
+    Experts (mixture-of-experts models) are laid out by megatron's second decomposition of
+    the same ranks: per pipeline stage, ``expert_tensor_parallel_size`` (default: the TP size)
+    x ``expert_model_parallel_size`` x the expert-data-parallel rest; the EP group of a rank is
+    drawn from its TP x CP x DP ranks (docs/moe.md)."""
     from megatron.core import parallel_state as ps
 
     if not dist.is_initialized():
@@ -117,12 +124,22 @@ def init_parallel(
             f"world size {world} is not divisible by --tensor-model-parallel-size {tensor_model_parallel_size} x "
             f"--pipeline-model-parallel-size {pipeline_model_parallel_size} x --context-parallel-size {context_parallel_size}"
         )
+    etp = expert_tensor_parallel_size or tensor_model_parallel_size
+    emp = etp * expert_model_parallel_size * pipeline_model_parallel_size
+    if world % emp:
+        raise ValueError(
+            f"world size {world} is not divisible by --expert-tensor-parallel-size {etp} x "
+            f"--expert-model-parallel-size {expert_model_parallel_size} x --pipeline-model-parallel-size "
+            f"{pipeline_model_parallel_size}"
+        )
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     ps.initialize_model_parallel(
         tensor_model_parallel_size=tensor_model_parallel_size,
         pipeline_model_parallel_size=pipeline_model_parallel_size,
         context_parallel_size=context_parallel_size,
+        expert_model_parallel_size=expert_model_parallel_size,
+        expert_tensor_parallel_size=etp,
     )
     platform.manual_seed(seed)
 

@@ -32,6 +32,19 @@ need it:
    sequence parallel is therefore validated as GPU-only in the config.
 7. ``dist_checkpointing``'s async writer starts a helper process that re-imports
    ``__main__``: every entry point of this package has a ``__main__`` guard.
+8. Mixture of experts (:func:`apply_moe_cpu_patches`, called where a MoE model is built on
+   the CPU): ``transformer/moe/moe_utils.py`` imports ``te_general_gemm`` only when
+   transformer_engine imports, yet the router's gating (``RouterGatingLinearFunction``, forward
+   and backward) tests ``te_general_gemm is not None`` unconditionally (a NameError without
+   TE): the name is defined as None, so the router runs its torch matmul. The all-to-all
+   dispatcher moves its split sizes to the host with ``maybe_move_tensor_to_cpu(...,
+   as_numpy=True)``, which converts only CUDA tensors, so on the CPU the splits stay tensors
+   and ``all_to_all_single`` refuses them (it takes a sequence of ints): the dispatcher's
+   reference is replaced by one that returns what the GPU path returns, a host tensor or its
+   numpy array. The token dispatchers' CUDA streams and events (``token_dispatcher.py``: ``torch.cuda.Stream()``,
+   ``torch.cuda.current_stream()``) are patch 2's dummies; ``Router.gating`` moving its
+   weight ``.to(torch.cuda.current_device())`` and the dispatchers' ``device="cuda"``
+   tensors are patch 1.
 
 Strict collectives (a test mode, ``MEGATRON_DAPO_STRICT_COLLECTIVES=1``): on CPU every group
 is gloo and every tensor is on the host, so a host tensor handed to what is an NCCL group in
@@ -362,6 +375,30 @@ def apply_cpu_patches() -> bool:
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     _APPLIED = True
     return True
+
+
+def apply_moe_cpu_patches() -> bool:
+    """Patch 8 (megatron-core's MoE layer on the CPU); no-op when CUDA is available or when
+    transformer_engine provides the name. Returns True when the patch is active."""
+    if cuda_available():
+        return False
+    apply_cpu_patches()
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+    token_dispatcher.maybe_move_tensor_to_cpu = _host_tensor
+    return moe_utils.te_general_gemm is None
+
+
+def _host_tensor(tensor, as_numpy: bool = False, record_stream: bool = False):
+    """megatron's ``moe_utils.maybe_move_tensor_to_cpu`` as its GPU path behaves: a copy on the
+    host, a numpy array when ``as_numpy`` (patch 8)."""
+    if torch.is_tensor(tensor):
+        tensor = tensor.detach().to("cpu", copy=True)
+        if as_numpy:
+            tensor = tensor.numpy()
+    return tensor
 
 
 # Collectives the strict mode checks (torch.distributed's names; calls from inside torch, e.g.

@@ -127,7 +127,8 @@ def hf_config_for(meta: dict, hf_config_dir=None) -> dict:
 
 
 def _config_from_arch(arch: ModelArch) -> dict:
-    cls = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}[arch.model_type]
+    cls = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+           "llama": "LlamaForCausalLM"}[arch.model_type]
     cfg = dict(
         model_type=arch.model_type,
         architectures=[cls],
@@ -146,8 +147,14 @@ def _config_from_arch(arch: ModelArch) -> dict:
         bos_token_id=arch.bos_token_id,
         eos_token_id=arch.eos_token_id,
     )
+    if arch.model_type in ("llama", "qwen3", "qwen3_moe"):
+        cfg.update(attention_bias=False)
     if arch.model_type == "llama":
-        cfg.update(attention_bias=False, mlp_bias=False)
+        cfg.update(mlp_bias=False)
+    if arch.is_moe:
+        cfg.update(num_experts=arch.num_experts, moe_intermediate_size=arch.moe_ffn_hidden_size,
+                   num_experts_per_tok=arch.moe_router_topk, norm_topk_prob=arch.moe_norm_topk_prob,
+                   router_aux_loss_coef=arch.router_aux_loss_coef, decoder_sparse_step=1, mlp_only_layers=[])
     return cfg
 
 

@@ -3,11 +3,28 @@
 Used by the converters (``tools/convert_*``), by checkpoint loading, and by the hybrid
 engine's weight sync into rollout engines. Three layers of names:
 
-* **HF names**: ``model.layers.3.self_attn.q_proj.weight`` ... (Qwen2/Qwen2.5 and Llama).
+* **HF names**: ``model.layers.3.self_attn.q_proj.weight`` ... (Qwen2/Qwen2.5, Qwen3,
+  Qwen3-MoE and Llama), as stored in HF checkpoints and loaded by SGLang: one tensor per
+  expert, ``model.layers.3.mlp.experts.5.gate_proj.weight``.
 * **megatron full names**: the names of megatron-core's ``GPTModel`` with *global* layer
   indices and *TP-gathered* tensors, e.g. ``decoder.layers.3.self_attention.linear_qkv.weight``.
 * **megatron local names**: what a rank's module holds: local layer indices (PP offset
-  removed) and the rank's TP shard.
+  removed), local expert indices (EP offset removed) and the rank's TP (experts: ETP) shard.
+
+Experts (docs/moe.md). A megatron full name holds the GLOBAL expert index in megatron-core's
+``SequentialMLP`` naming, ``decoder.layers.3.mlp.experts.local_experts.5.linear_fc1.weight``
+(``[gate; up]`` of expert 5, like a dense ``linear_fc1``); under the TE spec the grouped GEMM
+(``TEGroupedMLP``) names it ``decoder.layers.3.mlp.experts.linear_fc1.weight5``
+(:func:`spec_name`). EP rank ``r`` holds experts ``r * E/EP .. (r + 1) * E/EP - 1`` as its local
+experts ``0 .. E/EP - 1``; an expert's tensors are split over the expert-tensor-parallel
+(ETP) ranks as a dense MLP's are over TP. The router ``mlp.router.weight`` is HF's
+``mlp.gate.weight``, replicated.
+
+Engine naming (:data:`NAMINGS`): ``checkpoint`` is the HF checkpoint's (and SGLang's) names;
+``transformers`` is the names of the transformers model in memory (the CPU engine), which
+stacks a layer's experts into ``mlp.experts.gate_up_proj`` ``[E, 2 I, H]`` (expert ``e``:
+``[gate_e; up_e]``, megatron's ``linear_fc1`` of ``e``) and ``mlp.experts.down_proj``
+``[E, H, I]``. Dense models have the same names in both.
 
 Layouts handled here:
 
@@ -49,7 +66,19 @@ _LAYER_MAP = {
     "pre_mlp_layernorm.weight": (("post_attention_layernorm.weight",), "copy"),
     "mlp.linear_fc1.weight": (("mlp.gate_proj.weight", "mlp.up_proj.weight"), "cat"),
     "mlp.linear_fc2.weight": (("mlp.down_proj.weight",), "copy"),
+    "self_attention.q_layernorm.weight": (("self_attn.q_norm.weight",), "copy"),
+    "self_attention.k_layernorm.weight": (("self_attn.k_norm.weight",), "copy"),
+    "mlp.router.weight": (("mlp.gate.weight",), "copy"),
 }
+# experts: megatron per-expert suffix -> (HF per-expert suffixes, kind)
+_EXPERT_MAP = {
+    "linear_fc1.weight": (("gate_proj.weight", "up_proj.weight"), "cat"),
+    "linear_fc2.weight": (("down_proj.weight",), "copy"),
+}
+_EXPERT_RE = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(linear_fc[12]\.weight)$")
+_TE_EXPERT_RE = re.compile(r"^mlp\.experts\.(linear_fc[12])\.weight(\d+)$")
+#: engine weight naming: the HF checkpoint's (SGLang) or transformers' modules' (HFEngine)
+NAMINGS = ("checkpoint", "transformers")
 # TE spec: norms fused into the following linear layer
 _TE_ALIASES = {
     "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
@@ -69,6 +98,9 @@ _TP_DIM = {
     "self_attention.linear_proj.weight": 1,
     "mlp.linear_fc1.weight": 0,
     "mlp.linear_fc2.weight": 1,
+    "self_attention.q_layernorm.weight": None,
+    "self_attention.k_layernorm.weight": None,
+    "mlp.router.weight": None,
 }
 
 
@@ -84,26 +116,49 @@ def canonical_name(name: str) -> str:
     m = _LAYER_RE.match(name)
     if m and m.group(2) in _TE_ALIASES:
         return f"decoder.layers.{m.group(1)}.{_TE_ALIASES[m.group(2)]}"
+    if m:
+        e = _TE_EXPERT_RE.match(m.group(2))
+        if e:
+            return f"decoder.layers.{m.group(1)}.mlp.experts.local_experts.{e.group(2)}.{e.group(1)}.weight"
     return name
 
 
-def spec_name(name: str, te_spec: bool) -> str:
-    """Map a canonical (local-spec) megatron name to the name under the chosen spec."""
+def spec_name(name: str, te_spec: bool, grouped_gemm: Optional[bool] = None) -> str:
+    """Map a canonical (local-spec) megatron name to the name under the chosen spec
+    (``grouped_gemm``: experts as TE's grouped GEMM; default: with the TE spec)."""
+    m = _LAYER_RE.match(name)
+    if m and (te_spec if grouped_gemm is None else grouped_gemm):
+        e = _EXPERT_RE.match(m.group(2))
+        if e:
+            return f"decoder.layers.{m.group(1)}.mlp.experts.{e.group(2)[:-len('.weight')]}.weight{e.group(1)}"
     if not te_spec:
         return name
-    m = _LAYER_RE.match(name)
     if m and m.group(2) in _TE_ALIASES_INV:
         return f"decoder.layers.{m.group(1)}.{_TE_ALIASES_INV[m.group(2)]}"
     return name
+
+
+def _layer_suffixes(arch: ModelArch) -> list[str]:
+    """The per-layer megatron suffixes of ``arch`` (canonical), experts with global indices."""
+    out = []
+    for suffix in _LAYER_MAP:
+        if suffix.endswith("linear_qkv.bias") and not arch.qkv_bias:
+            continue
+        if "_layernorm." in suffix and suffix.startswith("self_attention.") and not arch.qk_layernorm:
+            continue
+        if suffix.startswith("mlp.") and (suffix == "mlp.router.weight") != arch.is_moe:
+            continue
+        out.append(suffix)
+        if suffix == "mlp.router.weight":
+            out += [f"mlp.experts.local_experts.{e}.{w}" for e in range(arch.num_experts) for w in _EXPERT_MAP]
+    return out
 
 
 def megatron_names(arch: ModelArch, te_spec: bool = False) -> list[str]:
     """All megatron full parameter names of ``arch`` (global layer indices), in model order."""
     names = ["embedding.word_embeddings.weight"]
     for layer in range(arch.num_layers):
-        for suffix in _LAYER_MAP:
-            if suffix.endswith("linear_qkv.bias") and not arch.qkv_bias:
-                continue
+        for suffix in _layer_suffixes(arch):
             names.append(spec_name(f"decoder.layers.{layer}.{suffix}", te_spec))
     names.append("decoder.final_layernorm.weight")
     if not arch.tie_word_embeddings:
@@ -128,25 +183,142 @@ def hf_names_for(arch: ModelArch, megatron_name: str) -> list[str]:
     if name == "decoder.final_layernorm.weight":
         return ["model.norm.weight"]
     m = _LAYER_RE.match(name)
+    e = _EXPERT_RE.match(m.group(2)) if m else None
+    if e:
+        hf_suffixes, _ = _EXPERT_MAP[e.group(2)]
+        return [f"model.layers.{m.group(1)}.mlp.experts.{e.group(1)}.{s}" for s in hf_suffixes]
     if not m or m.group(2) not in _LAYER_MAP:
         raise MappingError(f"no HF counterpart for megatron parameter {megatron_name!r}")
     hf_suffixes, _ = _LAYER_MAP[m.group(2)]
     return [f"model.layers.{m.group(1)}.{s}" for s in hf_suffixes]
 
 
+def _kind(canon: str) -> str:
+    m = _LAYER_RE.match(canon)
+    e = _EXPERT_RE.match(m.group(2))
+    return _EXPERT_MAP[e.group(2)][1] if e else _LAYER_MAP[m.group(2)][1]
+
+
 def tp_partition_dim(megatron_name: str) -> Optional[int]:
-    """The dimension along which megatron splits this tensor over TP ranks (None: replicated)."""
+    """The dimension along which megatron splits this tensor over TP ranks (None: replicated);
+    an expert's tensors are split the same way over the ETP ranks."""
     name = canonical_name(megatron_name)
     if name in _TP_DIM:
         return _TP_DIM[name]
     m = _LAYER_RE.match(name)
     if m and m.group(2) in _TP_DIM:
         return _TP_DIM[m.group(2)]
+    e = _EXPERT_RE.match(m.group(2)) if m else None
+    if e:
+        return _TP_DIM[f"mlp.{e.group(2)}"]
     raise MappingError(f"unknown megatron parameter {megatron_name!r}")
 
 
 def is_gated_fc1(megatron_name: str) -> bool:
-    return canonical_name(megatron_name).endswith("mlp.linear_fc1.weight")
+    """A SwiGLU ``linear_fc1`` (``[gate; up]``): a dense MLP's or an expert's."""
+    name = canonical_name(megatron_name)
+    if name.endswith("mlp.linear_fc1.weight"):
+        return True
+    m = _LAYER_RE.match(name)
+    e = _EXPERT_RE.match(m.group(2)) if m else None
+    return bool(e) and e.group(2) == "linear_fc1.weight"
+
+
+# ---------------------------------------------------------------- experts
+
+def expert_index(megatron_name: str) -> Optional[int]:
+    """The expert index in an expert tensor's name (local or global, as the name holds it);
+    None for every other tensor."""
+    m = _LAYER_RE.match(canonical_name(megatron_name))
+    e = _EXPERT_RE.match(m.group(2)) if m else None
+    return int(e.group(1)) if e else None
+
+
+def is_expert(megatron_name: str) -> bool:
+    return expert_index(megatron_name) is not None
+
+
+def with_expert_index(megatron_name: str, index: int) -> str:
+    """The name of the same tensor of expert ``index`` (canonical naming)."""
+    m = _LAYER_RE.match(canonical_name(megatron_name))
+    e = _EXPERT_RE.match(m.group(2)) if m else None
+    if not e:
+        raise MappingError(f"{megatron_name!r} is not an expert tensor")
+    return f"decoder.layers.{m.group(1)}.mlp.experts.local_experts.{int(index)}.{e.group(2)}"
+
+
+def local_to_global_expert(name: str, ep_rank: int, num_local_experts: int) -> str:
+    """A local expert name (index within this EP rank) -> the global expert's (canonical);
+    other names unchanged."""
+    i = expert_index(name)
+    return name if i is None else with_expert_index(name, ep_rank * num_local_experts + i)
+
+
+def global_to_local_expert(name: str, ep_rank: int, num_local_experts: int) -> Optional[str]:
+    """A global expert name -> this EP rank's local name; None when another EP rank holds it."""
+    i = expert_index(name)
+    if i is None:
+        return name
+    j = i - ep_rank * num_local_experts
+    return with_expert_index(name, j) if 0 <= j < num_local_experts else None
+
+
+def expert_stack_name(layer: int, which: str) -> str:
+    """The name of one layer's ``linear_fc1`` or ``linear_fc2`` of ALL experts stacked along a
+    new first dim (``[E, ...]``, expert order): the unit the weight sync gathers over EP."""
+    if which not in ("linear_fc1", "linear_fc2"):
+        raise ValueError(f"expert_stack_name: which={which!r}")
+    return f"decoder.layers.{int(layer)}.mlp.experts.{which}.stacked"
+
+
+_STACK_RE = re.compile(r"^decoder\.layers\.(\d+)\.mlp\.experts\.(linear_fc[12])\.stacked$")
+
+
+def stack_of(megatron_name: str) -> Optional[str]:
+    """The :func:`expert_stack_name` an expert tensor belongs to (None for others)."""
+    m = _LAYER_RE.match(canonical_name(megatron_name))
+    e = _EXPERT_RE.match(m.group(2)) if m else None
+    return expert_stack_name(int(m.group(1)), e.group(2)[: -len(".weight")]) if e else None
+
+
+def expert_stack_to_hf(arch: ModelArch, stack_name: str, stacked: torch.Tensor,
+                       naming: str = "checkpoint") -> list[tuple[str, torch.Tensor]]:
+    """A layer's stacked experts (``[E, *full expert tensor]``) -> engine tensors, all VIEWS
+    of ``stacked`` (no copy): per expert (``checkpoint``: gate/up halves of fc1, down = fc2)
+    or the layer's fused tensors (``transformers``: ``gate_up_proj`` = fc1 stack,
+    ``down_proj`` = fc2 stack)."""
+    m = _STACK_RE.match(stack_name)
+    if not m:
+        raise MappingError(f"not an expert stack name: {stack_name!r}")
+    if naming not in NAMINGS:
+        raise ValueError(f"naming must be one of {NAMINGS}, got {naming!r}")
+    layer, which = m.group(1), m.group(2)
+    if stacked.shape[0] != arch.num_experts:
+        raise ValueError(f"{stack_name}: {stacked.shape[0]} experts, the config has {arch.num_experts}")
+    if naming == "transformers":
+        return [(f"model.layers.{layer}.mlp.experts.{'gate_up_proj' if which == 'linear_fc1' else 'down_proj'}",
+                 stacked)]
+    out = []
+    for e in range(arch.num_experts):
+        out.extend(megatron_to_hf(arch, f"decoder.layers.{layer}.mlp.experts.local_experts.{e}.{which}.weight",
+                                  stacked[e]))
+    return out
+
+
+def engine_names(arch: ModelArch, naming: str = "checkpoint") -> list[str]:
+    """Every tensor name an engine with ``naming`` receives in a full sync (model order)."""
+    if naming not in NAMINGS:
+        raise ValueError(f"naming must be one of {NAMINGS}, got {naming!r}")
+    out = []
+    for name in megatron_names(arch):
+        stack = stack_of(name)
+        if stack is not None and naming == "transformers":
+            if expert_index(name) == 0:
+                out.append(expert_stack_to_hf(arch, stack, torch.empty((arch.num_experts, 1), device="meta"),
+                                              naming)[0][0])
+            continue
+        out.extend(hf_names_for(arch, name))
+    return out
 
 
 # ---------------------------------------------------------------- layouts: QKV
@@ -190,7 +362,7 @@ def megatron_to_hf(arch: ModelArch, megatron_name: str, tensor: torch.Tensor) ->
         return [(hf[0], tensor[: arch.vocab_size])]
     if name == "decoder.final_layernorm.weight":
         return [(hf[0], tensor)]
-    kind = _LAYER_MAP[_LAYER_RE.match(name).group(2)][1]
+    kind = _kind(name)
     if kind == "copy":
         return [(hf[0], tensor)]
     if kind == "qkv":
@@ -225,7 +397,7 @@ def hf_to_megatron(
         if canon == "decoder.final_layernorm.weight":
             yield name, get_hf(hf[0])
             continue
-        kind = _LAYER_MAP[_LAYER_RE.match(canon).group(2)][1]
+        kind = _kind(canon)
         if kind == "copy":
             yield name, get_hf(hf[0])
         elif kind == "qkv":

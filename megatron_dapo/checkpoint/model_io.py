@@ -29,11 +29,29 @@ def unwrap(model):
     return model
 
 
+def expert_layout(arch: ModelArch) -> tuple[int, int, int, int, int]:
+    """``(ep_rank, ep_size, etp_rank, etp_size, local experts)`` of this rank (EP/ETP from
+    megatron's parallel state; all 1 / 0 for a dense model)."""
+    from megatron.core import parallel_state as ps
+
+    if not arch.is_moe:
+        return 0, 1, 0, 1, 0
+    ep, ep_size = ps.get_expert_model_parallel_rank(), ps.get_expert_model_parallel_world_size()
+    etp, etp_size = ps.get_expert_tensor_parallel_rank(), ps.get_expert_tensor_parallel_world_size()
+    if arch.num_experts % ep_size:
+        raise ValueError(f"{arch.num_experts} experts not divisible by --expert-model-parallel-size {ep_size}")
+    return ep, ep_size, etp, etp_size, arch.num_experts // ep_size
+
+
 def global_param_name(model, local_name: str, arch: ModelArch) -> str:
-    """The megatron full name of a local parameter (a tied output layer maps to the embedding)."""
+    """The megatron full name of a local parameter (a tied output layer maps to the embedding;
+    an expert's name gets its global expert index, in the canonical naming)."""
     name = mapping.local_to_global(local_name, layer_offset(model))
     if name == "output_layer.weight" and arch.tie_word_embeddings:
         return "embedding.word_embeddings.weight"
+    if arch.is_moe and mapping.is_expert(name):
+        ep, _, _, _, n_local = expert_layout(arch)
+        return mapping.local_to_global_expert(name, ep, n_local)
     return name
 
 
@@ -97,11 +115,15 @@ def load_full_weights(model, arch: ModelArch, get_full: Callable[[str], torch.Te
 
     tp_rank = ps.get_tensor_model_parallel_rank()
     tp_size = ps.get_tensor_model_parallel_world_size()
+    _, _, etp_rank, etp_size, _ = expert_layout(arch)
     inner = unwrap(model)
     for local, p in inner.named_parameters():
         gname = global_param_name(inner, local, arch)
         full = get_full(gname)
-        shard = mapping.shard_tp(gname, full, tp_rank, tp_size)
+        if mapping.is_expert(gname):  # an expert's tensors are split over the ETP ranks
+            shard = mapping.shard_tp(gname, full, etp_rank, etp_size)
+        else:
+            shard = mapping.shard_tp(gname, full, tp_rank, tp_size)
         if tuple(shard.shape) != tuple(p.shape):
             raise ValueError(f"{local}: shard shape {tuple(shard.shape)} != parameter shape {tuple(p.shape)}")
         p.copy_(shard.to(p.dtype))
@@ -129,19 +151,39 @@ def load_hf_weights(model, arch: ModelArch, hf_dir_or_getter, padded_vocab: int)
 def gather_full_weights(model, arch: ModelArch, tp_group=None) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (global megatron name, FULL tensor) for this PP stage, TP shards all-gathered.
 
-    Collective over the TP group: every TP rank must iterate in the same order.
+    Experts (canonical names, global expert indices): each local expert's ETP shards are
+    all-gathered, then the EP ranks' experts of the same local index, so every rank of the
+    expert-parallel group yields every expert of the stage, one at a time.
+
+    Collective over the TP group (and the ETP and EP groups of a MoE model): every rank must
+    iterate in the same order.
     """
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
     tp_group = tp_group or ps.get_tensor_model_parallel_group()
     tp_size = dist.get_world_size(tp_group)
+    ep, ep_size, _, etp_size, n_local = expert_layout(arch)
     inner = unwrap(model)
     for local, p in inner.named_parameters():
         gname = mapping.local_to_global(local, layer_offset(inner))
         if gname == "output_layer.weight" and arch.tie_word_embeddings:
             continue  # the tied copy on the last stage
         t = p.detach()
+        if arch.is_moe and mapping.is_expert(gname):
+            if etp_size > 1:
+                shards = [torch.empty_like(t) for _ in range(etp_size)]
+                dist.all_gather(shards, t.contiguous(), group=ps.get_expert_tensor_parallel_group())
+                t = mapping.unshard_tp(gname, shards)
+            j = mapping.expert_index(gname)
+            if ep_size == 1:
+                yield mapping.with_expert_index(gname, j), t
+                continue
+            parts = [torch.empty_like(t) for _ in range(ep_size)]
+            dist.all_gather(parts, t.contiguous(), group=ps.get_expert_model_parallel_group())
+            for r, x in enumerate(parts):
+                yield mapping.with_expert_index(gname, r * n_local + j), x
+            continue
         if tp_size > 1 and mapping.tp_partition_dim(gname) is not None:
             shards = [torch.empty_like(t) for _ in range(tp_size)]
             dist.all_gather(shards, t.contiguous(), group=tp_group)

@@ -1,6 +1,7 @@
 """Read a Hugging Face ``config.json`` into a validated, framework-neutral model description.
 
-Only the fields that change the math of a Qwen2/Qwen2.5 or Llama decoder are read. Any field
+Only the fields that change the math of a Qwen2/Qwen2.5, Qwen3, Qwen3-MoE or Llama decoder
+are read. Any field
 this package cannot honour (rope scaling, sliding window, biases where megatron's layout has
 none, another activation) is an error naming that field: a silent mismatch would train a
 different model than the checkpoint's.
@@ -14,7 +15,9 @@ import json
 import os
 from typing import Any, Optional
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "qwen3_moe", "llama")
+#: model types with a mixture-of-experts MLP in every layer
+MOE_MODEL_TYPES = ("qwen3_moe",)
 
 
 class ModelConfigError(ValueError):
@@ -40,9 +43,28 @@ class ModelArch:
     tie_word_embeddings: bool
     bos_token_id: Optional[int] = None
     eos_token_id: Any = None
+    # Qwen3: RMSNorm of every query and key head (HF q_norm / k_norm) before RoPE.
+    qk_layernorm: bool = False
+    # Mixture of experts (Qwen3-MoE; 0 experts: a dense MLP). Every layer's MLP is a router
+    # (softmax over ``num_experts`` logits, top ``moe_router_topk``, renormalised when
+    # ``moe_norm_topk_prob``) and ``num_experts`` SwiGLU experts of width ``moe_ffn_hidden_size``.
+    num_experts: int = 0
+    moe_ffn_hidden_size: int = 0
+    moe_router_topk: int = 0
+    moe_norm_topk_prob: bool = False
+    router_aux_loss_coef: float = 0.0  # HF router_aux_loss_coef: the default of --moe-aux-loss-coeff
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def expert_parameters_per_layer(self) -> int:
+        """Parameters of one layer's experts (all of them; the router not counted)."""
+        return self.num_experts * 3 * self.hidden_size * self.moe_ffn_hidden_size
 
     @property
     def num_parameters(self) -> int:
@@ -51,7 +73,11 @@ class ModelArch:
         q = self.num_attention_heads * self.head_dim
         kv = self.num_query_groups * self.head_dim
         attn = h * q + 2 * h * kv + q * h + (q + 2 * kv if self.qkv_bias else 0)
-        mlp = 3 * h * f
+        attn += 2 * self.head_dim if self.qk_layernorm else 0
+        if self.is_moe:
+            mlp = self.num_experts * h + self.expert_parameters_per_layer  # router + experts
+        else:
+            mlp = 3 * h * f
         per_layer = attn + mlp + 2 * h
         emb = v * h * (1 if self.tie_word_embeddings else 2)
         return L * per_layer + emb + h
@@ -115,17 +141,24 @@ def parse_hf_config(path_or_dict) -> ModelArch:
         raise ModelConfigError(f"unsupported HF config field hidden_act={act!r} (SwiGLU with silu only)")
     if cfg.get("mlp_bias"):
         raise ModelConfigError("unsupported HF config field mlp_bias=true")
-    if mtype == "llama" and cfg.get("attention_bias"):
-        # Llama's attention_bias also biases o_proj, which megatron's layout cannot express
-        # without biasing every linear layer.
-        raise ModelConfigError("unsupported HF config field attention_bias=true for llama")
+    if mtype in ("llama", "qwen3", "qwen3_moe") and cfg.get("attention_bias"):
+        # Llama's and Qwen3's attention_bias also biases o_proj, which megatron's layout cannot
+        # express without biasing every linear layer.
+        raise ModelConfigError(f"unsupported HF config field attention_bias=true for {mtype}")
+    layer_types = cfg.get("layer_types") or []
+    if any(t != "full_attention" for t in layer_types):
+        raise ModelConfigError(f"unsupported HF config field layer_types={sorted(set(layer_types))!r} (full attention "
+                               "in every layer only)")
+    moe = _moe_fields(cfg) if mtype in MOE_MODEL_TYPES else {}
     if cfg.get("pretraining_tp", 1) not in (1, None):
         raise ModelConfigError(f"unsupported HF config field pretraining_tp={cfg['pretraining_tp']!r}")
 
     hidden = int(_require(cfg, "hidden_size"))
     heads = int(_require(cfg, "num_attention_heads"))
     kv = int(cfg.get("num_key_value_heads") or heads)
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    # Qwen3's config class defaults head_dim to 128 (its checkpoints all state it); the others
+    # derive it from the hidden size, as their HF attention does.
+    head_dim = int(cfg.get("head_dim") or (128 if mtype == "qwen3" else hidden // heads))
     if head_dim * heads != hidden and mtype == "qwen2":
         raise ModelConfigError(f"HF config head_dim={head_dim} x num_attention_heads={heads} != hidden_size={hidden}")
     if heads % kv:
@@ -146,6 +179,33 @@ def parse_hf_config(path_or_dict) -> ModelArch:
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", mtype == "llama" and False)),
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_id=cfg.get("eos_token_id"),
+        qk_layernorm=mtype in ("qwen3", "qwen3_moe"),
+        **moe,
+    )
+
+
+def _moe_fields(cfg: dict) -> dict:
+    """The mixture-of-experts fields of a Qwen3-MoE config (every layer sparse, no shared expert)."""
+    experts = int(_require(cfg, "num_experts"))
+    topk = int(_require(cfg, "num_experts_per_tok"))
+    if experts < 1 or not 1 <= topk <= experts:
+        raise ModelConfigError(f"HF config num_experts={experts} / num_experts_per_tok={topk}: need 1 <= "
+                               "num_experts_per_tok <= num_experts")
+    if cfg.get("mlp_only_layers"):
+        raise ModelConfigError(f"unsupported HF config field mlp_only_layers={cfg['mlp_only_layers']!r} (every layer "
+                               "must be a mixture-of-experts layer)")
+    if int(cfg.get("decoder_sparse_step", 1)) != 1:
+        raise ModelConfigError(f"unsupported HF config field decoder_sparse_step={cfg['decoder_sparse_step']!r} "
+                               "(only 1: every layer a mixture-of-experts layer)")
+    for key in ("shared_expert_intermediate_size", "n_shared_experts"):
+        if cfg.get(key):
+            raise ModelConfigError(f"unsupported HF config field {key}={cfg[key]!r} (no shared experts)")
+    return dict(
+        num_experts=experts,
+        moe_ffn_hidden_size=int(_require(cfg, "moe_intermediate_size")),
+        moe_router_topk=topk,
+        moe_norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+        router_aux_loss_coef=float(cfg.get("router_aux_loss_coef", 0.001)),
     )
 
 

@@ -1,4 +1,5 @@
-"""Build a megatron-core ``GPTModel`` + ``TransformerConfig`` from an HF config.
+"""Build a megatron-core ``GPTModel`` + ``TransformerConfig`` from an HF config
+(Qwen2/Qwen2.5, Qwen3 with its q/k norms, Qwen3-MoE on megatron-core's MoE layer, Llama).
 
 Parallelism is applied from outside: the caller initialises megatron's ``parallel_state``
 (``megatron_dapo.distributed.init_parallel``) and this module builds the local stage/shard of
@@ -34,6 +35,64 @@ class ModelBuildOptions:
     # False: parameters are left uninitialised (torch.empty), for callers that load every
     # weight right after building (checkpoint conversion: no init time, pages untouched).
     perform_initialization: bool = True
+    # Mixture of experts (ignored for dense models); docs/moe.md. The expert-parallel sizes
+    # come from the parallel state (``distributed.init_parallel``).
+    moe: "MoEOptions" = dataclasses.field(default_factory=lambda: MoEOptions())
+
+
+@dataclasses.dataclass
+class MoEOptions:
+    """How a mixture-of-experts model is trained (the flags of ``config.schema.MoEConfig``)."""
+
+    #: load-balancing loss: "aux_loss" (Switch Transformer, per micro-batch), "seq_aux_loss"
+    #: (per sequence), "global_aux_loss" (over the DP group), "none"
+    load_balancing_type: str = "aux_loss"
+    #: its coefficient; None: the HF config's ``router_aux_loss_coef`` (Qwen3-MoE: 0.001)
+    aux_loss_coeff: Optional[float] = None
+    #: DeepSeek-V3's aux-loss-free balancing bias (megatron-core: sigmoid scores only)
+    enable_expert_bias: bool = False
+    bias_update_rate: float = 1e-3
+    #: "alltoall" or "allgather"
+    token_dispatcher_type: str = "alltoall"
+    #: grouped GEMM experts (TEGroupedMLP); None: with the TE spec, not with the local one
+    grouped_gemm: Optional[bool] = None
+
+    def aux_loss_coeff_for(self, arch: ModelArch) -> float:
+        if self.load_balancing_type == "none":
+            return 0.0
+        return float(arch.router_aux_loss_coef if self.aux_loss_coeff is None else self.aux_loss_coeff)
+
+
+def _moe_config(arch: ModelArch, opts: ModelBuildOptions) -> dict:
+    """TransformerConfig fields of the mixture of experts (empty for a dense model).
+
+    Routing as the HF model: softmax over the expert logits, top-k, and the top-k
+    probabilities renormalised when ``norm_topk_prob`` (megatron: top-k of the logits, then a
+    softmax over them: the same probabilities); without it, the softmax over all experts
+    first (``moe_router_pre_softmax``)."""
+    if not arch.is_moe:
+        return {}
+    from megatron.core import parallel_state as ps
+
+    m = opts.moe
+    if arch.moe_router_topk == 1 and arch.moe_norm_topk_prob:
+        raise ValueError("num_experts_per_tok=1 with norm_topk_prob=true (every weight 1.0) is not supported")
+    grouped = resolve_use_te(opts.use_te) if m.grouped_gemm is None else bool(m.grouped_gemm)
+    return dict(
+        num_moe_experts=arch.num_experts,
+        moe_ffn_hidden_size=arch.moe_ffn_hidden_size,
+        moe_router_topk=arch.moe_router_topk,
+        moe_router_score_function="softmax",
+        moe_router_pre_softmax=not arch.moe_norm_topk_prob,
+        moe_router_load_balancing_type=m.load_balancing_type,
+        moe_aux_loss_coeff=m.aux_loss_coeff_for(arch),
+        moe_router_enable_expert_bias=m.enable_expert_bias,
+        moe_router_bias_update_rate=m.bias_update_rate,
+        moe_token_dispatcher_type=m.token_dispatcher_type,
+        moe_grouped_gemm=grouped,
+        expert_model_parallel_size=ps.get_expert_model_parallel_world_size(),
+        expert_tensor_parallel_size=ps.get_expert_tensor_parallel_world_size(),
+    )
 
 
 def transformer_config_from_arch(arch: ModelArch, opts: ModelBuildOptions):
@@ -44,6 +103,9 @@ def transformer_config_from_arch(arch: ModelArch, opts: ModelBuildOptions):
     tp = ps.get_tensor_model_parallel_world_size()
     pp = ps.get_pipeline_model_parallel_world_size()
     on_gpu = torch.cuda.is_available()
+    moe = _moe_config(arch, opts)
+    if not moe:
+        moe = dict(moe_token_dispatcher_type="alltoall")
     return TransformerConfig(
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
@@ -57,6 +119,7 @@ def transformer_config_from_arch(arch: ModelArch, opts: ModelBuildOptions):
         activation_func=torch.nn.functional.silu,
         add_bias_linear=False,
         add_qkv_bias=arch.qkv_bias,
+        qk_layernorm=arch.qk_layernorm,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         bias_dropout_fusion=False,
@@ -80,7 +143,7 @@ def transformer_config_from_arch(arch: ModelArch, opts: ModelBuildOptions):
         batch_p2p_comm=False if not on_gpu else True,
         batch_p2p_sync=on_gpu,
         variable_seq_lengths=True,
-        moe_token_dispatcher_type="alltoall",
+        **moe,
     )
 
 
@@ -119,21 +182,34 @@ def resolve_use_te(use_te: Optional[bool] = None) -> bool:
     return True
 
 
-def layer_spec(use_te: Optional[bool] = None):
+def layer_spec(use_te: Optional[bool] = None, arch: Optional[ModelArch] = None, config=None):
     """The TE spec or megatron-core's local spec, as :func:`resolve_use_te` decides.
 
     TE's attention handles packed (THD) micro-batches and context parallelism itself. The
     local spec's core attention is replaced by :class:`~.attention.PackedDotProductAttention`,
     megatron's ``DotProductAttention`` plus THD segments and CP (K/V all-gather with the
     zigzag causal mask), so the CPU runs the same packed and CP paths.
+
+    ``arch``: Qwen3's q/k norms and the mixture of experts (router, token dispatcher and the
+    experts: grouped GEMM (``TEGroupedMLP``) under TE, megatron's ``SequentialMLP`` of local
+    linear layers otherwise; ``config.moe_grouped_gemm`` decides).
     """
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
+    qk = bool(arch is not None and arch.qk_layernorm)
+    experts = arch.num_experts if arch is not None and arch.is_moe else None
+    grouped = bool(config is not None and getattr(config, "moe_grouped_gemm", False))
     if resolve_use_te(use_te):
-        return specs.get_gpt_layer_with_transformer_engine_spec()
+        return specs.get_gpt_layer_with_transformer_engine_spec(
+            num_experts=experts, moe_grouped_gemm=grouped, qk_layernorm=qk)
     from .attention import PackedDotProductAttention
 
-    spec = specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+    if experts:
+        from .. import platform
+
+        platform.apply_moe_cpu_patches()
+    spec = specs.get_gpt_layer_local_spec(num_experts=experts, moe_grouped_gemm=grouped, qk_layernorm=qk,
+                                          normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = PackedDotProductAttention
     return spec
 
@@ -157,7 +233,7 @@ def build_gpt_model(hf_config, opts: Optional[ModelBuildOptions] = None, *, pre_
     vocab = padded_vocab_size(arch.vocab_size, opts.make_vocab_size_divisible_by, cfg.tensor_model_parallel_size)
     model = GPTModel(
         config=cfg,
-        transformer_layer_spec=layer_spec(opts.use_te),
+        transformer_layer_spec=layer_spec(opts.use_te, arch, cfg),
         vocab_size=vocab,
         max_sequence_length=arch.max_position_embeddings,
         pre_process=pre_process,
