@@ -186,7 +186,11 @@ def parse_hf_config(path_or_dict) -> ModelArch:
 
 def _moe_fields(cfg: dict) -> dict:
     """The mixture-of-experts fields of a Qwen3-MoE config (every layer sparse, no shared expert)."""
-    experts = int(_require(cfg, "num_experts"))
+    # Qwen's released configs say num_experts; transformers >= 5 writes num_local_experts
+    experts = cfg.get("num_experts", cfg.get("num_local_experts"))
+    if experts is None:
+        raise ModelConfigError("HF config is missing required field 'num_experts' (or 'num_local_experts')")
+    experts = int(experts)
     topk = int(_require(cfg, "num_experts_per_tok"))
     if experts < 1 or not 1 <= topk <= experts:
         raise ModelConfigError(f"HF config num_experts={experts} / num_experts_per_tok={topk}: need 1 <= "

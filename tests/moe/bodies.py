@@ -49,3 +49,22 @@ def logits(hf_cfg: dict, sd: dict, tokens_by_dp: list, tp: int, pp: int, ep: int
     if got is None or ps.get_tensor_model_parallel_rank() != 0:
         return None
     return dp, got
+
+
+def checkpoint_logits(hf_cfg: dict, ckpt_dir: str, tokens, tp: int, pp: int, ep: int = 1, etp=None):
+    """Load the torch_dist checkpoint at TP x PP x EP (x ETP) and return the logits of
+    ``tokens`` on the last stage's TP rank 0 of DP rank 0 (None elsewhere)."""
+    from megatron.core import parallel_state as ps
+
+    from megatron_dapo.checkpoint.dist_ckpt import load_checkpoint
+    from megatron_dapo.distributed import init_parallel
+    from megatron_dapo.models import ModelBuildOptions, build_gpt_model
+
+    # a seed unlike the HF model's: the weights must come from the checkpoint
+    init_parallel(tp, pp, seed=4321, expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
+    model, arch, _ = build_gpt_model(hf_cfg, ModelBuildOptions())
+    load_checkpoint(model, ckpt_dir, arch)
+    got = megatron_logits(model, arch, tokens)
+    if got is None or ps.get_tensor_model_parallel_rank() != 0 or ps.get_data_parallel_rank() != 0:
+        return None
+    return got
