@@ -274,6 +274,14 @@ def expert_stack_name(layer: int, which: str) -> str:
 _STACK_RE = re.compile(r"^decoder\.layers\.(\d+)\.mlp\.experts\.(linear_fc[12])\.stacked$")
 
 
+def stack_member(stack_name: str, expert: int) -> str:
+    """The megatron full name of expert ``expert``'s tensor in the stack ``stack_name``."""
+    m = _STACK_RE.match(stack_name)
+    if not m:
+        raise MappingError(f"not an expert stack name: {stack_name!r}")
+    return f"decoder.layers.{m.group(1)}.mlp.experts.local_experts.{int(expert)}.{m.group(2)}.weight"
+
+
 def stack_of(megatron_name: str) -> Optional[str]:
     """The :func:`expert_stack_name` an expert tensor belongs to (None for others)."""
     m = _LAYER_RE.match(canonical_name(megatron_name))
@@ -300,8 +308,7 @@ def expert_stack_to_hf(arch: ModelArch, stack_name: str, stacked: torch.Tensor,
                  stacked)]
     out = []
     for e in range(arch.num_experts):
-        out.extend(megatron_to_hf(arch, f"decoder.layers.{layer}.mlp.experts.local_experts.{e}.{which}.weight",
-                                  stacked[e]))
+        out.extend(megatron_to_hf(arch, stack_member(stack_name, e), stacked[e]))
     return out
 
 

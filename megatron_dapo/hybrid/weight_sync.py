@@ -39,6 +39,21 @@ One bucket, step by step (owner stage, per tensor of the bucket)
 4. Feeders call ``engine.update_weights(bucket)`` (list of ``(hf_name, view)``); after the
    last bucket, ``engine.finish_weight_update()``.
 
+Experts (mixture of experts, docs/moe.md)
+-----------------------------------------
+A layer's ``linear_fc1`` of all experts is ONE slot of the plan (likewise ``linear_fc2``):
+``[E, *full expert tensor]`` in global expert order (``mapping.expert_stack_name``). Each
+rank of the owner stage's expert group (megatron's expert-tensor-and-model-parallel group,
+ETP x EP ranks) stacks its local experts' shards and the group all-gathers them: with ETP 1
+straight into the slot (EP rank order is expert order), otherwise into a scratch tensor from
+which each expert's ETP shards are joined (``mapping.unshard_tp``). The engine's tensors are
+views of the slot, no conversion: per expert (``checkpoint`` naming: SGLang, the HF files) or
+the layer's fused ``gate_up_proj`` / ``down_proj`` (``transformers`` naming: HFEngine); each
+sink says which (``BucketSink.naming``; an in-process engine by the names it expects, a
+:class:`PayloadSink` by its engine kind). The EP ranks of an expert group sit in different
+data-parallel replicas, so a replica without a feeder still takes part in the expert
+all-gathers of a group that holds a rank of a participating replica (and in nothing else).
+
 Extra peak memory per rank: one bucket buffer plus one temporary of the largest tensor (the
 scratch of a row-parallel gather, or the q/k/v copies of the QKV split). The bucket buffer
 and the scratch are allocated once per sync and reused by every bucket, so a bucket's
@@ -96,6 +111,13 @@ class _Tensor:
     offset: int = 0  # byte offset of the slot in its bucket
     nbytes: int = 0  # slot bytes (full megatron tensor, aligned)
     hf: List[Tuple[str, Tuple[int, ...], int]] = dataclasses.field(default_factory=list)  # (name, shape, byte offset in slot)
+    # an expert stack (gname = mapping.expert_stack_name): the local experts' indices among the
+    # owner's local tensors, in local expert order; shard_shape is one expert's shard
+    experts: Optional[Tuple[int, ...]] = None
+
+    @property
+    def is_stack(self) -> bool:
+        return self.experts is not None
 
 
 @dataclasses.dataclass
@@ -173,6 +195,12 @@ class WeightSync:
         self.mp_ranks = mp_ranks
         # Does this rank's PP group receive buckets (it holds a feeder)?
         self.pp_feeders = [r for r in pp_ranks if r in self.feeder_ranks]
+        # Experts: the group that all-gathers a stage's experts (ETP x EP ranks of the stage)
+        self.moe = bool(getattr(arch, "is_moe", False))
+        self.expert_group = ps.get_expert_tensor_and_model_parallel_group() if self.moe else None
+        self.expert_group_size = dist.get_world_size(self.expert_group) if self.moe else 1
+        self._replicas: Optional[List[frozenset]] = None  # rank -> its model-parallel replica
+        self._expert_coords: Optional[list] = None  # expert group rank -> (ep rank, etp rank)
         self.device = next(iter(self._local_params()))[1].device if self._has_params() else torch.device("cpu")
         self._plan: Optional[List[_Bucket]] = None
         self._local: Optional[List[torch.Tensor]] = None
@@ -200,36 +228,77 @@ class WeightSync:
                     continue  # the tied copy on the last stage
                 yield gname, p
 
-    def _build_plan(self) -> List[_Bucket]:
+    def _local_entries(self) -> list:
+        """This rank's plan entries, model order: ``(gname, shard shape, dtype, local index,
+        experts)``; a layer's local experts form one entry (the expert stack, placed at its
+        first expert) whose ``experts`` are their local indices in local expert order (None
+        for other tensors)."""
         local = list(self._local_params())
         self._local = [p for _, p in local]
-        meta = [(g, tuple(p.shape), str(p.dtype)) for g, p in local]
+        out, stacks = [], {}
+        for i, (g, p) in enumerate(local):
+            stack = mapping.stack_of(g) if self.moe else None
+            if stack is None:
+                out.append([g, tuple(p.shape), str(p.dtype), i, None])
+                continue
+            if stack not in stacks:
+                stacks[stack] = {}
+                out.append([stack, tuple(p.shape), str(p.dtype), i, stacks[stack]])
+            stacks[stack][mapping.expert_index(g)] = i
+        for e in out:
+            if e[4] is not None:
+                e[4] = tuple(e[4][j] for j in sorted(e[4]))
+        return [tuple(e) for e in out]
+
+    def _build_plan(self) -> List[_Bucket]:
+        meta = self._local_entries()
         per_stage: list = [None] * self.pp_size
         if self.pp_size > 1:
             dist.all_gather_object(per_stage, meta, group=self.pp_group)
         else:
             per_stage[0] = meta
+        etp = 1
+        if self.moe:
+            from megatron.core import parallel_state as ps
+
+            etp = ps.get_expert_tensor_parallel_world_size()
+            self._expert_coords = [None] * self.expert_group_size
+            dist.all_gather_object(self._expert_coords, (ps.get_expert_model_parallel_rank(),
+                                                         ps.get_expert_tensor_parallel_rank()), group=self.expert_group)
         buckets: List[_Bucket] = []
         seen = set()
         for stage, entries in enumerate(per_stage):
             cur: List[_Tensor] = []
             cur_bytes = 0
-            for i, (gname, shard_shape, dtype_s) in enumerate(entries):
+            for gname, shard_shape, dtype_s, i, experts in entries:
                 if gname in seen:
                     raise WeightSyncError(f"{gname} is held by two pipeline stages")
                 seen.add(gname)
-                t = _Tensor(gname, stage, i, shard_shape, _DTYPES[dtype_s], mapping.tp_partition_dim(gname))
-                full = list(shard_shape)
-                if t.tp_dim is not None:
-                    full[t.tp_dim] *= self.tp_size
-                t.full_shape = tuple(full)
-                es = _elem_bytes(t.dtype)
-                hf = mapping.megatron_to_hf(self.arch, gname, torch.empty(t.full_shape, dtype=t.dtype, device="meta"))
-                pos = 0
-                for name, ht in hf:
-                    t.hf.append((name, tuple(ht.shape), pos))
-                    pos = _align(pos + ht.numel() * es)
-                t.nbytes = max(_align(_numel(t.full_shape) * es), pos)
+                if experts is not None:
+                    t = _Tensor(gname, stage, experts[0], shard_shape, _DTYPES[dtype_s],
+                                mapping.tp_partition_dim(mapping.stack_member(gname, 0)), experts=tuple(experts))
+                    full = list(shard_shape)
+                    if t.tp_dim is not None:
+                        full[t.tp_dim] *= etp
+                    if len(experts) * self.expert_group_size // etp != self.arch.num_experts:
+                        raise WeightSyncError(f"{gname}: {len(experts)} local experts x EP "
+                                              f"{self.expert_group_size // etp} != {self.arch.num_experts} experts")
+                    t.full_shape = (self.arch.num_experts, *full)
+                    es = _elem_bytes(t.dtype)
+                    t.nbytes = _align(_numel(t.full_shape) * es)
+                else:
+                    t = _Tensor(gname, stage, i, shard_shape, _DTYPES[dtype_s], mapping.tp_partition_dim(gname))
+                    full = list(shard_shape)
+                    if t.tp_dim is not None:
+                        full[t.tp_dim] *= self.tp_size
+                    t.full_shape = tuple(full)
+                    es = _elem_bytes(t.dtype)
+                    hf = mapping.megatron_to_hf(self.arch, gname, torch.empty(t.full_shape, dtype=t.dtype, device="meta"))
+                    pos = 0
+                    for name, ht in hf:
+                        t.hf.append((name, tuple(ht.shape), pos))
+                        pos = _align(pos + ht.numel() * es)
+                    t.nbytes = max(_align(_numel(t.full_shape) * es), pos)
                 if cur and cur_bytes + t.nbytes > self.bucket_bytes:
                     buckets.append(_Bucket(stage, cur, cur_bytes))
                     cur, cur_bytes = [], 0
@@ -246,9 +315,18 @@ class WeightSync:
             self._plan = self._build_plan()
         return self._plan
 
-    def hf_names(self) -> List[str]:
-        """HF names a full sync delivers (collective on first use: builds the plan)."""
-        return [h[0] for b in self.plan for t in b.tensors for h in t.hf]
+    def hf_names(self, naming: str = "checkpoint") -> List[str]:
+        """HF names a full sync delivers to an engine of ``naming`` (collective on first use:
+        builds the plan)."""
+        out = []
+        for b in self.plan:
+            for t in b.tensors:
+                if t.is_stack:
+                    meta = torch.empty(t.full_shape, dtype=t.dtype, device="meta")
+                    out += [n for n, _ in mapping.expert_stack_to_hf(self.arch, t.gname, meta, naming)]
+                else:
+                    out += [h[0] for h in t.hf]
+        return out
 
     # ----------------------------------------------------------------- buckets ----
     def _scratch_for(self, nbytes: int) -> torch.Tensor:
@@ -258,7 +336,7 @@ class WeightSync:
             self._scratch = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         return self._scratch[:nbytes]
 
-    def _gather_bucket(self, b: _Bucket, buf: torch.Tensor, unshard: bool = True) -> None:
+    def _gather_bucket(self, b: _Bucket, buf: torch.Tensor, unshard: bool = True, dense: bool = True) -> None:
         """Owner stage: fill ``buf`` with the bucket's FULL megatron tensors (TP all-gather).
 
         The result in each slot is ``mapping.unshard_tp`` of the TP shards, produced by the
@@ -271,11 +349,20 @@ class WeightSync:
           concatenated along dim 1 into the slot (one copy);
         * replicated: the local copy.
 
+        * an expert stack: all-gathered over the expert group (:meth:`_gather_stack`).
+
         ``unshard=False`` (benchmark baseline) runs the same collectives, no copies after them.
+        ``dense=False``: the expert stacks only (a rank of a replica without a feeder).
         """
         works = []
         row_parallel = []
+        stacks = []
         for t in b.tensors:
+            if t.is_stack:
+                stacks.append(t)
+                continue
+            if not dense:
+                continue
             p = self._local[t.local_index].detach()
             src = p.contiguous().view(-1).view(torch.uint8)
             n = src.numel()
@@ -300,12 +387,57 @@ class WeightSync:
                     torch.cat(shards, dim=1, out=slot.view(t.dtype).view(t.full_shape))  # == unshard_tp
                 else:
                     slot.view(t.dtype).view(t.full_shape).copy_(mapping.unshard_tp(t.gname, shards))
+        for t in stacks:  # synchronous, one scratch at a time
+            self._gather_stack(t, buf[t.offset : t.offset + t.nbytes], unshard)
         for w in works:
             w.wait()
 
+    def _gather_stack(self, t: _Tensor, slot: torch.Tensor, unshard: bool = True) -> None:
+        """One layer's experts (fc1 or fc2) -> ``[E, *full expert]`` in ``slot``: this rank's
+        local experts stacked into a contiguous source, all-gathered over the expert group
+        (ETP x EP); expert ``e`` is local expert ``e % (E/EP)`` of EP rank ``e // (E/EP)``,
+        its ETP shards joined as a dense tensor's TP shards."""
+        es = _elem_bytes(t.dtype)
+        n_local = len(t.experts)
+        shard_bytes = _numel(t.shard_shape) * es
+        group = self.expert_group_size
+        full = slot[: _numel(t.full_shape) * es]
+        coords = self._expert_coords
+        etp = max(c[1] for c in coords) + 1
+        direct = etp == 1 and [c[0] for c in coords] == list(range(group))  # group order = expert order
+        # the local stack: straight into the slot when this rank's experts sit there
+        ep_rank, _ = coords[dist.get_rank(self.expert_group)]
+        if direct:
+            src = full[ep_rank * n_local * shard_bytes : (ep_rank + 1) * n_local * shard_bytes]
+        else:
+            src = self._scratch_for(n_local * shard_bytes * (group + 1))[group * n_local * shard_bytes :]
+        for j, idx in enumerate(t.experts):
+            src[j * shard_bytes : (j + 1) * shard_bytes].copy_(self._local[idx].detach().contiguous().view(-1).view(torch.uint8))
+        if group == 1 and not self.force_collectives:
+            return
+        if direct:
+            # in place (this rank's part of the output is the input) where NCCL allows it
+            dist.all_gather_into_tensor(full, src if self.device.type == "cuda" else src.clone(), group=self.expert_group)
+            return
+        tmp = self._scratch_for(n_local * shard_bytes * (group + 1))[: group * n_local * shard_bytes]
+        dist.all_gather_into_tensor(tmp, src, group=self.expert_group)
+        if not unshard:
+            return
+        parts = tmp.view(t.dtype).view(group, n_local, *t.shard_shape)
+        by_coord = {c: g for g, c in enumerate(coords)}
+        out = full.view(t.dtype).view(t.full_shape)
+        name = mapping.stack_member(t.gname, 0)
+        for ep in range(group // etp):
+            for j in range(n_local):
+                shards = [parts[by_coord[(ep, r)], j] for r in range(etp)]
+                out[ep * n_local + j].copy_(mapping.unshard_tp(name, shards))
+
     def _convert_bucket(self, b: _Bucket, buf: torch.Tensor) -> None:
-        """In place: each slot's full megatron tensor -> its HF tensors (mapping.megatron_to_hf)."""
+        """In place: each slot's full megatron tensor -> its HF tensors (mapping.megatron_to_hf).
+        An expert stack needs nothing: its engine tensors are views of it (:meth:`_hf_views`)."""
         for t in b.tensors:
+            if t.is_stack:
+                continue
             es = _elem_bytes(t.dtype)
             slot = buf[t.offset : t.offset + t.nbytes]
             full = slot[: _numel(t.full_shape) * es].view(t.dtype).view(t.full_shape)
@@ -325,38 +457,68 @@ class WeightSync:
                 dest.copy_(x)
             del converted, full, moves
 
-    def _hf_views(self, b: _Bucket, buf: torch.Tensor) -> List[Tuple[str, torch.Tensor]]:
+    def _hf_views(self, b: _Bucket, buf: torch.Tensor, naming: str = "checkpoint") -> List[Tuple[str, torch.Tensor]]:
         out = []
         for t in b.tensors:
             es = _elem_bytes(t.dtype)
+            if t.is_stack:
+                stacked = buf[t.offset : t.offset + _numel(t.full_shape) * es].view(t.dtype).view(t.full_shape)
+                out += mapping.expert_stack_to_hf(self.arch, t.gname, stacked, naming)
+                continue
             for name, shape, off in t.hf:
                 start = t.offset + off
                 out.append((name, buf[start : start + _numel(shape) * es].view(t.dtype).view(shape)))
         return out
 
-    def iter_buckets(self, convert: bool = True) -> Iterator[List[Tuple[str, torch.Tensor]]]:
-        """Drive the collectives of a full sync; yields each bucket (HF names, views) on feeders.
+    def iter_buckets(self, convert: bool = True, naming: str = "checkpoint") -> Iterator[List[Tuple[str, torch.Tensor]]]:
+        """Drive the collectives of a full sync; yields each bucket (HF names of ``naming``,
+        views) on feeders.
 
-        Collective: every participating rank must exhaust the iterator. ``convert=False``
-        runs the same collectives without conversion (a benchmark baseline); the yielded
-        tensors are then meaningless. One buffer: a bucket's views are valid until the next
-        bucket is asked for.
+        Collective: every rank must exhaust the iterator (ranks with no part return at once).
+        ``convert=False`` runs the same collectives without conversion (a benchmark
+        baseline); the yielded tensors are then meaningless. One buffer: a bucket's views are
+        valid until the next bucket is asked for.
         """
         try:
-            for _, views, _ in self._buckets(convert, 1, []):
-                yield views
+            for _, b, buf in self._buckets(convert, 1, []):
+                yield self._hf_views(b, buf, naming)
         finally:
             self._free_buffers()
 
+    def _ensure_replicas(self) -> None:
+        """Once, collectively over the world: every rank's model-parallel replica (to know
+        which expert groups hold a rank of a replica that takes part in a sync)."""
+        if self._replicas is not None or not self.moe or self.expert_group_size == 1:
+            return
+        reps: list = [None] * dist.get_world_size()
+        dist.all_gather_object(reps, sorted(self.mp_ranks))
+        self._replicas = [frozenset(r) for r in reps]
+
+    def _experts_only(self, active: Optional[Sequence[int]]) -> bool:
+        """This rank's replica has no active feeder, yet its expert group holds a rank of a
+        replica that has one: it takes part in the expert all-gathers only."""
+        if self._replicas is None:
+            return False
+        active = set(self.feeder_ranks if active is None else (int(r) for r in active))
+        if any(r in self.mp_ranks for r in active):
+            return False
+        return any(self._replicas[r] & active for r in dist.get_process_group_ranks(self.expert_group))
+
     def _buckets(self, convert: bool, num_buffers: int, sinks: Sequence["BucketSink"], shared: bool = False,
-                 participates: Optional[bool] = None):
-        """Yields (index, HF views, flat buffer) per bucket on feeders; bucket i is written into
+                 participates: Optional[bool] = None, active_feeders: Optional[Sequence[int]] = None):
+        """Yields (index, bucket, flat buffer) per bucket on feeders; bucket i is written into
         buffer ``i % num_buffers`` after every sink said the bucket that held it before is free."""
-        if not (self.participates if participates is None else participates):
+        self._ensure_replicas()
+        participates = self.participates if participates is None else participates
+        experts_only = not participates and self._experts_only(active_feeders)
+        if not (participates or experts_only):
             return
         plan = self.plan
-        todo = [(b, *self._role(b)) for b in plan]
-        todo = [x for x in todo if x[1] or x[2]]
+        if experts_only:
+            todo = [(b, True, False) for b in plan if b.stage == self.stage and any(t.is_stack for t in b.tensors)]
+        else:
+            todo = [(b, *self._role(b)) for b in plan]
+            todo = [x for x in todo if x[1] or x[2]]
         if not todo:
             return
         # Bucket buffers and one scratch tensor, reused for every bucket of this sync; the
@@ -370,13 +532,13 @@ class WeightSync:
                         s.wait_free(i - num_buffers)
                 buf = bufs[i % num_buffers][: b.nbytes]
                 if owner:
-                    self._gather_bucket(b, buf, unshard=convert)
+                    self._gather_bucket(b, buf, unshard=convert, dense=not experts_only)
                     if convert and (self.is_feeder or need_bcast):
                         self._convert_bucket(b, buf)
                 if need_bcast:
                     dist.broadcast(buf, src=self.pp_ranks[b.stage], group=self.pp_group)
                 if self.is_feeder:
-                    yield i, self._hf_views(b, buf), buf
+                    yield i, b, buf
                 del buf
         finally:
             del bufs
@@ -446,12 +608,15 @@ class WeightSync:
         error: Optional[BaseException] = None
         try:
             tap = CHECKSUM_TAP.start(self.is_feeder)
-            for i, bucket, flat in self._buckets(True, num_buffers, sinks, shared, participates):
-                for s in sinks:
+            namings = [s.naming or "checkpoint" for s in sinks]
+            for i, b, flat in self._buckets(True, num_buffers, sinks, shared, participates, active_feeders):
+                views = {n: self._hf_views(b, flat, n) for n in dict.fromkeys(namings)}
+                for s, naming in zip(sinks, namings):
                     try:
-                        s.submit(i, bucket, flat)
+                        s.submit(i, views[naming], flat)
                     except Exception as exc:  # noqa: BLE001 - re-raised below, on every rank
                         error = error or exc
+                bucket = views[namings[0]] if namings else self._hf_views(b, flat)
                 if tap is not None:  # a probe sync: checksums of what the sinks were handed
                     tap.observe(bucket)
                 nbytes = sum(x.numel() * x.element_size() for _, x in bucket)
@@ -459,7 +624,7 @@ class WeightSync:
                 stats.buckets += 1
                 stats.tensors += len(bucket)
                 stats.max_bucket_bytes = max(stats.max_bucket_bytes, nbytes)
-                del bucket, flat
+                del bucket, views, flat
             # The buffers stay allocated until every receiver has finished (a receiver with
             # lag may read the last buckets until its update session ends).
             for s in sinks:
@@ -583,6 +748,9 @@ class BucketSink:
     lag = 0
     asynchronous = False
     shared_memory = False
+    #: the engine's weight naming (``mapping.NAMINGS``; None: ``checkpoint``): how a layer's
+    #: experts are handed over (per expert, or transformers' fused tensors)
+    naming: Optional[str] = None
 
     def submit(self, index: int, views, flat: torch.Tensor) -> None:
         raise NotImplementedError
@@ -600,6 +768,7 @@ class DirectSink(BucketSink):
     def __init__(self, engine):
         self.engine = engine
         self.error: Optional[BaseException] = None
+        self.naming = engine_naming(engine)
 
     def submit(self, index, views, flat):
         if self.error is None:
@@ -612,6 +781,26 @@ class DirectSink(BucketSink):
         if self.error is not None:
             raise self.error
         self.engine.finish_weight_update()
+
+
+def engine_naming(engine) -> str:
+    """The weight naming of an in-process engine (``mapping.NAMINGS``): its own
+    ``weight_naming`` when it says, else by the names it expects: a transformers model's fused
+    experts (``mlp.experts.gate_up_proj``, HFEngine) or the checkpoint's (SGLang)."""
+    naming = getattr(engine, "weight_naming", None)
+    if naming:
+        return naming
+    try:
+        names = engine.expected_weight_names()
+    except Exception:  # noqa: BLE001 - an engine that cannot say takes the checkpoint's names
+        return "checkpoint"
+    return "transformers" if any(n.endswith(".mlp.experts.gate_up_proj") for n in names) else "checkpoint"
+
+
+def naming_for_kind(kind: str) -> str:
+    """The weight naming of an engine kind (``--rollout-engine``): HFEngine loads a
+    transformers model (fused experts), SGLang the checkpoint's names."""
+    return "transformers" if kind == "hf" else "checkpoint"
 
 
 class DiscardSink(BucketSink):
@@ -702,6 +891,7 @@ class PayloadSink(BucketSink):
         self.calls = calls
         self.protocol = protocol
         self.lag = protocol.lag
+        self.naming = naming_for_kind(protocol.kind)
         self.engine_index = engine_index
         self.serializer, self.metadata_cls = protocol.codec or codec_for(protocol.kind)
         use_shared_memory_files()

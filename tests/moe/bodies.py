@@ -68,3 +68,46 @@ def checkpoint_logits(hf_cfg: dict, ckpt_dir: str, tokens, tp: int, pp: int, ep:
     if got is None or ps.get_tensor_model_parallel_rank() != 0 or ps.get_data_parallel_rank() != 0:
         return None
     return got
+
+
+def sync_into_hf_engine(hf_cfg: dict, sd: dict, tp: int, pp: int, ep: int, etp, mode: str, bucket_sizes):
+    """The MoE model (weights from the HF tensors ``sd``) synced into an HFEngine whose own
+    weights start random, once per bucket size. ``mode``: ``rank0`` (an in-process engine on
+    rank 0 only: replicas without a feeder still join their expert group's all-gathers) or
+    ``payloads`` (one engine in its own process fed by EVERY rank by memory handles, as the
+    trainer feeds engines: ``EngineFeeding`` + ``PayloadSink``). Returns per rank: the
+    engine's weights after each sync (where it lives; None elsewhere), the HF names the plan
+    announces for the transformers naming, the sync stats."""
+    import torch.distributed as dist
+
+    from megatron_dapo.hybrid.weight_sync import EngineFeeding, EngineProtocol, WeightSync
+    from tests.hybrid.bodies import make_engine
+
+    model, arch = build_from_hf(hf_cfg, sd, tp, pp, ep, etp)
+    rank = dist.get_rank()
+    res = {"rank": rank, "weights": [], "stats": [], "names": None}
+    if mode == "rank0":
+        engine = make_engine(hf_cfg) if rank == 0 else None
+        for bs in bucket_sizes:
+            ws = WeightSync(model, arch, feeder_ranks=(0,), bucket_bytes=bs)
+            st = ws.sync(engine)
+            res["stats"].append((st.buckets, st.bytes, st.tensors))
+            if engine is not None:
+                res["weights"].append({n: engine.get_weight(n).clone() for n in engine.expected_weight_names()})
+                res["names"] = ws.hf_names("transformers")
+        return res
+    from tests.hybrid.engine_proc import EngineProcess
+
+    feeding = EngineFeeding(dist.get_world_size())
+    proc = EngineProcess(hf_cfg) if rank == feeding.leader else None
+    try:
+        for bs in bucket_sizes:
+            ws = WeightSync(model, arch, feeder_ranks=feeding.feeder_ranks, bucket_bytes=bs)
+            st = ws.sync(feeding.sink(proc.calls() if proc else None, EngineProtocol.for_engine("hf")))
+            res["stats"].append((st.buckets, st.bytes, st.tensors))
+            if proc is not None:
+                res["weights"].append(proc.weights())
+    finally:
+        if proc is not None:
+            proc.close()
+    return res
