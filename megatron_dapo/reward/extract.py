@@ -250,18 +250,19 @@ def _token_kind(token: str) -> str:
     """ "math", "glue" (or / and / punctuation), "ambiguous" (a / the / I) or "word"."""
     if "\x00" in token:
         return "math"
-    t = token.strip(",;:!?\"'()*").rstrip(".")
-    if not t:
-        return "glue" if not re.search(r"[()]", token) else "math"
-    if t.lower() in _GLUE:
+    bare = token.strip(",;:!?\"'*").rstrip(".")
+    if not bare.strip("()[]"):
+        return "math" if re.search(r"[()\[\]]", bare) else "glue"
+    if bare.strip("()").lower() in _GLUE:
         return "glue"
-    if t in _AMBIGUOUS:
+    if bare in _AMBIGUOUS:
         return "ambiguous"
-    core = re.sub(r"\\[a-zA-Z]+", "", t)
-    core = _ASCII_MATH_WORDS.sub("", core)
+    core = re.sub(r"\\(?:text|textbf|textit|mbox|mathrm|operatorname)\s*\{([^{}]*)\}", r" \1 ", bare)
+    has_command = bool(re.search(r"\\[a-zA-Z]+", core))
+    core = _ASCII_MATH_WORDS.sub("", re.sub(r"\\[a-zA-Z]+", "", core))
     if re.search(r"[A-Za-z]{2,}", core):
         return "word"
-    if re.search(r"[0-9A-Za-z+\-*/^=<>()\[\]{}|√π∞²³°%!_.≤≥−·×]", core):
+    if has_command or re.search(r"[0-9A-Za-z+\-*/^=<>()\[\]{}|√π∞²³°%!_.≤≥−·×]", core):
         return "math"
     return "glue"
 
@@ -331,8 +332,9 @@ def _plain_span(s: str, atoms: list[str]) -> list[str] | None:
         return [text] if text else None
     tokens = _split_tokens(s)[:80]
     kinds = [_token_kind(t) for t in tokens]
-    if "math" not in kinds:
-        return [s] if len(tokens) <= 4 else None  # a worded answer ("Evelyn", "the Cougars")
+    if "math" not in kinds:  # a worded answer ("Evelyn", "the Cougars"), a remark in brackets dropped
+        s = re.sub(r"(?<=\S)\s*\((?=[^()]*[A-Za-z]{2})[^()]*\)$", "", s).strip()
+        return [s] if s and len(s.split()) <= 4 else None
     runs = _runs(kinds)
     verbs = [k for k, t in enumerate(tokens) if t.lower().strip(",:") in _VERBS]
     if verbs:  # "the number of ways is 12", "the value of x is 5"

@@ -36,6 +36,9 @@ def reading(text: str, response: bool = True):
         ("**Final Answer**: 5", ["5"], "answer"),
         ("\\textbf{Answer:} 5", ["5"], "answer"),
         ("Answer: x**2 + 1", ["x**2 + 1"], "answer"),  # an ASCII power is no markdown bold
+        ("Answer: x \\in (5, \\infty), as computed above.", ["x \\in (5, \\infty)"], "answer"),  # a remark after it
+        ("Answer: (a + 5)*(b + 2) (expanded below)", ["(a + 5)*(b + 2)"], "answer"),
+        ("Answer: evelyn (as required)", ["evelyn"], "answer"),
         # 3. an answer sentence, whole, up to the sentence's end
         ("The answer is 15x - 80.", ["15x - 80"], "sentence"),
         ("So the answer is 6 - 5*i.", ["6 - 5*i"], "sentence"),
