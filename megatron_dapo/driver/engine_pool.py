@@ -127,10 +127,12 @@ class EnginePool:
         self._load = [0] * num_engines  # outstanding requests per engine
         self._polls: Dict[int, tuple] = {}  # engine -> (poll call, its start time)
         self._submits: List[tuple] = []  # (submit call, engine) not confirmed yet
+        self._early: List[Finished] = []  # ended while a restart paused their engine (handed back next)
 
     @property
     def outstanding(self) -> int:
-        return len(self._reqs)
+        """Requests not handed back yet."""
+        return len(self._reqs) + len(self._early)
 
     # ------------------------------------------------------------------- submit ----
     def submit(self, requests: List[Request]) -> None:
@@ -159,21 +161,24 @@ class EnginePool:
     def wait(self, timeout_s: float) -> List[Finished]:
         """Requests that ended (at least one unless ``timeout_s`` passed or none is outstanding)."""
         if not self._reqs:
-            return []
+            out, self._early = self._early, []
+            return out
         for e in range(len(self.handles)):
             if self._load[e] and e not in self._polls:
                 self._polls[e] = (self.transport.call(self.handles[e], "poll", POLL_S), time.monotonic())
         calls = {fut: e for e, (fut, _) in self._polls.items()}
-        out = []
         for fut in self.transport.ready(list(calls), timeout_s):
             e = calls[fut]
+            if self._polls.get(e, (None,))[0] is not fut:
+                continue  # collected by a restart meanwhile
             del self._polls[e]
             try:
-                out += self._take(self.transport.get(fut))
+                self._early += self._take(self.transport.get(fut))
             except self.transport.dead as err:
                 self._restart(e, f"died ({type(err).__name__})")
         self._check_submits()
         self._check_hung()
+        out, self._early = self._early, []
         return out
 
     def _take(self, finished: List[Finished]) -> List[Finished]:
@@ -208,23 +213,47 @@ class EnginePool:
                 self._restart(e, f"did not answer within {self.timeout_s:.0f}s")
 
     def _restart(self, e: int, why: str) -> None:
+        """Replace engine ``e``. The re-sync may release the other engines' KV caches (an
+        offloaded trainer onloads next to them), so their running requests are stopped first;
+        every request of ``e`` and the stopped ones start again from their prompts afterwards
+        (same seeds: a seeded request gives the same tokens again)."""
         log.warning("engine %d %s: restarting it and re-syncing weights", e, why)
         self.transport.kill(self.handles[e])
+        self._polls.pop(e, None)
+        self._submits = [(f, x) for f, x in self._submits if x != e]
+        dead = [x for x in range(len(self.handles)) if x != e and self._load[x] and not self._pause(x)]
         self.handles[e] = self.make_engine(e)
         self.resync([self.handles[e]])
         self.restarts += 1
-        self._polls.pop(e, None)
-        self._submits = [(f, x) for f, x in self._submits if x != e]
-        again = [r for (x, r) in self._reqs.values() if x == e]
-        if again:  # from their prompts: what the dead engine generated is lost
-            self._send(e, again)
+        for x in [e] + [x for x in range(len(self.handles)) if x != e]:
+            again = [r for (y, r) in self._reqs.values() if y == x]
+            if again and x not in dead:
+                self._send(x, again)
+        for x in dead:
+            self._restart(x, "died while another engine restarted")
+
+    def _pause(self, x: int) -> bool:
+        """Stop engine ``x``'s requests (the ended ones go to the next wait); False when it is dead."""
+        calls = []
+        if x in self._polls:
+            calls.append(self._polls.pop(x)[0])
+        calls.append(self.transport.call(self.handles[x], "abort_requests",
+                                         [rid for rid, (y, _) in self._reqs.items() if y == x]))
+        for fut in calls:
+            try:
+                got = self.transport.get(fut, self.timeout_s)
+            except self.transport.dead:
+                return False
+            self._early += self._take([f for f in got if f.output.finish_reason != "abort"])
+        return True
 
     # -------------------------------------------------------------------- abort ----
     def abort(self, rids: Optional[List[str]] = None) -> List[Finished]:
         """Stop ``rids`` (all outstanding by default); returns every request that ended meanwhile
         too. A request whose engine died comes back aborted with nothing generated."""
         want = set(self._reqs) if rids is None else {r for r in rids if r in self._reqs}
-        out, dead = [], set()
+        out, dead = self._early, set()
+        self._early = []
         for e in list(self._polls):  # the answers already under way first
             fut, _ = self._polls.pop(e)
             if not self._collect(fut, out):

@@ -124,3 +124,57 @@ def test_old_checkpoint_pending_prompts_are_generated_first():
     res = mgr.collect(1)
     assert [r.prompt_ids for r in engs[0].seen[:4]] == [[5, 7], [5, 7], [9, 7], [9, 7]]
     assert res.partial_resumed == 4
+
+
+class EngineDied(RuntimeError):
+    pass
+
+
+def test_a_restart_pauses_the_other_engines_and_changes_nothing_in_deterministic_mode():
+    """Engine 0 dies at its 3rd poll; the re-sync (which may release the other engines' KV
+    caches) finds nothing running elsewhere; every stopped request starts again from its prompt
+    with its seed, so the step equals the one without the fault."""
+    from megatron_dapo.driver.engine_pool import EnginePool, LocalTransport
+
+    argv = ["--deterministic", "--over-sampling-batch-size", "6", "--rollout-batch-size", "3"]
+    seeded = lambda req: respond(req, right=lambda i, j: (i + j + (req.params.seed or 0)) % 3 == 0,
+                                 seed_dependent=True)
+
+    class Transport(LocalTransport):
+        dead = (EngineDied,)
+
+    def run(fault: bool):
+        clock, polls, during_resync = [0], [0], []
+        engines = []
+
+        def make_engine(i):
+            eng = ScriptedEngine(seeded, slots=3, clock=clock)
+            if fault and i == 0 and not engines:
+                real = eng.poll
+
+                def poll(timeout_s):
+                    polls[0] += 1
+                    if polls[0] == 3:
+                        raise EngineDied("killed")
+                    return real(timeout_s)
+                eng.poll = poll
+            engines.append(eng)
+            return eng
+
+        def resync(handles):
+            other = engines[1]
+            # engine 1 had requests of its own, stopped before the re-sync
+            during_resync.append((len(other.running) + len(other.waiting), len(other.seen) > 0))
+
+        pool = EnginePool(make_engine, 2, resync, timeout_s=60.0, transport=Transport())
+        pool.clock = lambda: float(clock[0])
+        mgr, _, _ = make(argv)
+        mgr.engines = pool
+        res = [mgr.collect(step) for step in (1, 2)]
+        return [(_summary(r), r.submitted_prompts) for r in res], pool.restarts, during_resync
+
+    plain, restarts, _ = run(False)
+    faulty, restarts_f, during = run(True)
+    assert restarts == 0 and restarts_f == 1
+    assert during == [(0, True)]  # engine 1 had been paused before the re-sync
+    assert faulty == plain
