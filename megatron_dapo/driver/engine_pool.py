@@ -12,7 +12,8 @@ way, through this pool (docs/rollout.md, "Streaming"):
 
 An engine that dies, or whose ``poll`` does not answer within ``--engine-timeout-s``, is
 restarted (``make_engine(i)``), gets the trainer's current weights (``resync``), and its
-outstanding requests are submitted to it again from their prompts.
+outstanding requests are submitted to it again from their prompts; the other engines' running
+requests are stopped before the re-sync and submitted again after it (:meth:`EnginePool._restart`).
 
 The calls go through a transport: ``RayTransport`` (EngineActor handles, the driver) or
 ``LocalTransport`` (engine objects in this process, called synchronously: tests, tools).
