@@ -259,6 +259,7 @@ def launch_local(plan: Plan, skip_incomplete: bool = False, kill_grace_s: float 
     echo(f"[ablate] {len(todo)} run(s) to launch, {done} already done")
     if not todo:
         return summary
+    lock = _lock_grid(plan.grid)  # held until this process ends
     os.makedirs(os.path.join(plan.grid, "logs"), exist_ok=True)
     handlers = {}
     in_main = threading.current_thread() is threading.main_thread()
@@ -319,7 +320,29 @@ def launch_local(plan: Plan, skip_incomplete: bool = False, kill_grace_s: float 
         if in_main:
             for sig, h in handlers.items():
                 signal.signal(sig, h)
+        lock.close()
     return summary
+
+
+def _lock_grid(grid: str):
+    """An exclusive lock on ``GRID/launch.lock`` (a second launcher of the same grid would start
+    the running run over); refused in one line naming the holder."""
+    import fcntl
+
+    f = open(os.path.join(grid, "launch.lock"), "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise AblationError(f"{grid}: another launch of this grid is running ({holder}); wait for it, or stop it "
+                            "(Ctrl-C / kill its pid) first") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()} since {_now()}\n")
+    f.flush()
+    return f
 
 
 def _tail(path: str, n: int) -> List[str]:

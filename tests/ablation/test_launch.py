@@ -11,8 +11,10 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from megatron_dapo.ablation.launch import format_states, grid_states, launch_local
-from megatron_dapo.ablation.plan import build_plan, expected_config, load_plan, resolve_factors
+from megatron_dapo.ablation.plan import AblationError, build_plan, expected_config, load_plan, resolve_factors
 from tests.ablation.synthetic import base_args, unflatten
 from tests.launch.procs import leftovers, run_in_session
 
@@ -103,6 +105,9 @@ def test_sigterm_stops_the_run_and_a_rerun_fills_what_is_missing(tmp_path):
         assert (tmp_path / "ready").exists(), proc.communicate(timeout=30)
         grandchild = int((tmp_path / "ready").read_text())
         assert alive(grandchild)
+        # a second launcher of the same grid would start the running run over: refused
+        with pytest.raises(AblationError, match=r"another launch of this grid is running \(pid \d+ since "):
+            launch_local(load_plan(str(tmp_path / "grid")), echo=lambda s: None, python=str(fake))
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
     finally:
