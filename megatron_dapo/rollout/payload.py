@@ -62,10 +62,10 @@ class BucketEntry:
 
 
 def flatten_bucket(
-    named_tensors: List[Tuple[str, torch.Tensor]], align: int = BUCKET_ALIGN_BYTES
+    named_tensors: List[Tuple[str, torch.Tensor]], align: int = BUCKET_ALIGN_BYTES, shared_cpu: bool = False
 ) -> Tuple[torch.Tensor, List[BucketEntry]]:
-    """Pack tensors (any dtypes) into one uint8 buffer on their device (on the CPU: a
-    :func:`shared_cpu_buffer`, zero-filled).
+    """Pack tensors (any dtypes) into one uint8 buffer on their device (on the CPU with
+    ``shared_cpu``: a :func:`shared_cpu_buffer`, which :func:`default_serializer` sends by name).
 
     Each tensor starts at a multiple of ``align`` bytes so that SGLang's
     ``flat[start:end].view(dtype)`` is legal for every dtype (SGLang's own
@@ -81,9 +81,7 @@ def flatten_bucket(
         nbytes = t.numel() * t.element_size()
         entries.append(BucketEntry(name, torch.Size(t.shape), t.dtype, offset, offset + nbytes, nbytes))
         offset += -(-nbytes // align) * align if nbytes else 0
-    # a CPU buffer is a named /dev/shm file of ours, so its payload names the file: the bytes
-    # do not depend on torch's process-wide sharing strategy (a file descriptor otherwise)
-    flat = (shared_cpu_buffer(max(offset, 1)) if device.type == "cpu"
+    flat = (shared_cpu_buffer(max(offset, 1)) if shared_cpu and device.type == "cpu"
             else torch.zeros(max(offset, 1), dtype=torch.uint8, device=device))
     for e, (_, t) in zip(entries, named_tensors):
         if e.numel:
@@ -175,7 +173,9 @@ def serialize_bucket(
     class; tests pass a stand-in. Returns (payloads, flat): keep ``flat`` alive until SGLang
     has loaded the bucket (CUDA IPC handles point into it).
     """
-    flat, entries = flatten_bucket(named_tensors)
+    # our serializer sends a view of a shared_cpu_buffer by its file name (no dependence on torch's
+    # process-wide sharing strategy); another serializer (SGLang's) pickles tensors its own way
+    flat, entries = flatten_bucket(named_tensors, shared_cpu=serializer is default_serializer)
     payloads = serialize_flat(flat, entries, tp_size, metadata_cls=metadata_cls, serializer=serializer)
     return payloads, flat
 

@@ -18,6 +18,7 @@ garbage (NaN), which is what reusing freed CUDA memory does.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import sys
 import threading
@@ -334,6 +335,11 @@ def _assert_engine_has(fake, model):
 
 
 # ------------------------------------------------------- the payload through the wheel ----
+def _wheel_serializer(ns):
+    """The wheel's MultiprocessingSerializer.serialize: what an SGLang engine's feeders use
+    (``rollout.payload.codec_for("sglang")``)."""
+    return ns.ser["MultiprocessingSerializer"].serialize
+
 def test_wheel_serializer_and_bucket_decode_our_payload(src, wheel_modules):
     tb, ser = wheel_modules.tensor_bucket, wheel_modules.ser
     g = torch.Generator().manual_seed(0)
@@ -342,7 +348,8 @@ def test_wheel_serializer_and_bucket_decode_our_payload(src, wheel_modules):
                ("d.empty", torch.zeros(0, 4)), ("e.noncontig", torch.randn(4, 6, generator=g).t())]
     payloads, flat = se.serialize_bucket(tensors, 2, metadata_cls=tb.FlattenedTensorMetadata,
                                          serializer=ser["MultiprocessingSerializer"].serialize)
-    # the adapter's own serializer writes the same bytes as SGLang's
+    # our serializer writes a pickle of the same protocol (a CPU buffer of ours travels by file
+    # name; the SGLang feeders use SGLang's serializer: rollout.payload.codec_for)
     ours, _ = se.serialize_bucket(tensors[:1], 1, metadata_cls=tb.FlattenedTensorMetadata)
     assert isinstance(ours[0], str) and ser["normalize_serialized_named_tensor_payload"](ours[0])[:2] == b"\x80\x04"
     raw = ser["normalize_serialized_named_tensor_payloads"](payloads)  # Engine + TokenizerManager
@@ -360,7 +367,8 @@ def test_wheel_serializer_and_bucket_decode_our_payload(src, wheel_modules):
 def test_wheel_unpickler_refuses_a_metadata_class_of_ours(wheel_modules):
     # Why the adapter sends SGLang's FlattenedTensorMetadata and never our BucketEntry.
     ser = wheel_modules.ser
-    payloads, flat = se.serialize_bucket([("x", torch.ones(2))], 1, metadata_cls=se.BucketEntry)
+    payloads, flat = se.serialize_bucket([("x", torch.ones(2))], 1, metadata_cls=se.BucketEntry,
+                                         serializer=ser["MultiprocessingSerializer"].serialize)
     with pytest.raises(RuntimeError, match="Blocked unsafe global.*BucketEntry"):
         ser["MultiprocessingSerializer"].deserialize(payloads[0])
     del flat
@@ -369,7 +377,8 @@ def test_wheel_unpickler_refuses_a_metadata_class_of_ours(wheel_modules):
 def test_wheel_session_rule_refuses_updates_outside_a_session(wheel_sglang, model_dir):
     fake = WheelEngine(model_path=str(model_dir), tp_size=1, load_format="dummy")
     _, sd = _new_weights()
-    payloads, flat = se.serialize_bucket(sd[:2], 1, metadata_cls=wheel_sglang.tensor_bucket.FlattenedTensorMetadata)
+    payloads, flat = se.serialize_bucket(sd[:2], 1, metadata_cls=wheel_sglang.tensor_bucket.FlattenedTensorMetadata,
+                                         serializer=_wheel_serializer(wheel_sglang))
     ok, msg = fake.update_weights_from_tensor(named_tensors=payloads, load_format="flattened_bucket", flush_cache=False)
     assert not ok and "begin_weight_update" in msg
     assert fake.end_weight_update()[0] is False
@@ -516,23 +525,24 @@ def test_update_from_ready_payloads(wheel_sglang, model_dir):
     fake = WheelEngine.instances[0]
     new, sd = _new_weights()
     meta = wheel_sglang.tensor_bucket.FlattenedTensorMetadata
+    bucket = functools.partial(se.serialize_bucket, metadata_cls=meta, serializer=_wheel_serializer(wheel_sglang))
     keep = []
     for k in range(0, len(sd), 4):
-        payloads, flat = se.serialize_bucket(sd[k:k + 4], 2, metadata_cls=meta)
+        payloads, flat = bucket(sd[k:k + 4], 2)
         keep.append(flat)  # the feeder owns its buffers
         eng.update_weights_from_payloads(payloads)  # names and shapes come from the metadata
     eng.finish_weight_update()
     assert fake.model.garbage_reads == 0
     _assert_engine_has(fake, new)
-    payloads, flat = se.serialize_bucket(sd[:1], 2, metadata_cls=meta)
+    payloads, flat = bucket(sd[:1], 2)
     with pytest.raises(ValueError, match="one payload per TP rank"):
         eng.update_weights_from_payloads(payloads[:1])
     with pytest.raises(WeightUpdateError, match="differ"):
         eng.update_weights_from_payloads(payloads, ["model.norm.weight"])
-    bogus, bflat = se.serialize_bucket([("model.bogus", torch.ones(2))], 2, metadata_cls=meta)
+    bogus, bflat = bucket([("model.bogus", torch.ones(2))], 2)
     with pytest.raises(WeightUpdateError, match="model.bogus"):
         eng.update_weights_from_payloads(bogus)
-    wrong, wflat = se.serialize_bucket([("model.norm.weight", torch.ones(3))], 2, metadata_cls=meta)
+    wrong, wflat = bucket([("model.norm.weight", torch.ones(3))], 2)
     with pytest.raises(WeightUpdateError, match="shape mismatch"):
         eng.update_weights_from_payloads(wrong)
     assert not any(c[0] == "update_weights_from_tensor" for c in fake.calls[-3:])
