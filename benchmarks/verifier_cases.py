@@ -724,7 +724,7 @@ def _hedges(gold: str, value: Value, gtype: str, wrong: list[Answer], rng: rando
         Answer(f"{a} or {b}", "mixed", 0, "hedge-or", [gold, w.text]),
         Answer(f"either {a} or {b}", "mixed", 0, "hedge-either", [gold, w.text]),
         Answer(f"\\boxed{{{w.text}}}", "latex", 0, "hedge-two-boxes", [gold, w.text], shape="two-boxes"),
-        Answer(w.text, "latex", 0, "hedge-box-vs-line", [gold, w.text], shape="box-vs-line"),
+        Answer(w.text, "latex", 0, "box-then-wrong-line", [gold, w.text], shape="box-then-wrong-line"),
         Answer(f"{gold} \\text{{ or }} {w.text}", "latex", 0, "hedge-text-or", [gold, w.text]),
     ]
     if value.kind == "scalar" and not value.items[0].free_symbols:
@@ -795,8 +795,8 @@ def write_response(ans: Answer, gold: str, rng: random.Random) -> tuple[str, str
         w = ans.candidates[1]
         first, second = (w, gold) if rng.random() < 0.5 else (gold, w)
         return f"{lead} This gives $\\boxed{{{first}}}$. Let me double-check with another method.\n\nSo the answer is $\\boxed{{{second}}}$.", "two-boxes"
-    if ans.shape == "box-vs-line":
-        return f"{lead}\n\nThe final answer is $\\boxed{{{gold}}}$.\n\nAnswer: {ans.text}", "box-vs-line"
+    if ans.shape == "box-then-wrong-line":
+        return f"{lead}\n\nThe final answer is $\\boxed{{{gold}}}$.\n\nAnswer: {ans.text}", "box-then-wrong-line"
     if ans.shape == "box-twice":  # the same value boxed twice, in two forms: no hedge
         first = ans.candidates[0]
         return f"{lead} So far this gives $\\boxed{{{first}}}$.\n\nSimplifying, the final answer is $\\boxed{{{ans.text}}}$.", "box-twice"

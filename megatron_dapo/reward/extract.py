@@ -188,6 +188,7 @@ _ANSWER_SENTENCE = re.compile(
     r"(?:is|are|was|would\s+be|will\s+be|should\s+be|equals|=)\s*:?[ \t]*|^####[ \t]*",
     re.IGNORECASE | re.MULTILINE,
 )
+_FINAL_SENTENCE = re.compile(r"\bfinal\s+answer\s+(?:is|would\s+be|will\s+be|=)\s*:?[ \t]*", re.IGNORECASE)
 _CONCLUSION = re.compile(
     r"(?:^[ \t]*|[.!?:][ \t]+)(?:therefore|thus|hence|so|consequently|in\s+conclusion|finally|overall|in\s+total|altogether)\b[ \t]*,?",
     re.IGNORECASE | re.MULTILINE,
@@ -221,10 +222,13 @@ _AMBIGUOUS = {"a", "an", "the", "I"}
 _UNIT_MARKS = {"percent": "%", "%": "%", "degrees": "°", "degree": "°"}
 #: How a sentence continues after its answer ("12, which is ...", "3 because ..."): a
 #: connective word after a comma.
-_VERBS = {"is", "are", "was", "equals", "equal", "be", "=", "gives", "yields", "becomes"}
+_VERBS = {"is", "are", "was", "equals", "equal", "be", "=", "gives", "yields", "becomes", "it's", "that's", "it’s", "that’s"}
 
 
 _BOLD = re.compile(r"(?<![\w)\]}])\*\*|\*\*(?![\w(\[{+-])")
+
+
+_QUOTES = re.compile(r'^(?:\\?["“”])+|(?:\\?["“”])+$')
 
 
 def strip_bold(text: str) -> str:
@@ -257,6 +261,8 @@ def _token_kind(token: str) -> str:
         return "glue"
     if bare in _AMBIGUOUS:
         return "ambiguous"
+    if re.fullmatch(r"\d+(?:st|nd|rd|th)", bare):
+        return "math"  # an ordinal, "15th"
     core = re.sub(r"\\(?:text|textbf|textit|mbox|mathrm|operatorname)\s*\{([^{}]*)\}", r" \1 ", bare)
     has_command = bool(re.search(r"\\[a-zA-Z]+", core))
     core = _ASCII_MATH_WORDS.sub("", re.sub(r"\\[a-zA-Z]+", "", core))
@@ -315,6 +321,9 @@ def _outside_latex(s: str) -> str:
     return re.sub(r"\\[a-zA-Z]+|\\.", " ", s)
 
 
+_GLUED_UNIT = re.compile(
+    r"([-+]?(?:\d[\d,]*\.\d+|\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+))\s*(?:km|cm|mm|m|kg|mg|g|mL|ml|L|ft|in|s|h)(?:\^?[23]|[²³])?"
+)
 _ATOM = re.compile("\x00(\\d+)\x00")
 
 
@@ -350,6 +359,11 @@ def _plain_span(s: str, atoms: list[str]) -> list[str] | None:
     mark = tokens[end].lower().strip(",.;:") if end < len(tokens) else ""
     text = restore(" ".join(run)).strip(" ,;:")
     text = re.sub(r"^=\s*", "", text).rstrip(".")
+    glued = _GLUED_UNIT.fullmatch(text)  # "1,000.99m²": a number with its unit in prose
+    if glued:
+        text = glued.group(1)
+    if re.fullmatch(r"[-+]?\d[\d,]*(?:\.\d+)?", text):
+        text = normalize_plain_number(text)  # "1,000.99", a decimal comma "2,74"
     if mark in _UNIT_MARKS:
         text += _UNIT_MARKS[mark]
     return [text] if text else None
@@ -358,7 +372,7 @@ def _plain_span(s: str, atoms: list[str]) -> list[str] | None:
 def read_span(span: str) -> list[str] | None:
     """The answer a span states, whole: its mathematics (math spans, LaTeX or ASCII) up to the
     end, else a short worded answer. None when it states none."""
-    s = strip_bold(span).strip().strip('"“”').strip()
+    s = _QUOTES.sub("", strip_bold(span).strip()).strip()
     s = _HOPE.sub("", s)
     m = _FILLER.match(s)
     if m:
@@ -389,7 +403,7 @@ def _after_last_is(phrase: str) -> str:
 def _states_answer(sentence: str) -> list[str] | None:
     """The answer of a sentence after its trigger, or None when it judges instead ("... is
     correct", "... is not 5") or states nothing."""
-    s = strip_bold(sentence).strip().strip('"“”').strip()
+    s = _QUOTES.sub("", strip_bold(sentence).strip()).strip()
     m = _FILLER.match(s)
     if _JUDGMENT.match(s[m.end() :] if m else s):
         return None
@@ -497,22 +511,25 @@ def read_answer(text: str, response: bool = False) -> Reading | None:
     text = preprocess(text)
     boxes = box_groups(text)
     line = _answer_line(text)
-    last_box_end = boxes[-1][1] if boxes else 0
-    line_start = line[1] if line else -1
-    sentence = _answer_sentence(text, after=max(last_box_end, line_start + 1))
-    others: list[list[str]] = [g[2] for g in boxes[:-1]]
-    if boxes:  # an "Answer:" line or sentence that only repeats a box is no further answer
-        if line is not None and not any(_BOX_RE.search(p) for p in line[0]):
-            others.append(line[0])
-        if sentence is not None and not any(_BOX_RE.search(p) for p in sentence[0]):
-            others.append(sentence[0])
-        return Reading(boxes[-1][2], "boxed", others, last_box_end)
+    final = _answer_sentence(text, _FINAL_SENTENCE)
+    # The last final statement (a box group, an "Answer:" line, a "final answer is" sentence)
+    # is the answer: a statement after the last box supersedes the boxes (they were steps).
+    statements = []
+    if boxes:
+        statements.append((boxes[-1][0], "boxed", boxes[-1][2]))
     if line is not None:
-        if sentence is not None and sentence[0] != line[0]:
-            others.append(sentence[0])
-        return Reading(line[0], "answer", others)
-    if sentence is None:
-        sentence = _answer_sentence(text)
+        statements.append((line[1], "answer", line[0]))
+    if final is not None:
+        statements.append((final[1], "sentence", final[0]))
+    if statements:
+        pos, source, parts = max(statements, key=lambda st: st[0])
+        # Hedges: when a box is the answer, every other box; and an answer sentence after it.
+        others = [g[2] for g in boxes[:-1]] if source == "boxed" else []
+        later = _answer_sentence(text, after=pos + 1)
+        if later is not None and later[0] != parts and not any(_BOX_RE.search(p) for p in later[0]):
+            others.append(later[0])
+        return Reading(parts, source, others, pos)
+    sentence = _answer_sentence(text)
     if sentence is not None:
         return Reading(sentence[0], "sentence")
     conclusion = _conclusion(text)
@@ -535,6 +552,8 @@ def read_answer(text: str, response: bool = False) -> Reading | None:
     unit = _NUMBER_WITH_UNIT.fullmatch(bare)
     if unit and not (set(w.lower() for w in _WORDS.findall(unit.group(2))) & _MATH_WORDS):
         return Reading([normalize_plain_number(unit.group(1))], "raw")  # "540 degrees", "20 cm^2"
+    if len(stripped) <= 40 and not re.search(r"[A-Za-z]{2,}\s*[\s:'.]\s*[A-Za-z0-9]", stripped):
+        return Reading([stripped], "raw")  # a short answer as a whole ("Maximum = 2, Minimum = 1")
     if "\n" not in stripped and len(stripped) <= 300:
         parts = read_span(stripped)
         if parts:

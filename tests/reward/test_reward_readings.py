@@ -144,10 +144,16 @@ def test_last_number_fallback_only_for_a_lone_number():
         ("The first root is $\\boxed{3}$. The second root is $\\boxed{5}$.", "3, 5", True),
         ("The first root is $\\boxed{3}$. The second root is $\\boxed{5}$.", "3", False),
         ("Roots: $\\boxed{3}$. Then $\\boxed{5}$. Also $\\boxed{7}$.", "3, 5", False),
-        # a box and an "Answer:" line
+        # a final statement after the last box supersedes the boxes (they were steps) ...
         ("So $\\boxed{5}$.\n\nAnswer: 6", "5", False),
-        ("So $\\boxed{5}$.\n\nAnswer: 6", "6", False),
+        ("So $\\boxed{5}$.\n\nAnswer: 6", "6", True),
         ("So $\\boxed{0.5}$.\n\nAnswer: 1/2", "\\frac{1}{2}", True),
+        ("Interest: $\\boxed{255}$. Total $10,455. The final answer is $10,455$.", "10455", True),
+        ("Interest: $\\boxed{255}$. Total $10,455. The final answer is $10,455$.", "255", False),
+        # ... but an answer sentence after the final statement must agree with it
+        ("So $\\boxed{5}$. Hence the answer is 6.", "5", False),
+        ("So $\\boxed{5}$. Hence the answer is 6.", "6", False),
+        ("So $\\boxed{5}$. Hence the answer is 5.", "5", True),
         # an "Answer:" line and a later answer sentence
         ("Answer: 3.\nThe answer is 4.", "3", False),
         ("Answer: 3.\nThe answer is 3.", "3", True),
