@@ -41,7 +41,10 @@ need it:
    as_numpy=True)``, which converts only CUDA tensors, so on the CPU the splits stay tensors
    and ``all_to_all_single`` refuses them (it takes a sequence of ints): the dispatcher's
    reference is replaced by one that returns what the GPU path returns, a host tensor or its
-   numpy array. The token dispatchers' CUDA streams and events (``token_dispatcher.py``: ``torch.cuda.Stream()``,
+   numpy array. A custom autograd Function's backward runs with torch function modes off, so
+   the all-to-all that the dispatcher's backward runs (``tensor_parallel/mappings.py:
+   _AllToAll.forward``, which allocates its output on ``torch.cuda.current_device()``) runs
+   inside patch 1's mode again. The token dispatchers' CUDA streams and events (``token_dispatcher.py``: ``torch.cuda.Stream()``,
    ``torch.cuda.current_stream()``) are patch 2's dummies; ``Router.gating`` moving its
    weight ``.to(torch.cuda.current_device())`` and the dispatchers' ``device="cuda"``
    tensors are patch 1.
@@ -75,6 +78,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 _APPLIED = False
+_MODE_CLS = None  # the class of patch 1's mode (strict or not)
 
 STRICT_ENV = "MEGATRON_DAPO_STRICT_COLLECTIVES"
 
@@ -358,7 +362,9 @@ def apply_cpu_patches() -> bool:
     if cuda_available():
         return False
     # Patch 1: a process-wide torch function mode (entered once, never exited).
-    mode = _StrictCudaToCpuMode() if strict_collectives() else _CudaToCpuMode()
+    global _MODE_CLS
+    _MODE_CLS = _StrictCudaToCpuMode if strict_collectives() else _CudaToCpuMode
+    mode = _MODE_CLS()
     mode.__enter__()
     # Patch 2: the torch.cuda attributes megatron calls directly.
     torch.cuda.current_device = lambda: 0
@@ -383,12 +389,31 @@ def apply_moe_cpu_patches() -> bool:
     if cuda_available():
         return False
     apply_cpu_patches()
+    from megatron.core.tensor_parallel import mappings
     from megatron.core.transformer.moe import moe_utils, token_dispatcher
 
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
     token_dispatcher.maybe_move_tensor_to_cpu = _host_tensor
+    fwd = mappings._AllToAll.__dict__["forward"]
+    if not getattr(fwd, "_megatron_dapo_cpu_mode", False):
+        mappings._AllToAll.forward = staticmethod(_in_cpu_mode(fwd.__func__))
+        mappings._AllToAll.forward._megatron_dapo_cpu_mode = True
     return moe_utils.te_general_gemm is None
+
+
+def _in_cpu_mode(fn):
+    """``fn`` run inside patch 1's mode when no torch function mode is active (a custom
+    autograd Function's backward runs with the modes off)."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        if torch._C._len_torch_function_stack() or _MODE_CLS is None:
+            return fn(*args, **kwargs)
+        with _MODE_CLS():
+            return fn(*args, **kwargs)
+
+    return wrapped
 
 
 def _host_tensor(tensor, as_numpy: bool = False, record_stream: bool = False):

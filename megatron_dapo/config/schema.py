@@ -55,6 +55,11 @@ class ParallelConfig:
     use_distributed_optimizer: bool = _f(False, "Shard optimizer state over data-parallel ranks.")
     nnodes: int = _f(1, "Number of nodes.", "--actor-num-nodes")
     gpus_per_node: int = _f(1, "GPUs (CPU demo: worker processes) per node.", "--actor-num-gpus-per-node")
+    expert_model_parallel_size: int = _f(
+        1, "Expert parallel size (mixture-of-experts models): each EP rank holds num_experts / EP experts; EP ranks "
+        "are drawn from the TP x CP x DP ranks of a pipeline stage (docs/moe.md).")
+    expert_tensor_parallel_size: Optional[int] = _f(
+        None, "Tensor parallel size of each expert (default: --tensor-model-parallel-size).")
 
 
 @dataclass
@@ -206,6 +211,25 @@ class RunConfig:
 
 
 @dataclass
+class MoEConfig:
+    """How a mixture-of-experts model (Qwen3-MoE) is trained; docs/moe.md has the defaults' sources."""
+
+    moe_router_load_balancing_type: str = _f(
+        "aux_loss", "Load-balancing loss: aux_loss (Switch Transformer, per micro-batch), seq_aux_loss (per "
+        "sequence), global_aux_loss (over the data-parallel group: the global-batch balance Qwen3 trains with), "
+        "none.", choices=("aux_loss", "seq_aux_loss", "global_aux_loss", "none"))
+    moe_aux_loss_coeff: Optional[float] = _f(
+        None, "Coefficient of the load-balancing loss, as the mean over the step's micro-batches (default: the HF "
+        "config's router_aux_loss_coef, 0.001 for Qwen3-MoE).")
+    moe_router_enable_expert_bias: bool = _f(
+        False, "Aux-loss-free balancing (DeepSeek-V3): a per-expert bias on the routing scores, updated after each "
+        "step. megatron-core supports it with sigmoid scores only: refused for Qwen3-MoE's softmax router.")
+    moe_router_bias_update_rate: float = _f(1e-3, "Update rate of that bias (DeepSeek-V3's gamma).")
+    moe_token_dispatcher_type: str = _f(
+        "alltoall", "How tokens reach their experts' EP ranks: alltoall or allgather.", choices=("alltoall", "allgather"))
+
+
+@dataclass
 class DAPOConfig:
     """Root of the config tree."""
 
@@ -219,6 +243,7 @@ class DAPOConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    moe: MoEConfig = field(default_factory=MoEConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

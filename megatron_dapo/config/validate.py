@@ -116,6 +116,53 @@ def check_reward(cfg: DAPOConfig) -> None:
         raise named("--reward-source", e) from e
 
 
+def check_expert_layout(cfg: DAPOConfig, arch=None) -> None:
+    """Expert parallelism (docs/moe.md): sizes >= 1, the world divisible by ETP x EP x PP, the
+    experts by EP, each expert's width by ETP; a dense model has no experts to split; megatron
+    trains a MoE layer with TP > 1 only under sequence parallelism; the aux-loss-free bias
+    needs sigmoid router scores, which Qwen3-MoE does not have."""
+    p, m = cfg.parallel, cfg.moe
+    tp, pp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size
+    ep = p.expert_model_parallel_size
+    etp = p.expert_tensor_parallel_size or tp
+    if ep < 1 or etp < 1:
+        raise ConfigError(f"--expert-model-parallel-size {ep} and --expert-tensor-parallel-size {etp} must be >= 1")
+    world = world_size(cfg)
+    if world % (etp * ep * pp):
+        raise ConfigError(
+            f"world size {world} is not divisible by --expert-tensor-parallel-size {etp} x "
+            f"--expert-model-parallel-size {ep} x --pipeline-model-parallel-size {pp} (experts are laid out over the "
+            "same ranks as the dense layers, per pipeline stage)")
+    if m.moe_router_bias_update_rate < 0:
+        raise ConfigError(f"--moe-router-bias-update-rate must be >= 0, got {m.moe_router_bias_update_rate}")
+    if m.moe_aux_loss_coeff is not None and m.moe_aux_loss_coeff < 0:
+        raise ConfigError(f"--moe-aux-loss-coeff must be >= 0, got {m.moe_aux_loss_coeff}")
+    if arch is None:
+        return
+    if not arch.is_moe:
+        if ep > 1 or p.expert_tensor_parallel_size not in (None, tp):
+            raise ConfigError(
+                f"--expert-model-parallel-size {ep} / --expert-tensor-parallel-size {etp}: the model "
+                f"({arch.model_type}, --hf-checkpoint config) has no experts; drop them")
+        return
+    if arch.num_experts % ep:
+        raise ConfigError(f"{arch.num_experts} experts (--hf-checkpoint config num_experts) not divisible by "
+                          f"--expert-model-parallel-size {ep}")
+    if arch.moe_ffn_hidden_size % etp:
+        raise ConfigError(f"expert width {arch.moe_ffn_hidden_size} (--hf-checkpoint config moe_intermediate_size) "
+                          f"not divisible by --expert-tensor-parallel-size {etp}")
+    if tp > 1 and not p.sequence_parallel:
+        raise ConfigError(
+            f"--tensor-model-parallel-size {tp} with a mixture-of-experts model needs --sequence-parallel (megatron-core "
+            "refuses to train a MoE layer with TP > 1 otherwise; GPU/TE only): add --sequence-parallel, or split the "
+            "experts with --expert-model-parallel-size at TP 1")
+    if m.moe_router_enable_expert_bias:
+        raise ConfigError(
+            f"--moe-router-enable-expert-bias: megatron-core's aux-loss-free bias needs sigmoid router scores, and "
+            f"{arch.model_type} routes with a softmax (its rollout engines route without any bias either); drop it "
+            "and balance with --moe-router-load-balancing-type / --moe-aux-loss-coeff")
+
+
 def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[str]:
     """Raise ConfigError on the first invalid combination; return a list of warnings.
 
@@ -150,6 +197,7 @@ def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[
             f"--context-parallel-size {cp}"
         )
     dp = data_parallel_size(cfg)
+    check_expert_layout(cfg, arch)
     if arch is not None:
         if arch.num_attention_heads % tp:
             raise ConfigError(

@@ -199,6 +199,11 @@ class SyncPlan:
     num_buckets: int
     buffers: int  # bucket buffers per feeder (2 for HFEngine; 3 for SGLang, which reads a bucket until the next call returns)
     seconds: float
+    # mixture of experts: the experts' part of bytes_per_feeder, and what of it reaches a
+    # feeder's stage by the expert all-gather (the other ETP x EP ranks' experts)
+    expert_bytes_per_feeder: int = 0
+    expert_gathered_bytes: int = 0
+    expert_group: int = 1  # ETP x EP ranks of one stage's expert all-gather
 
     @property
     def extra_peak_bytes(self) -> int:
@@ -234,7 +239,17 @@ def sync_plan(cfg: DAPOConfig, arch: ModelArch, engine_kind: str = "hf") -> Sync
     buffers = 3 if engine_kind == "sglang" else 2
     seconds = (total - worst_cross) / (INTRA_NODE_GBPS * GB) + worst_cross / (INTER_NODE_GBPS * GB) + total / (
         ENGINE_COPY_GBPS * GB)
-    return SyncPlan(feeds, total, bucket, math.ceil(total / bucket), buffers, seconds)
+    experts = arch.num_layers * arch.expert_parameters_per_layer * dtype_bytes
+    group = expert_group_size(cfg) if arch.is_moe else 1
+    return SyncPlan(feeds, total, bucket, math.ceil(total / bucket), buffers, seconds,
+                    expert_bytes_per_feeder=experts, expert_gathered_bytes=experts - experts // group,
+                    expert_group=group)
+
+
+def expert_group_size(cfg: DAPOConfig) -> int:
+    """ETP x EP: the ranks of one pipeline stage among which a layer's experts are split."""
+    p = cfg.parallel
+    return (p.expert_tensor_parallel_size or p.tensor_model_parallel_size) * p.expert_model_parallel_size
 
 
 # ----------------------------------------------------------------------------- memory
@@ -328,18 +343,28 @@ def sglang_graph_bytes(capacity_gb: float, engine_tp: int) -> float:
 
 
 def _per_layer_params(arch: ModelArch) -> int:
+    """One layer's parameters split over TP (attention, dense MLP or the MoE router, norms);
+    a MoE layer's experts are :func:`expert_params_per_gpu`'s."""
     h, f = arch.hidden_size, arch.ffn_hidden_size
     q = arch.num_attention_heads * arch.head_dim
     kv = arch.num_query_groups * arch.head_dim
     attn = h * q + 2 * h * kv + q * h + (q + 2 * kv if arch.qkv_bias else 0)
-    return attn + 3 * h * f + 2 * h
+    mlp = arch.num_experts * h if arch.is_moe else 3 * h * f
+    return attn + mlp + 2 * h + (2 * arch.head_dim if arch.qk_layernorm else 0)
 
 
-def stage_params(arch: ModelArch, tp: int, pp: int, make_vocab_size_divisible_by: int = 128) -> List[int]:
-    """Parameters held by one GPU of each pipeline stage (TP-sharded; norms counted once)."""
+def expert_params_per_gpu(arch: ModelArch, pp: int, expert_group: int) -> int:
+    """The experts one GPU of a stage holds: its stage's layers x experts / (ETP x EP)."""
+    return arch.num_layers // pp * arch.expert_parameters_per_layer // expert_group
+
+
+def stage_params(arch: ModelArch, tp: int, pp: int, make_vocab_size_divisible_by: int = 128,
+                 expert_group: int = 1) -> List[int]:
+    """Parameters held by one GPU of each pipeline stage (TP-sharded; a MoE model's experts
+    split over ``expert_group`` = ETP x EP ranks; norms counted once)."""
     v = padded_vocab_size(arch.vocab_size, make_vocab_size_divisible_by, tp)
     emb = v * arch.hidden_size // tp
-    layer = _per_layer_params(arch) // tp
+    layer = _per_layer_params(arch) // tp + arch.expert_parameters_per_layer // expert_group
     per_stage = [arch.num_layers // pp * layer for _ in range(pp)]
     per_stage[0] += emb
     if not arch.tie_word_embeddings or pp > 1:
@@ -352,6 +377,8 @@ def stage_params(arch: ModelArch, tp: int, pp: int, make_vocab_size_divisible_by
 def _act_bytes_per_token_layer(arch: ModelArch, tp: int, sp: bool, dtype_bytes: int) -> tuple:
     """(hidden-size part, tensor-parallel part) of one layer's stored activations per token."""
     h, f = arch.hidden_size, arch.ffn_hidden_size
+    if arch.is_moe:  # every token through its top-k experts
+        f = arch.moe_router_topk * arch.moe_ffn_hidden_size
     q = arch.num_attention_heads * arch.head_dim
     kv = arch.num_query_groups * arch.head_dim
     hidden = 4 * h * dtype_bytes  # two norm inputs, QKV input, MLP input
@@ -364,11 +391,16 @@ def estimate_memory(cfg: DAPOConfig, arch: ModelArch, capacity_gb: float = 80.0)
     tp, pp, cp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size
     dp = data_parallel_size(cfg)
     wbytes = 2 if cfg.model.bf16 else 4
-    params = max(stage_params(arch, tp, pp, cfg.model.make_vocab_size_divisible_by))
+    group = expert_group_size(cfg) if arch.is_moe else 1
+    params = max(stage_params(arch, tp, pp, cfg.model.make_vocab_size_divisible_by, group))
     weights = params * wbytes
     grads = params * 4
     opt_per_param = 8 + (4 if cfg.model.bf16 else 0)
-    optimizer = params * opt_per_param / (dp if p.use_distributed_optimizer else 1)
+    # the distributed optimizer shards dense state over DP and expert state over the
+    # expert-data-parallel ranks (world / (PP x ETP x EP))
+    experts = expert_params_per_gpu(arch, pp, group)
+    edp = max(1, world_size(cfg) // (pp * group))
+    optimizer = ((params - experts) / dp + experts / edp if p.use_distributed_optimizer else params) * opt_per_param
 
     tokens = o.max_tokens_per_gpu
     if tokens is None:
@@ -607,6 +639,9 @@ def dry_run_report(
         f"{arch.hidden_size}, FFN {arch.ffn_hidden_size}, {arch.num_attention_heads} heads / "
         f"{arch.num_query_groups} KV heads x {arch.head_dim}, vocab {arch.vocab_size}, "
         f"{'tied' if arch.tie_word_embeddings else 'untied'} embeddings"
+        + (f"; {arch.num_experts} experts of width {arch.moe_ffn_hidden_size}, top-{arch.moe_router_topk}, "
+           f"expert parallel EP {p.expert_model_parallel_size} x ETP "
+           f"{p.expert_tensor_parallel_size or p.tensor_model_parallel_size}" if arch.is_moe else "")
     )
     if hf_config_source:
         add(f"model shape from: {hf_config_source}")
@@ -649,6 +684,11 @@ def dry_run_report(
         f"({'bf16' if cfg.model.bf16 else 'fp32'}), {sp.num_buckets} buckets of {sp.bucket_bytes / 2**20:.0f} MiB "
         f"(--update-weight-buffer-size), {sp.buffers} bucket buffers per GPU = {_gb(sp.extra_peak_bytes)} extra peak"
     )
+    if sp.expert_bytes_per_feeder:
+        add(f"experts: {_gb(sp.expert_bytes_per_feeder)} of it per feeder ({arch.num_layers} layers x "
+            f"{arch.num_experts} experts), {_gb(sp.expert_gathered_bytes)} all-gathered from the other "
+            f"{sp.expert_group - 1} ranks of each stage's ETP x EP group; one bucket slot per layer's fc1 / fc2 of all "
+            f"experts ({'per-expert' if engine_kind == 'sglang' else 'fused'} names for the {engine_kind} engine)")
     add(
         f"engine TP rank j <- feeder rank (first + j) on the same node: one payload of memory handles per feeder "
         f"({'CUDA IPC' if on_gpu else 'shared memory'}); Ray carries one small call per bucket and engine, "

@@ -1,6 +1,7 @@
-"""Model providers: megatron-core GPTModel from a Hugging Face config (Qwen2/Qwen2.5, Llama)."""
+"""Model providers: megatron-core GPTModel from a Hugging Face config (Qwen2/Qwen2.5, Qwen3, Qwen3-MoE, Llama)."""
 
 from .hf_config import (
+    MOE_MODEL_TYPES,
     SUPPORTED_MODEL_TYPES,
     ModelArch,
     ModelConfigError,
@@ -11,6 +12,7 @@ from .hf_config import (
 )
 
 __all__ = [
+    "MOE_MODEL_TYPES",
     "SUPPORTED_MODEL_TYPES",
     "ModelArch",
     "ModelConfigError",
@@ -20,12 +22,14 @@ __all__ = [
     "parse_hf_config",
     "build_gpt_model",
     "ModelBuildOptions",
+    "MoEOptions",
     "causal_mask",
 ]
 
 
 def __getattr__(name):  # megatron-core is imported only when a model is built
-    if name in ("build_gpt_model", "ModelBuildOptions", "causal_mask", "transformer_config_from_arch", "layer_spec"):
+    if name in ("build_gpt_model", "ModelBuildOptions", "MoEOptions", "causal_mask", "transformer_config_from_arch",
+                "layer_spec"):
         from . import provider
 
         return getattr(provider, name)

@@ -25,7 +25,7 @@ from ..algo.config import AlgorithmConfig
 from . import packing as pk
 from .forward import forward_backward
 from .logprobs import chunked_logprobs_entropy
-from .setup import Policy, optimizer_step
+from .setup import Policy, optimizer_step, set_moe_aux_loss_scale
 from .token_weights import engine_logprobs_of, token_weights_into, weigh_samples
 
 METRIC_KEYS = (
@@ -410,8 +410,9 @@ def train_on_minibatch(
     my_tokens = float(sum(len(x["tokens"]) for x in samples))
     # the WHOLE optimizer step's token and sequence counts, over all micro-batches and DP ranks,
     # and the DP ranks' token loads (sum and max) for the imbalance
-    counts = dp_token_counts(local + [my_tokens])
+    counts = dp_token_counts(local + [my_tokens, float(len(mbs))])
     tok_max = dp_token_counts([my_tokens], op=dist.ReduceOp.MAX)
+    set_moe_aux_loss_scale(policy.config, float(counts[3]))  # MoE: load-balancing loss = mean over micro-batches
     g_tok, g_seq = float(counts[0]), float(counts[1])
     dp = ps.get_data_parallel_world_size()
     imbalance = float(tok_max[0]) / (float(counts[2]) / dp) if float(counts[2]) > 0 else 1.0

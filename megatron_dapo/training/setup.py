@@ -14,8 +14,8 @@ from typing import Optional
 
 import torch
 
-from ..config.schema import OptimConfig, ParallelConfig
-from ..models.provider import ModelBuildOptions, build_gpt_model
+from ..config.schema import MoEConfig, OptimConfig, ParallelConfig
+from ..models.provider import ModelBuildOptions, MoEOptions, build_gpt_model
 from .forward import configure_for_step_normalised_loss
 
 _OPTIM, _PARALLEL = OptimConfig(), ParallelConfig()
@@ -46,6 +46,38 @@ class Policy:
     arch: object
     config: object  # TransformerConfig
     padded_vocab: int
+
+
+def moe_options(moe: MoEConfig) -> MoEOptions:
+    """The mixture-of-experts build options of the ``--moe-*`` flags (ignored by dense models)."""
+    return MoEOptions(
+        load_balancing_type=moe.moe_router_load_balancing_type,
+        aux_loss_coeff=moe.moe_aux_loss_coeff,
+        enable_expert_bias=moe.moe_router_enable_expert_bias,
+        bias_update_rate=moe.moe_router_bias_update_rate,
+        token_dispatcher_type=moe.moe_token_dispatcher_type,
+    )
+
+
+def expert_parallel_sizes(parallel: ParallelConfig) -> dict:
+    """``distributed.init_parallel``'s expert-parallel arguments of the flags."""
+    return {"expert_model_parallel_size": parallel.expert_model_parallel_size,
+            "expert_tensor_parallel_size": parallel.expert_tensor_parallel_size}
+
+
+#: the attribute of a MoE model's TransformerConfig holding the --moe-aux-loss-coeff of a step
+_AUX_PER_STEP = "_megatron_dapo_aux_loss_coeff"
+
+
+def set_moe_aux_loss_scale(config, step_microbatches: float) -> None:
+    """Make the load-balancing loss the MEAN over the optimizer step's micro-batches (all DP
+    ranks) times its coefficient. megatron adds each micro-batch's loss with the coefficient
+    as it is (``calculate_per_token_loss``) and DP sums gradients, so the coefficient the
+    router reads is set to ``coefficient / step_microbatches`` before the step's forwards.
+    No-op for dense models."""
+    base = getattr(config, _AUX_PER_STEP, None)
+    if base is not None:
+        config.moe_aux_loss_coeff = base / max(1.0, float(step_microbatches))
 
 
 def wrap_ddp(model, config, use_distributed_optimizer: bool):
@@ -104,6 +136,8 @@ def build_policy(hf_config, build: Optional[ModelBuildOptions] = None, opt: Opti
     opt = opt or OptimizerOptions()
     model, arch, config = build_gpt_model(hf_config, build)
     configure_for_step_normalised_loss(config)
+    if getattr(config, "num_moe_experts", None):
+        setattr(config, _AUX_PER_STEP, float(config.moe_aux_loss_coeff or 0.0))
     ddp = wrap_ddp(model, config, opt.use_distributed_optimizer)
     optimizer, scheduler = build_optimizer(ddp, opt, bf16=build.bf16)
     pv = padded_vocab_size(arch.vocab_size, build.make_vocab_size_divisible_by, config.tensor_model_parallel_size)
@@ -116,8 +150,11 @@ def train_step(policy: Policy, microbatches: list[dict], loss_fn) -> dict:
     Returns ``{"update_successful", "grad_norm", "metrics"}``; a non-finite gradient norm
     skips the update (megatron's optimizer returns ``update_successful=False``).
     """
+    from .dapo_step import dp_token_counts
     from .forward import forward_backward
 
+    if getattr(policy.config, _AUX_PER_STEP, None) is not None:
+        set_moe_aux_loss_scale(policy.config, float(dp_token_counts([len(microbatches)])[0]))
     policy.model.zero_grad_buffer()
     policy.optimizer.zero_grad()
     metrics = forward_backward(policy.model, microbatches, loss_fn, forward_only=False)
@@ -143,6 +180,17 @@ def optimizer_step(optimizer, clip_grad: float) -> tuple[bool, float]:
     if not math.isfinite(norm):
         return False, norm
     if clip_grad > 0:
-        optimizer.clip_grad_norm(clip_grad)
+        subs = [o for o in getattr(optimizer, "chained_optimizers", [optimizer])
+                if not getattr(o, "is_stub_optimizer", False)]
+        if len(subs) <= 1:
+            optimizer.clip_grad_norm(clip_grad)
+        else:  # dense + expert optimizers (MoE): each clipped by the norm over all of them
+            from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
+            for o in subs:
+                params = o.get_parameters()
+                if params:
+                    clip_grad_by_total_norm_fp32(params, max_norm=clip_grad, total_norm=norm, use_decoupled_grad=bool(
+                        getattr(o.config, "use_precision_aware_optimizer_no_fp8_or_ds_fp8", False)))
     ok = bool(optimizer.step_with_ready_grads())
     return ok, norm

@@ -111,3 +111,35 @@ def sync_into_hf_engine(hf_cfg: dict, sd: dict, tp: int, pp: int, ep: int, etp, 
         if proc is not None:
             proc.close()
     return res
+
+
+def train_step_at(hf_cfg: dict, sd: dict, ep: int, distributed_optimizer: bool, balancing: str = "aux_loss"):
+    """One AdamW step of the MoE policy (TP1, DDP over the world, ``ep`` expert ranks) on
+    4 rows, one per DP rank and micro-batch (row r on DP rank r % DP). Returns every full
+    weight after the step (TP/EP gathered, on DP rank 0), the grad norm, the load-balancing
+    coefficient the router used, and the expert-data-parallel size."""
+    from megatron.core import parallel_state as ps
+
+    from megatron_dapo.checkpoint.model_io import gather_full_weights, load_hf_weights
+    from megatron_dapo.distributed import init_parallel
+    from megatron_dapo.models import ModelBuildOptions, MoEOptions
+    from megatron_dapo.training.setup import OptimizerOptions, build_policy, train_step
+    from tests.foundation.bodies import _nll_loss_fn
+
+    init_parallel(1, 1, seed=1234, expert_model_parallel_size=ep)
+    opt = OptimizerOptions(lr=1e-3, weight_decay=0.1, clip_grad=1.0, use_distributed_optimizer=distributed_optimizer)
+    policy = build_policy(hf_cfg, ModelBuildOptions(moe=MoEOptions(load_balancing_type=balancing)), opt)
+    load_hf_weights(policy.model, policy.arch, lambda n: sd[n], policy.padded_vocab)
+    policy.optimizer.reload_model_params()
+    data = torch.randint(0, policy.arch.vocab_size, (4, 10), generator=torch.Generator().manual_seed(11))
+    mask = torch.ones_like(data)
+    mask[0, 7:] = 0
+    dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+    rows = [r for r in range(4) if r % dp == dp_rank]
+    mbs = [{"tokens": data[r : r + 1], "loss_mask": mask[r : r + 1]} for r in rows]
+    out = train_step(policy, mbs, _nll_loss_fn(policy.arch, float(mask[:, 1:].sum())))
+    assert out["update_successful"]
+    full = {n: t.clone() for n, t in gather_full_weights(policy.model, policy.arch)}
+    return {"params": full if dp_rank == 0 else None, "grad_norm": out["grad_norm"],
+            "aux_coeff": policy.config.moe_aux_loss_coeff,
+            "edp": ps.get_expert_data_parallel_world_size()}

@@ -2,8 +2,7 @@
 all-gathered over EP (and ETP) into the engine's naming (transformers' fused
 ``gate_up_proj`` / ``down_proj``), bucketed like dense weights (a bucket of 1 KiB: every
 tensor alone; 1 GiB: one bucket per stage). Layouts: EP2 fed by rank 0 (the other replica
-joins only its expert group's all-gathers), PP2 x EP2 fed by rank 0 (the second stage's
-buckets broadcast over PP), EP2 x TP2 (ETP2: shards joined from the scratch) fed by all four
+joins only its expert group's all-gathers), EP2 x TP2 (ETP2: shards joined from the scratch) fed by all four
 ranks by memory handles into one engine process (the trainer's payload path)."""
 
 import pytest
@@ -25,7 +24,7 @@ def moe_hf():
 
 
 # (tp, pp, ep, etp, world, mode)
-LAYOUTS = [(1, 1, 2, None, 2, "rank0"), (1, 2, 2, None, 4, "rank0"), (2, 1, 2, None, 4, "payloads")]
+LAYOUTS = [(1, 1, 2, None, 2, "rank0"), (2, 1, 2, None, 4, "payloads")]
 
 
 @pytest.mark.parametrize("tp,pp,ep,etp,world,mode", LAYOUTS, ids=[f"tp{t}pp{p}ep{e}-{m}" for t, p, e, _, _, m in LAYOUTS])
