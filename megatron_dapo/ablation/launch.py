@@ -429,6 +429,7 @@ set -euo pipefail
 GRID={q(plan.grid)}
 TASKS={q(tasks)}
 export REPO_ROOT={q(root)}
+export PYTHONPATH="$REPO_ROOT${{PYTHONPATH:+:$PYTHONPATH}}"  # megatron_dapo from this checkout
 export PYTHON="${{PYTHON:-{py}}}"
 export DRIVER_SCRIPT={q(driver)}
 [[ -n "${{SLURM_ARRAY_TASK_ID:-}}" ]] || {{ echo "ablate: SLURM_ARRAY_TASK_ID is not set; submit this file with sbatch" >&2; exit 2; }}

@@ -16,7 +16,6 @@ the rough estimate of :func:`estimate_step_seconds`).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os

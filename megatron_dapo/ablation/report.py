@@ -454,7 +454,7 @@ def plot_report(rep: dict, out_dir: str) -> List[str]:
         ax.set_yticklabels([e.column.label for e in es], fontsize=8)
         ax.set_title(rep["outcome_names"][o], fontsize=9)
         ax.set_xlabel(f"effect (+ minus -), {CI_LEVEL:.0%} t interval over seeds", fontsize=8)
-    fig.suptitle(f"{plan.design.name} ({plan.design.resolution_name}); letters: "
+    fig.suptitle(f"{plan.design.name}, {plan.design.resolution_name}; letters: "
                  + ", ".join(f"{LETTERS[i]} {f.name}" for i, f in enumerate(plan.factors)), fontsize=9)
     fig.tight_layout()
     p = os.path.join(out_dir, "effects.png")
