@@ -6,7 +6,8 @@ One rollout step, top to bottom (see docs/design.md for the picture):
 2. rewards -> group advantages, overlong filtering       (driver/batch.py)
 3. engines release their memory, trainer onloads         (HybridStep.to_train, docs/hybrid.md)
 4. old-policy logprobs recomputed by megatron            (PolicyWorker.compute_logprobs)
-5. one optimizer step per --global-batch-size responses  (PolicyWorker.train)
+5. rollout x G / --global-batch-size optimizer steps     (PolicyWorker.train; samples without a
+   trainable token left out, driver/batch.py)
 6. engines resume weights, bucketed TP/PP -> HF sync,    (HybridStep.to_rollout)
    probe, trainer offloads, engines resume KV cache
 7. metrics, rollout dump, checkpoint                     (driver/metrics.py, driver/debug.py)
@@ -27,7 +28,7 @@ import torch
 from .config import ConfigError, parse_args, validate
 from .config.validate import load_tokenizer
 from .errors import report_user_error
-from .driver.batch import assign_advantages, dp_partition, dp_shards, minibatches
+from .driver.batch import assign_advantages, dp_partition, dp_shards, minibatches, optimizer_steps, training_samples
 from .driver.cluster import Cluster
 from .models import parse_hf_config
 
@@ -217,8 +218,11 @@ class Trainer:
         self.engines.kill_next_generation = cfg.run.kill_engine_at_step == step
         roll = self.manager.collect(step)
         engines = self._remote_engines()  # a restarted engine has a new handle
-        # 2. rewards -> advantages; overlong filtering
+        # 2. rewards -> advantages (over whole groups); overlong filtering; the samples without a
+        # trainable token are left out of the trainer's list (driver/batch.py training_samples)
         samples = assign_advantages(roll.groups, a)
+        offpolicy = cfg.rollout.partial_rollout_offpolicy if cfg.rollout.partial_rollout else None
+        samples, untrainable = training_samples(samples, optimizer_steps(cfg), self.cluster.dp_layout()[0], offpolicy)
         extra = [s for g in self.manager.surplus for s in g.samples if s.old_logprobs is None]
         # 3. engines release their memory, the trainer onloads
         self.hybrid.to_train(engines)
@@ -230,7 +234,7 @@ class Trainer:
             self._compute_old_logprobs([s for s in need if s.ref_logprobs is None], method="compute_ref_logprobs",
                                        field="ref_logprobs")
         t_old = time.perf_counter() - t
-        # 5. one optimizer step per --global-batch-size responses
+        # 5. rollout_batch_size x n_samples_per_prompt / global_batch_size optimizer steps
         if cfg.run.dump_train_batch:
             debug.dump_train_batch(self.cluster, cfg.run.dump_train_batch, step, samples, cfg.optim.global_batch_size, "before")
         t = time.perf_counter()
@@ -250,7 +254,7 @@ class Trainer:
                    "time_offload": sum(h.get(k, 0.0) for k in ("release_s", "resume_s", "onload_s", "offload_s")),
                    "time_probe": h.get("probe_s", 0.0)}
         m = step_metrics(step, roll, samples, train_metrics, info, repetition_rate=repetition_rate,
-                         engine_restarts=self.engines.restarts, timings=timings)
+                         engine_restarts=self.engines.restarts, timings=timings, untrainable=untrainable)
         m["time_step"] = time.perf_counter() - t_step
         gen_tokens = sum(len(s.response_ids) for g in roll.generated for s in g.samples)
         m["tokens_per_second"] = gen_tokens / max(m["time_step"], 1e-9)
@@ -279,7 +283,7 @@ class Trainer:
 
         cfg = self.cfg
         dp, reporters = self.cluster.dp_layout()
-        mbs = minibatches(samples, cfg.optim.global_batch_size)
+        mbs = minibatches(samples, optimizer_steps(cfg), dp)
         shards_per_mb = [dp_shards([s.to_worker() for s in mb], dp) for mb in mbs]
         outs = [[] for _ in self.cluster.infos]
         steps = range(len(shards_per_mb))

@@ -115,13 +115,85 @@ def assign_advantages(groups: list, algo: AlgorithmConfig) -> list:
     return samples
 
 
-def minibatches(samples: list, global_batch_size: int) -> list:
-    """Consecutive mini-batches of ``global_batch_size`` responses (one optimizer step each)."""
-    if len(samples) % global_batch_size:
+def optimizer_steps(cfg) -> int:
+    """Optimizer steps per rollout step, as the config says: --rollout-batch-size x
+    --n-samples-per-prompt / --global-batch-size (config validation checks the division)."""
+    r = cfg.rollout
+    return max(1, r.rollout_batch_size * r.n_samples_per_prompt // cfg.optim.global_batch_size)
+
+
+def has_trainable_token(s: Sample, offpolicy: Optional[str] = None) -> bool:
+    """Whether any response token of ``s`` can carry a gradient, by the rule of
+    ``algo.tis.loss_token_weights`` (docs/algorithm.md, "One weight per token") as far as it is
+    known before the trainer's forward pass. No token does when the response is empty, when
+    overlong filtering took the sample out of the loss (``train`` False: every token's loss mask
+    is 0), or when every token was generated under older weights (``stale_len`` >= the length)
+    and ``offpolicy`` is "mask" (``--partial-rollout-offpolicy mask``: a stale token has weight 0
+    and leaves the denominator). ``offpolicy``: None without ``--partial-rollout``; under
+    "correct" a stale token keeps the weight min(rho, C) > 0. (Tokens that ``--tis-mode
+    token-mask`` / ``sequence-mask`` reject are known only from the old logprobs: not here.)"""
+    n = len(s.response_ids)
+    if n == 0 or not s.train:
+        return False
+    return not (offpolicy == "mask" and int(s.stale_len) >= n)
+
+
+def training_samples(samples: list, num_steps: int, dp_size: int, offpolicy: Optional[str] = None) -> tuple:
+    """The trainer's list of one rollout step: ``samples`` (the kept groups, advantages
+    assigned over whole groups) without those that have no trainable token
+    (:func:`has_trainable_token`); returns ``(list, left_out)``, ``left_out`` the number of
+    samples left out (the ``untrainable_samples`` metric). Such a sample still counted in its
+    group's advantage statistics; in the loss it would add nothing to the numerator nor to the
+    token or sequence counts, so leaving it out changes no gradient.
+
+    Every optimizer step needs a sample on each of the ``dp_size`` ranks: when fewer than
+    ``num_steps x dp_size`` trainable samples remain, the split of :func:`minibatches` is
+    topped up to ``dp_size`` per step with untrainable ones (in their order), which weigh 0 in
+    the loss exactly as before this rule (a step that degenerate, e.g. every response
+    truncated under --overlong-filter, trains on nothing either way). The order is kept
+    otherwise, and ``minibatches(list, num_steps)`` gives the intended mini-batches."""
+    if num_steps < 1 or dp_size < 1:
+        raise ValueError(f"training_samples: num_steps {num_steps} and dp_size {dp_size} must be >= 1")
+    keep = [s for s in samples if has_trainable_token(s, offpolicy)]
+    rest = [s for s in samples if not has_trainable_token(s, offpolicy)]
+    if len(keep) >= num_steps * dp_size or len(samples) < num_steps * dp_size:
+        return keep, len(rest)
+    out = []
+    for part in _split(keep, num_steps):
+        out += part
+        while len(part) < dp_size:
+            part = part + [rest.pop(0)]
+            out.append(part[-1])
+    return out, len(rest)
+
+
+def _split(items: list, k: int) -> list:
+    """``k`` consecutive parts of ``items`` whose sizes differ by at most one (larger first)."""
+    q, r = divmod(len(items), k)
+    out, i = [], 0
+    for j in range(k):
+        n = q + (1 if j < r else 0)
+        out.append(items[i : i + n])
+        i += n
+    return out
+
+
+def minibatches(samples: list, num_steps: int, dp_size: int = 1) -> list:
+    """``num_steps`` consecutive mini-batches of near-equal size (one optimizer step each; sizes
+    differ by at most one response). ``num_steps`` is what the config says
+    (--rollout-batch-size x --n-samples-per-prompt / --global-batch-size); a mini-batch may hold
+    fewer responses than --global-batch-size (the samples without a trainable token are left out,
+    :func:`training_samples`): the loss is normalised by each optimizer step's own token count,
+    so that is exact. Every mini-batch needs at least one response per DP rank."""
+    if num_steps < 1:
+        raise ValueError(f"minibatches: {num_steps} optimizer steps per rollout step; must be >= 1")
+    if len(samples) < num_steps * dp_size:
         raise ValueError(
-            f"{len(samples)} training responses not divisible by --global-batch-size {global_batch_size}"
+            f"{len(samples)} training responses cannot fill {num_steps} optimizer steps (--rollout-batch-size x "
+            f"--n-samples-per-prompt / --global-batch-size) with one response per data-parallel rank ({dp_size}): "
+            "raise --rollout-batch-size or --n-samples-per-prompt, or lower the data-parallel size"
         )
-    return [samples[i : i + global_batch_size] for i in range(0, len(samples), global_batch_size)]
+    return _split(list(samples), num_steps)
 
 
 def dp_shards(minibatch: list, dp_size: int) -> list:
