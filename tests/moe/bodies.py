@@ -143,3 +143,14 @@ def train_step_at(hf_cfg: dict, sd: dict, ep: int, distributed_optimizer: bool, 
     return {"params": full if dp_rank == 0 else None, "grad_norm": out["grad_norm"],
             "aux_coeff": policy.config.moe_aux_loss_coeff,
             "edp": ps.get_expert_data_parallel_world_size()}
+
+
+def balancing_steps(hf_cfg: dict, sd: dict, types: list):
+    """One EP2 step per load-balancing type (``--moe-router-load-balancing-type``): grad norm,
+    the coefficient the router read, and this rank's router weights after the step."""
+    out = {}
+    for t in types:
+        r = train_step_at(hf_cfg, sd, 2, True, balancing=t)
+        out[t] = (r["grad_norm"], r["aux_coeff"],
+                  None if r["params"] is None else r["params"]["decoder.layers.0.mlp.router.weight"])
+    return out

@@ -1,5 +1,5 @@
 """Converters for Qwen3 and Qwen3-MoE: HF -> torch_dist (tools/convert_hf_to_megatron.py) ->
-loaded at another layout (Qwen3-MoE at EP2 x TP2: dist_checkpointing reshards the experts)
+loaded at another layout (Qwen3-MoE at EP2 x TP2, ETP1: dist_checkpointing reshards the experts)
 gives the HF logits; torch_dist -> HF (tools/convert_megatron_to_hf.py) gives the
 source tensors bit for bit (one tensor per expert), in small shards."""
 
@@ -33,7 +33,7 @@ def converted(gloo, tmp_path_factory):
     return out
 
 
-LAYOUTS = [("qwen3_moe", 2, 1, 2, None, 4)]
+LAYOUTS = [("qwen3_moe", 2, 1, 2, 1, 2)]
 
 
 @pytest.mark.parametrize("name,tp,pp,ep,etp,world", LAYOUTS, ids=[f"{n}-tp{t}ep{e}" for n, t, _, e, _, _ in LAYOUTS])
