@@ -5,15 +5,15 @@ from __future__ import annotations
 import torch
 
 
-def build_from_hf(hf_cfg: dict, sd: dict, tp: int = 1, pp: int = 1, ep: int = 1, etp=None, opts=None):
+def build_from_hf(hf_cfg: dict, sd: dict, tp: int = 1, pp: int = 1, ep: int = 1, etp=None, opts=None, cp: int = 1):
     """Parallel state with EP/ETP and the megatron model with the HF tensors ``sd`` (the HF
     checkpoint's names, ``tests.tiny.checkpoint_state_dict``) loaded. Returns (model, arch)."""
     from megatron_dapo.checkpoint.model_io import load_hf_weights
     from megatron_dapo.distributed import init_parallel
     from megatron_dapo.models import ModelBuildOptions, build_gpt_model, padded_vocab_size
 
-    init_parallel(tp, pp, seed=1234, expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
-    opts = opts or ModelBuildOptions()
+    init_parallel(tp, pp, cp, seed=1234, expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
+    opts = opts or ModelBuildOptions(context_parallel_size=cp)
     model, arch, _ = build_gpt_model(hf_cfg, opts)
     load_hf_weights(model, arch, lambda n: sd[n], padded_vocab_size(arch.vocab_size, opts.make_vocab_size_divisible_by, tp))
     return model, arch
@@ -154,3 +154,19 @@ def balancing_steps(hf_cfg: dict, sd: dict, types: list):
         out[t] = (r["grad_norm"], r["aux_coeff"],
                   None if r["params"] is None else r["params"]["decoder.layers.0.mlp.router.weight"])
     return out
+
+
+def packed_logprobs(hf_cfg: dict, sd: dict, cp: int, ep: int):
+    """The trainer's logprobs (``compute_logprobs``, packed THD micro-batches) of a few
+    sequences of unequal lengths at CP ``cp`` x EP ``ep`` (rank 0's; every rank feeds them all)."""
+    import torch.distributed as dist
+
+    from megatron_dapo.training import dapo_step as ds
+    from tests.training.packing_bodies import _samples
+
+    model, arch = build_from_hf(hf_cfg, sd, ep=ep, cp=cp)
+    model.eval()
+    samples = _samples(arch.vocab_size)
+    with torch.no_grad():
+        lps = ds.compute_logprobs(model, samples, arch.vocab_size, 2, 48, packing=True)
+    return lps if dist.get_rank() == 0 else None

@@ -54,3 +54,13 @@ MOE_LAYOUTS = [(1, 1, 1, None, 2), (1, 1, 2, None, 2), (2, 1, 2, 1, 2), (1, 2, 1
 def test_qwen3_moe_logits_equal_hf(gloo, tp, pp, ep, etp, world):
     got = check_logits(gloo, "qwen3_moe", world, tp, pp, ep, etp)
     assert len({dp for dp, _ in got}) == world // (tp * pp)  # every DP rank's own tokens checked
+
+
+def test_qwen3_moe_context_parallel_with_ep(gloo):
+    """CP2 x EP2 (the EP ranks are the CP ranks: each holds half of every packed sequence and
+    half of the experts) gives the trainer's logprobs of CP1 x EP1."""
+    cfg, _, sd = hf_model("qwen3_moe")
+    ref = gloo(2).run(bodies.packed_logprobs, cfg, sd, 1, 1)[0]
+    got = gloo(2).run(bodies.packed_logprobs, cfg, sd, 2, 2)[0]
+    assert [len(x) for x in got] == [len(x) for x in ref] and len(ref) == 5
+    assert max(max(abs(a - b) for a, b in zip(x, y)) for x, y in zip(ref, got)) < 1e-5
