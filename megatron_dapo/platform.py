@@ -384,16 +384,20 @@ def apply_cpu_patches() -> bool:
 
 
 def apply_moe_cpu_patches() -> bool:
-    """Patch 8 (megatron-core's MoE layer on the CPU); no-op when CUDA is available or when
-    transformer_engine provides the name. Returns True when the patch is active."""
+    """Patch 8 (megatron-core's MoE layer on the CPU). On a CUDA machine only the missing
+    ``te_general_gemm`` name is defined, and only where transformer_engine does not import
+    (the local spec on a GPU without TE fails the same way); with TE nothing changes.
+    Returns True when the CPU patches are active."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
     if cuda_available():
         return False
     apply_cpu_patches()
     from megatron.core.tensor_parallel import mappings
-    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+    from megatron.core.transformer.moe import token_dispatcher
 
-    if not hasattr(moe_utils, "te_general_gemm"):
-        moe_utils.te_general_gemm = None
     token_dispatcher.maybe_move_tensor_to_cpu = _host_tensor
     fwd = mappings._AllToAll.__dict__["forward"]
     if not getattr(fwd, "_megatron_dapo_cpu_mode", False):
