@@ -136,8 +136,8 @@ def cmd_run(args, base: List[str]) -> int:
 
     plan, rerun = _plan_for_run(args, base)
     if not rerun or args.dry_run:
-        if rerun and not plan.cost:
-            plan.cost = check_and_cost(plan, args.step_seconds, args.calibrate)
+        if rerun and (not plan.cost or args.step_seconds is not None or args.calibrate):
+            plan.cost = check_and_cost(plan, args.step_seconds, args.calibrate)  # shown, not saved
         print(format_plan(plan, plan.cost))
     if args.dry_run:
         if rerun:

@@ -219,16 +219,17 @@ def end_session(proc: subprocess.Popen, grace_s: float, term: bool) -> List[int]
     return killed
 
 
-class Interrupted(Exception):
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+class _Stop:
+    """The first SIGINT/SIGTERM the launcher receives (later ones change nothing: the cleanup of
+    the running run is not cut short). A flag the launch loop polls, so a signal never lands
+    between starting a run and recording its process."""
 
+    def __init__(self):
+        self.signum: Optional[int] = None
 
-def _raise_interrupted(signum, frame):
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, signal.SIG_IGN)  # one stop; a second signal does not cut the cleanup short
-    raise Interrupted(signum)
+    def __call__(self, signum, frame):
+        if self.signum is None:
+            self.signum = signum
 
 
 def _now() -> str:
@@ -261,14 +262,15 @@ def launch_local(plan: Plan, skip_incomplete: bool = False, kill_grace_s: float 
         return summary
     lock = _lock_grid(plan.grid)  # held until this process ends
     os.makedirs(os.path.join(plan.grid, "logs"), exist_ok=True)
+    stop = _Stop()
     handlers = {}
-    in_main = threading.current_thread() is threading.main_thread()
-    if in_main:
+    if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
-            handlers[sig] = signal.signal(sig, _raise_interrupted)
-    proc = None
+            handlers[sig] = signal.signal(sig, stop)
     try:
         for i, (state, (action, extra)) in enumerate(todo, 1):
+            if stop.signum is not None:
+                break
             run = state.run
             log = os.path.join(plan.grid, "logs", f"{run.cell}-seed{run.seed}.log")
             cmd = [python or sys.executable, "-m", "megatron_dapo.train", *run.argv, *extra]
@@ -277,34 +279,33 @@ def launch_local(plan: Plan, skip_incomplete: bool = False, kill_grace_s: float 
             rec = {"key": run.key, "cell": run.cell, "seed": run.seed, "action": action, "log": log, "start": _now(),
                    "argv": cmd}
             t0 = time.monotonic()
-            rc = None
             with open(log, "a") as lf:
                 lf.write(f"=== {rec['start']} {action}: {' '.join(shlex.quote(a) for a in cmd)}\n")
                 lf.flush()
-                env = dict(os.environ, PYTHONUNBUFFERED="1")
-                try:
-                    proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            cwd=plan.cwd, env=env, start_new_session=True)
-                    rec["pid"] = proc.pid  # = its session id
-                    rc = proc.wait()
+                proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        cwd=plan.cwd, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                                        start_new_session=True)
+                rec["pid"] = proc.pid  # = its session id
+                while proc.poll() is None and stop.signum is None:
+                    try:
+                        proc.wait(timeout=0.5)
+                    except subprocess.TimeoutExpired:
+                        pass
+                if stop.signum is not None and proc.poll() is None:
+                    name = signal.Signals(stop.signum).name
+                    echo(f"[ablate] {name}: stopping {run.key} (SIGTERM, then SIGKILL after {kill_grace_s:g} s to "
+                         "what is left of it)")
+                    killed = end_session(proc, grace_s=kill_grace_s, term=True)
+                    if killed:
+                        echo(f"[ablate] killed {len(killed)} process(es) left in {run.key}'s session")
+                    rec["interrupted"] = name
+                else:
                     end_session(proc, grace_s=kill_grace_s, term=False)  # whatever it left behind
-                except Interrupted as e:
-                    summary["interrupted"] = e.signum
-                    echo(f"[ablate] {signal.Signals(e.signum).name}: stopping {run.key} (SIGTERM, then SIGKILL after "
-                         f"{kill_grace_s:g} s to what is left of it)")
-                    if proc is not None:
-                        killed = end_session(proc, grace_s=kill_grace_s, term=True)
-                        rc = proc.returncode
-                        if killed:
-                            echo(f"[ablate] killed {len(killed)} process(es) left in {run.key}'s session")
-                    rec.update(end=_now(), rc=rc, interrupted=signal.Signals(e.signum).name,
-                               seconds=round(time.monotonic() - t0, 1))
-                    record_launch(plan.grid, rec)
-                    raise
-                finally:
-                    proc = None
+            rc = proc.returncode
             rec.update(end=_now(), rc=rc, seconds=round(time.monotonic() - t0, 1))
             record_launch(plan.grid, rec)
+            if "interrupted" in rec:
+                break
             st = run_state(plan, run, read_launches(plan.grid))
             if rc == 0 and st.status == "done":
                 summary["ran"].append(run.key)
@@ -314,13 +315,11 @@ def launch_local(plan: Plan, skip_incomplete: bool = False, kill_grace_s: float 
                 echo(f"[ablate] {run.key}: FAILED (exit {rc}, {st.status}: {st.detail}); last lines of {log}:")
                 for line in _tail(log, 12):
                     echo(f"    {line}")
-    except Interrupted as e:
-        summary["interrupted"] = e.signum
     finally:
-        if in_main:
-            for sig, h in handlers.items():
-                signal.signal(sig, h)
+        for sig, h in handlers.items():
+            signal.signal(sig, h)
         lock.close()
+    summary["interrupted"] = stop.signum
     return summary
 
 
