@@ -126,8 +126,8 @@ def _plan_for_run(args, base: List[str]):
         if diff:
             raise AblationError(f"--grid {args.grid} holds another grid's plan ({PLAN_FILE} differs in: "
                                 f"{', '.join(diff)}); rerun it with the same options (or none), or choose a new --grid")
-        plan.cost = existing.cost or cost
-        return plan, True
+        existing.cost = existing.cost or cost
+        return existing, True  # its outcome metric and threshold unless given again (cmd_run passes them on)
     return plan, False
 
 
