@@ -24,6 +24,10 @@ Usage::
     /tmp/mvenv/bin/python benchmarks/bench_verifier.py [--repeats 3] [--show-disagreements] [--cases FILE ...]
 
 (math-verify is a benchmark-only dependency: keep it out of the project's virtual environment.)
+
+Whole responses rather than answer pairs: `benchmarks/bench_verifier_diff.py` (generated
+model-style responses with proved labels, recall and false accepts per answer type and
+transform, docs/verifier.md).
 """
 
 from __future__ import annotations

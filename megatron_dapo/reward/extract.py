@@ -1,11 +1,14 @@
 """Answer extraction and LaTeX clean-up for `math` mode (text level, no sympy).
 
-`extract_final_answer(text)` finds the final answer of a response or gold string, in this
-order: ``\\boxed{}`` (several boxes joined by "and"/","-like separators become a list),
-an "Answer:" / "final answer is" / GSM8K "#### " phrase, the last math span(s) ``$...$`` / ``\\(...\\)`` /
-``\\[...\\]``, and finally the last number of plain text. `clean_answer` then removes
-presentation-only LaTeX (\\left, spacing, units in \\text{}, degrees, percent, thousands
-separators, dollar signs) so that the parser sees only mathematics.
+`read_answer(text)` finds the final answer of a response, a solution or a bare answer by a
+documented order of readings (the comment above `read_answer`, docs/verifier.md): the last
+final statement (a group of ``\\boxed{}``, an "Answer:" line, a "final answer is"
+sentence), else an answer sentence, else a concluding "therefore ... =" sentence, and for
+bare answers and solutions the last math spans, the whole short text, or a lone last number.
+A span is read whole (`read_span`), LaTeX or ASCII, never just its last number. It also
+returns the other answers a response commits to, for the hedge rule. `clean_answer` then
+removes presentation-only LaTeX (\\left, spacing, units in \\text{}, degrees, percent,
+thousands separators, dollar signs) so that the parser sees only mathematics.
 """
 
 from __future__ import annotations
@@ -167,19 +170,22 @@ def preprocess(text: str) -> str:
 # --------------------------------------------------------------------------- readings
 # The final answer of a text is found by the first of these readings that gives one
 # (docs/verifier.md, "Extraction order"):
-#   1. boxed:      the last group of \boxed{} (boxes joined by "and" / "," form one list);
-#   2. answer:     the last "Answer:" line (markdown bold ignored), up to the line's end;
-#   3. sentence:   the last answer sentence ("the answer is", "the final answer is", "####"),
-#                  up to the sentence's end;
-#   4. conclusion: the last "therefore / thus / hence / so ... (is | = | are) ..." sentence
-#                  in the last 300 characters;
+#   1-3. the last final statement, whichever comes last in the text:
+#        boxed:    the last group of \boxed{} (boxes joined by "and" / "," form one list);
+#        answer:   the last "Answer:" line (markdown bold ignored), up to the line's end;
+#        sentence: the last "the final answer is ..." sentence, up to the sentence's end;
+#        (a statement after the last box supersedes the boxes: they were steps);
+#   3'.  an answer sentence ("the answer is", "the answers are", "####"), the last one;
+#   4.   conclusion: the last "therefore / thus / hence / so ... (is | = | are) ..." sentence
+#        in the last 300 characters;
 # and, for a bare answer or a solution text (not for a response scored by compute_score):
 #   5. math:       the last group of math spans $...$ / \(...\) / \[...\];
 #   6. raw:        a short text as a whole ("15x - 80", "3 or 4", "Evelyn");
 #   7. number:     the last number of prose, only where it stands alone (not inside
 #                  "2*pi + 18").
 # A span (3, 4, the "Answer:" line) is read whole (`read_span`): its math, LaTeX or ASCII,
-# up to the end, never just its last number.
+# up to the end, never just its last number. Committed answers besides the one found (other
+# boxes when a box is the answer; an answer sentence after it) go to `Reading.others`.
 
 # (Each pattern is linear: no two adjacent repeats can share a run of spaces.)
 _ANSWER_LINE = re.compile(r"answer(?:\s*(?:\*\*|__|\}))?\s*:[ \t]*(?:\*\*|__|\})?[ \t]*", re.IGNORECASE)
