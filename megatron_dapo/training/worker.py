@@ -37,13 +37,14 @@ class PolicyWorker:
 
         from ..config.validate import lr_warmup_optimizer_steps
         from ..distributed import init_distributed, init_parallel
-        from .setup import OptimizerOptions, build_policy
+        from .setup import OptimizerOptions, build_policy, expert_parallel_sizes, moe_options
 
         self.cfg = cfg
         self.rank = rank
         init_distributed(rank=rank, world_size=world_size, master_addr=master_addr, master_port=master_port)
         p = cfg.parallel
-        init_parallel(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size, seed=cfg.optim.seed)
+        init_parallel(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size, seed=cfg.optim.seed,
+                      **expert_parallel_sizes(p))
         o = cfg.optim
         build = ModelBuildOptions(
             params_dtype=torch.bfloat16 if cfg.model.bf16 else torch.float32,
@@ -56,6 +57,7 @@ class PolicyWorker:
             context_parallel_size=p.context_parallel_size,
             deterministic=cfg.run.deterministic,
             use_te=use_te_for(cfg.model.transformer_impl),
+            moe=moe_options(cfg.moe),
         )
         opt = OptimizerOptions(
             lr=o.lr, weight_decay=o.weight_decay, adam_beta1=o.adam_beta1,
