@@ -17,20 +17,23 @@ from tests.e2e.test_train_e2e import base_args, read_metrics
 pytestmark = [pytest.mark.slow]
 
 
-def make_tiny_qwen3_moe_dir(out: str) -> str:
+def make_tiny_qwen3_moe_dir(out: str, moe: bool = True) -> str:
+    """A tiny random Qwen3-MoE (or, ``moe=False``, Qwen3) directory with the real Qwen2 tokenizer."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from tests.data import qwen2_tokenizer_dir
-    from tests.tiny import tiny_qwen3_moe_config
+    from tests.tiny import tiny_qwen3_config, tiny_qwen3_moe_config
 
     tok = AutoTokenizer.from_pretrained(qwen2_tokenizer_dir())
     eos = tok.convert_tokens_to_ids("<|endoftext|>")
-    cfg = tiny_qwen3_moe_config(vocab_size=151680, hidden_size=32, head_dim=8, moe_intermediate_size=16,
-                                max_position_embeddings=512, eos_token_id=eos, bos_token_id=eos)
+    make = tiny_qwen3_moe_config if moe else tiny_qwen3_config
+    extra = {"moe_intermediate_size": 16} if moe else {"intermediate_size": 32, "num_hidden_layers": 2}
+    cfg = make(vocab_size=151680, hidden_size=32, head_dim=8, max_position_embeddings=512, eos_token_id=eos,
+               bos_token_id=eos, **extra)
     torch.manual_seed(0)
     conf = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
-    conf.architectures = ["Qwen3MoeForCausalLM"]
+    conf.architectures = cfg["architectures"]
     model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
     os.makedirs(out, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
