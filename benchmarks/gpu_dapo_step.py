@@ -92,6 +92,13 @@ def run(small: bool = False, port: int = 0, log=print, engine_kind: str = "hf", 
              "--rollout-temperature", "0.9", "--update-weight-buffer-size", str(8 * 1024 * 1024)]
     if on_gpu:
         flags.append("--bf16")
+    # the lent H200 has no Transformer Engine: the local layer spec there (the trainer itself
+    # refuses to fall back silently; this check says which spec it ran)
+    from megatron_dapo.models.provider import te_importable
+
+    impl = "transformer_engine" if te_importable() else "local"
+    flags += ["--transformer-impl", impl]
+    log(f"layer spec: --transformer-impl {impl}")
     cfg = parse_args(flags)
     init_distributed(rank=0, world_size=1, master_port=port or free_port())
     t0 = time.perf_counter()

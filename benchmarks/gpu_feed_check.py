@@ -83,7 +83,10 @@ def _rank(rank: int, world: int, port: int, args, hf_dir: str) -> None:
     init_distributed(rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port, backend=backend)
     init_parallel(1, 1, seed=1234)
     dtype = torch.bfloat16 if on_gpu else torch.float32
-    policy = build_policy(hf_dir, ModelBuildOptions(params_dtype=dtype, bf16=on_gpu), OptimizerOptions(lr=1e-4))
+    from megatron_dapo.models.provider import te_importable  # the lent H200 has no TE: the local spec there
+
+    policy = build_policy(hf_dir, ModelBuildOptions(params_dtype=dtype, bf16=on_gpu, use_te=None if te_importable() else False),
+                          OptimizerOptions(lr=1e-4))
     with torch.no_grad():  # identical replicas: rank 0's initial weights everywhere
         for p in policy.model.parameters():
             dist.broadcast(p.data, src=0)

@@ -181,11 +181,16 @@ class TrainerOffloader:
         return out
 
     def resident_bytes(self) -> int:
-        """Bytes currently allocated in the tracked storages (0 when fully offloaded)."""
+        """Bytes currently allocated in the tracked storages (0 when fully offloaded): those on
+        the model's device, like :meth:`storages` (Adam's host step counters beside CUDA
+        parameters are not the trainer's device memory and are never moved)."""
+        dev = self._device()
         seen, total = set(), 0
         tensors = trainer_tensors(self.model, self.optimizer)
         for cat in self.what:
             for t in tensors[cat]:
+                if t.device.type != dev.type:
+                    continue
                 s = t.untyped_storage()
                 k = _storage_key(s)
                 if k not in seen:

@@ -162,6 +162,18 @@ def _import_te() -> None:
     import transformer_engine.pytorch  # noqa: F401
 
 
+def te_importable() -> bool:
+    """Whether Transformer Engine imports here and has CUDA to run on (for scripts that pick
+    the layer spec by what the machine has; the trainer itself never falls back silently)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        _import_te()
+    except Exception:  # noqa: BLE001 - any import failure (missing .so, ABI mismatch) counts
+        return False
+    return True
+
+
 def resolve_use_te(use_te: Optional[bool] = None) -> bool:
     """Whether the TE layer spec is used. ``False``: local spec. ``None``: TE on a CUDA machine,
     local on the CPU (TE needs CUDA). ``True``: TE. Where TE is to be used and does not import,

@@ -78,3 +78,28 @@ def test_offload_plain_module_chunked_host_buffers(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(ref, (m.w, m.b, m.w.grad)))
     with pytest.raises(RuntimeError):
         off.onload()
+
+
+def test_state_on_another_device_is_neither_moved_nor_counted_resident():
+    """On a GPU, torch's Adam keeps its ``step`` counters on the host beside CUDA parameters:
+    the offload leaves them and resident_bytes() must not count them (the H200 check reported
+    96 resident bytes, its 24 step counters, and failed). Here the parameters are on the CPU and
+    the off-device state sits on ``meta``."""
+    import torch
+
+    from megatron_dapo.hybrid import offload
+
+    m = torch.nn.Linear(4, 2)
+
+    class Opt:  # the shape trainer_tensors reads: param_groups + state
+        def __init__(self):
+            self.param_groups = [{"params": list(m.parameters())}]
+            self.state = {p: {"exp_avg": torch.zeros_like(p), "step": torch.zeros((), device="meta")}
+                          for p in m.parameters()}
+
+    off = offload.TrainerOffloader(m, Opt())
+    assert all(s.device.type == "cpu" for _, s in off.storages())
+    off.offload()
+    assert off.resident_bytes() == 0
+    off.onload()
+    assert off.resident_bytes() > 0
