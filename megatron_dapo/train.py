@@ -111,6 +111,42 @@ class Trainer:
         self.hybrid.num_syncs = int(s["num_syncs"])
         self._probe_tokens = list(s.get("probe_tokens") or self._probe_tokens)
 
+    # -- resume on this or another layout (megatron_dapo/training/train_checkpoint.py) --------
+    def layout(self) -> dict:
+        """This run's layout, in the keys of a checkpoint's ``layout`` record."""
+        from .training.train_checkpoint import run_layout
+
+        p = self.cfg.parallel
+        hosts = {i.get("node_ip") for i in self.cluster.infos if i.get("node_ip")}
+        return run_layout(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size,
+                          self.cluster.world, len(hosts) or None, p.use_distributed_optimizer)
+
+    def check_resume_layout(self, resume_dir: str) -> str:
+        """The note on resuming ``resume_dir`` at this run's layout; a CheckpointError (one
+        line) before any rank reads it when that is not supported."""
+        from .checkpoint.dist_ckpt import CheckpointError, checkpoint_layout, read_metadata, resume_note
+
+        ok, note = resume_note(checkpoint_layout(read_metadata(resume_dir)), self.layout())
+        if not ok:
+            raise CheckpointError(f"--load {resume_dir}: cannot resume: {note}")
+        return note
+
+    def restore_rank_rng(self, resume_dir: str, state: dict, note: str) -> None:
+        """Per-rank RNG states: restored as saved when every rank keeps its place (the exact
+        resume), else re-derived from (--seed, rank, step) on each rank, with one logged note."""
+        from .checkpoint.dist_ckpt import checkpoint_layout, read_metadata, same_ranks
+
+        saved = checkpoint_layout(read_metadata(resume_dir))
+        rank_rng = list(state.get("rank_rng") or [])
+        if len(rank_rng) == self.cluster.world and (saved is None or same_ranks(saved, self.layout())):
+            self.cluster.call("set_rng_state", per_rank=[(r,) for r in rank_rng])
+            print(f"[resume] layout: {note}", flush=True)
+        else:
+            self.cluster.call("derive_rng_state", self.step)
+            print(f"[resume] layout: {note} (the checkpoint's {len(rank_rng)} rank RNG state(s) belong to another "
+                  f"layout; each of the {self.cluster.world} rank(s) seeded from (--seed {self.cfg.optim.seed}, rank, "
+                  f"step {self.step}))", flush=True)
+
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> dict:
         from .driver import checkpoint_dirs as checkpoints
@@ -147,10 +183,10 @@ class Trainer:
               f"rendezvous {self.cluster.master_addr}:{self.cluster.master_port})", flush=True)
         self.manager = RolloutManager(cfg, self.dataset, self.sampler, self.engines, self.scorer, self.tokenizer)
         if resume_dir:
-            self.cluster.call("load", resume_dir)
+            note = self.check_resume_layout(resume_dir)
+            self.cluster.call("load", resume_dir)  # model and optimizer, resharded to this layout if it changed
             self.load_driver_state(state)
-            if state.get("rank_rng"):
-                self.cluster.call("set_rng_state", per_rank=[(r,) for r in state["rank_rng"]])
+            self.restore_rank_rng(resume_dir, state, note)
             self.logger.truncate_after(self.step)
             print(f"[resume] {resume_dir}: continuing after step {self.step}")
         else:  # a fresh run: prepare_outputs made sure no earlier metrics or event log is here
