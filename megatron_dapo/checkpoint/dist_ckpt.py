@@ -7,10 +7,16 @@ A checkpoint directory holds what ``megatron.core.dist_checkpointing.save`` writ
 * ``arch``: ``ModelArch.to_dict()`` of the model; ``hf_config_hash``: ``hf_config_hash`` of the
   source HF config; ``hf_config``: the raw HF config (so the HF exporter can rebuild config.json);
 * ``dtype``: ``"fp32"`` or ``"bf16"``; ``padded_vocab_size``; ``saved_with`` (TP/PP/world);
+* ``layout``: the layout that wrote it (:func:`current_layout`: TP, PP, CP, DP, world size,
+  nodes; the trainer adds whether the distributed optimizer was on and its state's format);
 * ``extra``: anything the caller adds (the trainer's iteration, ...).
 
 Tensors are stored under megatron-core's global sharded keys, so a checkpoint written at one
-TP/PP layout loads at any other (dist_checkpointing reshards on load). Loading is always
+TP/PP/CP/DP layout loads at any other (dist_checkpointing reshards on load; the vocabulary rows
+of the embedding, the output layer and their optimizer state are re-padded when the padded
+vocabulary differs, :func:`_request_full_vocab_tensors`). Before any tensor is read the files
+are checked (:func:`verify_checkpoint_files`: a missing ``.metadata``, a truncated ``.distcp``
+is one :class:`CheckpointError` naming the directory and what to do). Loading is always
 validated: the metadata against the model's architecture (every mismatching field named with
 both values), then the tensors against the checkpoint (missing or unexpected tensors listed),
 and the model's ``load_state_dict`` is strict. There is no partial load.
@@ -150,6 +156,144 @@ def check_metadata(meta: dict, arch: ModelArch, where: str = "checkpoint") -> No
             logger.warning("%s: %s differs (checkpoint %r, model %r)", where, field, ck.get(field), mine.get(field))
 
 
+# ---------------------------------------------------------------- layout
+
+#: The keys of a checkpoint's ``layout`` record (metadata["layout"]).
+LAYOUT_KEYS = ("tp", "pp", "cp", "dp", "world_size", "nodes", "distributed_optimizer", "optimizer_format")
+
+
+def current_layout() -> dict:
+    """The layout of the running ranks (collective over the default group): TP, PP, CP and DP
+    sizes, the world size and the number of distinct hosts the ranks run on."""
+    import socket
+
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    world = dist.get_world_size()
+    hosts = [None] * world
+    dist.all_gather_object(hosts, socket.gethostname())
+    return {
+        "tp": ps.get_tensor_model_parallel_world_size(),
+        "pp": ps.get_pipeline_model_parallel_world_size(),
+        "cp": ps.get_context_parallel_world_size(),
+        "dp": ps.get_data_parallel_world_size(),
+        "world_size": world,
+        "nodes": len(set(hosts)),
+    }
+
+
+#: ``optimizer_format`` of the plain optimizer's state (megatron's per-parameter sharded tensors).
+PER_PARAMETER = "per_parameter"
+#: ``optimizer_format`` of the distributed optimizer's state (megatron-core's name).
+FULLY_RESHARDABLE = "fully_reshardable"
+#: Optimizer formats that dist_checkpointing reshards over TP, PP, CP and DP.
+RESHARDABLE_FORMATS = (PER_PARAMETER, FULLY_RESHARDABLE)
+
+_LAYOUT_NAMES = {"tp": "TP", "pp": "PP", "cp": "CP", "dp": "DP", "world_size": "ranks", "nodes": "nodes"}
+_SAVED_WITH = {"tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp", "world_size": "world_size"}
+
+
+def checkpoint_layout(meta: dict) -> Optional[dict]:
+    """The layout a checkpoint was saved at: its ``layout`` record, else (older checkpoints)
+    what ``saved_with`` has (TP, PP, world size); None when neither is there."""
+    if meta.get("layout"):
+        return dict(meta["layout"])
+    old = meta.get("saved_with") or {}
+    return {_SAVED_WITH[k]: v for k, v in old.items() if k in _SAVED_WITH} or None
+
+
+def _describe(layout: dict) -> str:
+    s = f"TP {layout.get('tp')} x PP {layout.get('pp')} x CP {layout.get('cp')} x DP {layout.get('dp')}"
+    s += f", {layout.get('world_size')} rank(s)"
+    if layout.get("nodes"):
+        s += f" on {layout['nodes']} node(s)"
+    if layout.get("distributed_optimizer") is not None:
+        s += ", distributed optimizer " + ("on" if layout["distributed_optimizer"] else "off")
+    return s
+
+
+def same_ranks(saved: Optional[dict], new: dict) -> bool:
+    """Whether every rank of the new layout has the same place (TP/PP/CP/DP coordinates) as in
+    the saved one, so that per-rank states (RNG) can be restored as saved. Sizes an older
+    checkpoint did not record (CP, DP before ``layout``) count as the same."""
+    if not saved:
+        return False
+    return all(saved.get(k) == new.get(k) for k in ("tp", "pp", "cp", "dp", "world_size") if saved.get(k) is not None)
+
+
+def resume_note(saved: Optional[dict], new: dict) -> tuple[bool, str]:
+    """Whether a checkpoint saved at layout ``saved`` (its ``metadata["layout"]``; None for a
+    checkpoint written before layouts were recorded) resumes at layout ``new``, and a one-line
+    note saying what changes. Pure: no I/O."""
+    if not saved:
+        return True, ("layout not recorded in this checkpoint (written before layouts were): model and optimizer "
+                      "reshard if the layout changed; per-rank RNG states restored when the rank count matches, "
+                      "otherwise re-derived")
+    if saved.get("distributed_optimizer") is not None and new.get("distributed_optimizer") is not None \
+            and bool(saved["distributed_optimizer"]) != bool(new["distributed_optimizer"]):
+        was = "on" if saved["distributed_optimizer"] else "off"
+        return False, (f"saved with the distributed optimizer {was}, resumed with it "
+                       f"{'on' if new['distributed_optimizer'] else 'off'}: the optimizer states differ in format "
+                       f"({saved.get('optimizer_format')} vs {new.get('optimizer_format')}); "
+                       f"{'pass' if saved['distributed_optimizer'] else 'drop'} --use-distributed-optimizer")
+    fmt = saved.get("optimizer_format")
+    changes = [f"{_LAYOUT_NAMES[k]} {saved.get(k)} -> {new.get(k)}" for k in ("tp", "pp", "cp", "dp", "world_size", "nodes")
+               if saved.get(k) is not None and new.get(k) is not None and saved.get(k) != new.get(k)]
+    if not changes:
+        return True, f"same layout as saved ({_describe(new)}): exact resume, per-rank RNG states restored"
+    if fmt is not None and fmt not in RESHARDABLE_FORMATS:
+        return False, (f"{', '.join(changes)}: the optimizer state's format {fmt!r} does not reshard; resume at the "
+                       f"saved layout ({_describe(saved)})")
+    parallel = [c for c in changes if not c.startswith(("ranks", "nodes"))]
+    what = "model and optimizer resharded by dist_checkpointing" if parallel else "the same shards, read by other ranks"
+    if same_ranks(saved, new):
+        rng = "per-rank RNG states restored (every rank keeps its place)"
+    else:
+        rng = "per-rank RNG states re-derived from (seed, rank, step): resume not bit-exact"
+    return True, f"{', '.join(changes)}: {what}; {rng}"
+
+
+# ---------------------------------------------------------------- files
+
+_FIX = ("copy or write this checkpoint again, or resume from an earlier step of the run (--load "
+        "SAVE_DIR/step_N)")
+
+
+def verify_checkpoint_files(directory) -> None:
+    """Error (one :class:`CheckpointError` naming ``directory`` and the fix) when a file that
+    ``dist_checkpointing.load`` needs is missing or a ``.distcp`` shard is shorter than the
+    ``.metadata`` index says (a copy or a save cut short). Reads only ``.metadata`` and file sizes."""
+    directory = os.fspath(directory)
+    for name, what in ((".metadata", "the tensor index of torch.distributed.checkpoint"),
+                       ("metadata.json", "megatron-core's dist_checkpointing config"),
+                       ("common.pt", "the non-tensor state")):
+        if not os.path.exists(os.path.join(directory, name)):
+            raise CheckpointError(f"{directory}: incomplete checkpoint, {name} ({what}) is missing; {_FIX}")
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        md = FileSystemReader(directory).read_metadata()
+    except Exception as e:  # a truncated or overwritten index
+        raise CheckpointError(f"{directory}: .metadata does not read ({type(e).__name__}: {e}); {_FIX}") from None
+    need: dict[str, int] = {}
+    for info in (getattr(md, "storage_data", None) or {}).values():
+        path = getattr(info, "relative_path", None)
+        if path is not None:
+            need[path] = max(need.get(path, 0), int(info.offset) + int(info.length))
+    bad = []
+    for path, size in sorted(need.items()):
+        full = os.path.join(directory, path)
+        have = os.path.getsize(full) if os.path.exists(full) else None
+        if have is None:
+            bad.append(f"{path} missing")
+        elif have < size:
+            bad.append(f"{path} truncated ({have} of {size} bytes)")
+    if bad:
+        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise CheckpointError(f"{directory}: incomplete checkpoint, {shown}; {_FIX}")
+
+
 # ---------------------------------------------------------------- save / load
 
 def _chunks(model) -> list:
@@ -263,6 +407,8 @@ def save_checkpoint(
     callable getting the model's sharded state dict) is saved alongside, under its own keys.
     ``release_model_memory=True`` (one-shot converters) bounds the writer's extra memory to
     one parameter but leaves the model unusable (see :func:`_own_storage_release_params`).
+    ``metadata["layout"]``, when given, is merged over :func:`current_layout` (the trainer adds
+    its optimizer's fields there).
     """
     import torch.distributed as dist
     from megatron.core import dist_checkpointing, parallel_state as ps
@@ -279,6 +425,7 @@ def save_checkpoint(
         "pipeline_model_parallel_size": ps.get_pipeline_model_parallel_world_size(),
         "world_size": dist.get_world_size(),
     }
+    meta["layout"] = {**{k: None for k in LAYOUT_KEYS}, **current_layout(), **dict(metadata.get("layout") or {})}
     ssd = _with_extra(_model_sharded_state_dict(model), extra_sharded_state)
     if release_model_memory:
         _own_storage_release_params(model, ssd)
@@ -314,34 +461,59 @@ def _raise_mismatch(directory, missing: set, unexpected: set) -> None:
 _VOCAB_KEYS = ("embedding.word_embeddings.weight", "output_layer.weight")
 
 
-def _request_full_vocab_tensors(model_ssd: dict, ckpt_rows: int) -> list[tuple[str, str]]:
+def _paths(x, path=()):
+    """(path, leaf) of every leaf of a nested dict/list (a path is a tuple of keys/indices)."""
+    if isinstance(x, dict):
+        for k, v in x.items():
+            yield from _paths(v, path + (k,))
+    elif isinstance(x, list):
+        for i, v in enumerate(x):
+            yield from _paths(v, path + (i,))
+    else:
+        yield path, x
+
+
+def _get_path(x, path):
+    for k in path:
+        x = x[k]
+    return x
+
+
+def _set_path(x, path, value) -> None:
+    for k in path[:-1]:
+        x = x[k]
+    x[path[-1]] = value
+
+
+def _is_vocab_key(key: str) -> bool:
+    """A model vocabulary tensor or the optimizer state of one (``optimizer.state.exp_avg.<key>``)."""
+    return any(key == k or key.endswith("." + k) for k in _VOCAB_KEYS)
+
+
+def _request_full_vocab_tensors(ssd: dict, model_rows: int, ckpt_rows: int) -> list[tuple]:
     """The checkpoint pads the vocabulary differently from the model (another TP size or
-    ``make_vocab_size_divisible_by``): request the embedding/output tensors whole, as replicas,
-    and cut this rank's shard after loading (:func:`_vocab_shard`). Returns their paths."""
+    ``make_vocab_size_divisible_by``): request the embedding/output tensors and the optimizer
+    state that has their shape (exp_avg, exp_avg_sq, fp32 main params) whole, as replicas, and
+    cut this rank's shard after loading (:func:`_vocab_shard`). Returns their paths in ``ssd``."""
     import torch.distributed as dist
     from megatron.core.dist_checkpointing.mapping import ShardedTensor
 
-    found = []
-    for top, sd in model_ssd.items():
-        for name, sh in sd.items():
-            if name in _VOCAB_KEYS and isinstance(sh, ShardedTensor):
-                found.append((top, name, sh))
+    found = [(path, sh) for path, sh in _paths(ssd)
+             if isinstance(sh, ShardedTensor) and _is_vocab_key(sh.key) and sh.global_shape[0] == model_rows]
     rank = dist.get_rank()
     per_rank = [None] * dist.get_world_size()
-    dist.all_gather_object(per_rank, sorted({sh.key for _, _, sh in found}))
+    dist.all_gather_object(per_rank, sorted({sh.key for _, sh in found}))
     first = {}
     for r, keys in enumerate(per_rank):
         for k in keys:
             first.setdefault(k, r)
     out, main_taken = [], set()
-    for top, name, sh in found:
+    for path, sh in found:
         main = first[sh.key] == rank and sh.key not in main_taken
         main_taken.add(sh.key)
         buf = torch.empty((ckpt_rows,) + tuple(sh.global_shape[1:]), dtype=sh.data.dtype)
-        model_ssd[top][name] = ShardedTensor.from_rank_offsets(
-            sh.key, buf, replica_id=0 if main else (rank + 1)
-        )
-        out.append((top, name))
+        _set_path(ssd, path, ShardedTensor.from_rank_offsets(sh.key, buf, replica_id=0 if main else (rank + 1)))
+        out.append(path)
     return out
 
 
@@ -379,19 +551,21 @@ def load_checkpoint(
     directory = os.fspath(directory)
     meta = read_metadata(directory)
     check_metadata(meta, arch, where=f"checkpoint {directory}")
+    verify_checkpoint_files(directory)
     want_vocab = _padded_vocab(model)
     have_vocab = int(meta.get("padded_vocab_size") or want_vocab)
-    model_ssd = _model_sharded_state_dict(model)
+    # the extra state (the optimizer's) is built from the model's own sharded tensors: it finds
+    # its parameters by identity, so before any of them is swapped for a re-padding buffer
+    ssd = _with_extra(_model_sharded_state_dict(model), extra_sharded_state)
     repad = []
     if want_vocab > 0 and have_vocab != want_vocab:
-        repad = _request_full_vocab_tensors(model_ssd, have_vocab)
-    ssd = _with_extra(model_ssd, extra_sharded_state)
+        repad = _request_full_vocab_tensors(ssd, want_vocab, have_vocab)
     loaded, missing, unexpected = dist_checkpointing.load(ssd, directory, strict=StrictHandling.RETURN_ALL)
     if extra_sharded_state is None:  # the model alone (a converter, --pretrained-checkpoint, eval): a trainer
         missing = {k for k in missing if not str(k).startswith(TRAINER_STATE_PREFIXES)}  # checkpoint holds more
     _raise_mismatch(directory, missing, unexpected)
-    for top, name in repad:
-        loaded[top][name] = _vocab_shard(loaded[top][name], arch.vocab_size, want_vocab)
+    for path in repad:
+        _set_path(loaded, path, _vocab_shard(_get_path(loaded, path), arch.vocab_size, want_vocab))
     chunks = _chunks(model)
     keys = [MODEL_KEY] if len(chunks) == 1 else [f"{MODEL_KEY}{i}" for i in range(len(chunks))]
     for key, chunk in zip(keys, chunks):
@@ -418,16 +592,25 @@ __all__ = [
     "CheckpointError",
     "FORMAT",
     "FORMAT_VERSION",
+    "FULLY_RESHARDABLE",
+    "LAYOUT_KEYS",
     "METADATA_FILE",
+    "PER_PARAMETER",
+    "RESHARDABLE_FORMATS",
     "check_metadata",
+    "checkpoint_layout",
     "checkpoint_metadata",
     "checkpoint_tensor_shapes",
+    "current_layout",
     "dtype_name",
     "is_checkpoint",
     "load_checkpoint",
     "metadata_arch",
     "read_metadata",
+    "resume_note",
+    "same_ranks",
     "save_checkpoint",
     "torch_dtype",
+    "verify_checkpoint_files",
 ]
 

@@ -133,13 +133,27 @@ class Cluster:
         return float(spec.get("CPU", 1))
 
     def call(self, method: str, *args, per_rank=None, **kwargs):
+        """``PolicyWorker.<method>(*per_rank[r], *args, **kwargs)`` on every rank r at once; the
+        list of results. A user error raised on the ranks (a CheckpointError of ``load``, ...)
+        comes out as that error itself, not Ray's wrapper with the remote traceback in its text."""
         import ray
 
+        if per_rank is not None and len(per_rank) != len(self.actors):
+            raise ValueError(f"Cluster.call({method!r}): {len(per_rank)} per-rank argument(s) for "
+                             f"{len(self.actors)} rank(s)")
         futs = []
         for r, a in enumerate(self.actors):
             extra = per_rank[r] if per_rank is not None else ()
             futs.append(a.call.remote(method, *extra, *args, **kwargs))
-        return ray.get(futs)
+        try:
+            return ray.get(futs)
+        except ray.exceptions.RayTaskError as e:
+            from ..errors import user_error_types
+
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, user_error_types()):
+                raise cause from None
+            raise
 
     def sync(self, engine_handles) -> dict:
         import ray

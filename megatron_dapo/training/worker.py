@@ -27,6 +27,14 @@ def _node_ip() -> Optional[str]:
         return None
 
 
+def derived_rank_seed(seed: int, rank: int, step: int) -> int:
+    """A 63-bit seed of (seed, rank, step) (sha256: neighbouring ranks and steps get unrelated seeds)."""
+    import hashlib
+
+    h = hashlib.sha256(f"megatron-dapo-rng/{int(seed)}/{int(rank)}/{int(step)}".encode()).digest()
+    return int.from_bytes(h[:8], "little") & (2**63 - 1)
+
+
 class PolicyWorker:
     def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, cfg: DAPOConfig, hf_config_path: str):
         import warnings
@@ -237,6 +245,7 @@ class PolicyWorker:
         return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
 
     def set_rng_state(self, s: dict) -> None:
+        """Restore what :meth:`rng_state` returned on this rank (same layout: exact resume)."""
         import random
 
         import numpy as np
@@ -244,6 +253,20 @@ class PolicyWorker:
         torch.set_rng_state(s["torch"])
         np.random.set_state(s["numpy"])
         random.setstate(s["python"])
+
+    def derive_rng_state(self, step: int) -> int:
+        """Seed this rank's torch, numpy and python RNGs from (``--seed``, rank, ``step``): a
+        resume on another layout, where the saved per-rank states have no rank to go to. The
+        same (seed, rank, step) always gives the same states; returns the derived seed."""
+        seed = derived_rank_seed(self.cfg.optim.seed, self.rank, step)
+        import random
+
+        import numpy as np
+
+        torch.manual_seed(seed)
+        np.random.seed(seed % 2**32)
+        random.seed(seed)
+        return seed
 
     def save(self, directory: str, metadata: dict) -> None:
         from .train_checkpoint import save_train_checkpoint
