@@ -966,13 +966,17 @@ class PayloadSink(BucketSink):
         state = torch.tensor([0 if self.error is None else 1], dtype=torch.int64)
         if self.size > 1:
             dist.broadcast(state, src=self.leader, group=self.group)
+        why = f"{type(self.error).__name__}: {self.error}" if self.error is not None else None
+        if (state.item() or self.failed) and self.size > 1:
+            # every feeder names the engine's own error (a launcher may stop the leader before it prints)
+            box = [why]
+            dist.broadcast_object_list(box, src=self.leader, group=self.group)
+            why = why or box[0]
         if self.error is not None:
-            raise WeightSyncError(
-                f"engine {self.engine_index} failed to load the weights: {type(self.error).__name__}: {self.error}"
-            ) from self.error
+            raise WeightSyncError(f"engine {self.engine_index} failed to load the weights: {why}") from self.error
         if state.item() or self.failed:
             raise WeightSyncError(
-                f"engine {self.engine_index} failed to load the weights (see its feeder rank {self.leader})"
+                f"engine {self.engine_index} failed to load the weights (feeder rank {self.leader} reports: {why})"
             )
 
 
