@@ -40,7 +40,8 @@ class TrainingError(RuntimeError):
 # ---------------------------------------------------------------------------- setup helpers
 
 def hf_config_source(cfg) -> str:
-    """Where the model shape comes from: --hf-checkpoint, else a --pretrained-checkpoint/--load metadata."""
+    """Where the model shape and the tokenizer come from: --hf-checkpoint (required; a torch_dist checkpoint
+    holds the weights, not the tokenizer files)."""
     if cfg.model.hf_checkpoint:
         return cfg.model.hf_checkpoint
     raise ConfigError("--hf-checkpoint is required (the model shape and tokenizer are read from its config.json)")
