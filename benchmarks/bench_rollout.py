@@ -8,6 +8,8 @@ token generated under older weights has weight 0 and is not counted, under ``cor
 an overlong-filtered response counts nothing), and the tokens kept in the loss are summed (by
 that rule, checked against ``training.token_weights.weigh_samples`` on a few samples a step).
 Throughput = those tokens / generation time (virtual), and per GPU-second (engines x TP 8 GPUs).
+``untrainable``: the share of the samples that had no trainable token: left out of kept groups,
+or in mixed groups the manager did not keep (every sample entirely stale under ``mask``).
 
 The real ``RolloutManager`` (dynamic sampling, the request window, the batch-full abort, partial
 rollout) drives simulated engines through the real ``EnginePool`` (in-process transport); the
@@ -435,7 +437,8 @@ def run(args, seed: int, kind: tuple, costs: dict, t0: float) -> dict:
         tot["trainable"] += trainable_tokens(train, cfg.algo, offpolicy)
         tot["kept_tokens"] += sum(len(s.response_ids) for s in samples)
         tot["kept"] += len(samples)
-        tot["left_out"] += left
+        tot["left_out"] += left + res.untrainable_samples  # + mixed groups not kept: entirely stale (mask)
+        tot["kept"] += res.untrainable_samples
     tot["time"] = sim.now
     tot["decoded"] = sim.decoded
     return tot
@@ -479,7 +482,7 @@ def main(argv=None) -> int:
         print(f"\nt0 = {mult:g} x floor = {t0 * 1e3:.2f} ms, c = {costs['c'] * 1e6:.1f} us "
               f"({args.seeds} seed(s) x {args.steps} steps pooled)")
         print(f"{'engine':<46} {'trainable tok/s':>15} {'per GPU-s':>10} {'decoded/trainable':>17} "
-              f"{'left out':>8} {'vs best blocking':>16}")
+              f"{'untrainable':>11} {'vs best blocking':>16}")
         rows = []
         for kind in KINDS:
             acc = {}
@@ -492,7 +495,7 @@ def main(argv=None) -> int:
         for kind, acc in rows:
             name = kind[0]
             print(f"{name:<46} {rate[name]:>15.0f} {rate[name] / gpus:>10.1f} "
-                  f"{acc['decoded'] / max(acc['trainable'], 1):>17.2f} {acc['left_out'] / acc['kept']:>8.1%} "
+                  f"{acc['decoded'] / max(acc['trainable'], 1):>17.2f} {acc['left_out'] / acc['kept']:>11.1%} "
                   f"{rate[name] / base:>16.2f}", flush=True)
         best[mult] = max(rate[k[0]] for k in KINDS if not k[1]) / base
         print(f"best streaming over best blocking at t0 = {mult:g} x floor: {best[mult]:.2f}", flush=True)

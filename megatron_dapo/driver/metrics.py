@@ -45,7 +45,9 @@ def reduce_train_outputs(outs: list, reporters: dict) -> dict:
 def step_metrics(step: int, roll, samples: list, train_metrics: dict, hybrid_info: dict, *, repetition_rate,
                  engine_restarts: int, timings: dict, untrainable: int = 0) -> dict:
     """The metrics.jsonl row of one rollout step (before eval and time_step). ``samples``: the
-    trainer's list; ``untrainable``: the kept groups' samples left out of it (no trainable token)."""
+    trainer's list; ``untrainable``: the kept groups' samples left out of it (no trainable token),
+    to which ``untrainable_samples`` adds the samples of the mixed groups the rollout manager did
+    not keep for having none."""
     gen = [s for g in roll.generated for s in g.samples]
     n_groups = max(len(roll.generated), 1)
     # tokens generated under this step's weights only (not a --partial-rollout prefix's older ones)
@@ -68,7 +70,7 @@ def step_metrics(step: int, roll, samples: list, train_metrics: dict, hybrid_inf
         "partial_dropped_prefixes": roll.partial_dropped,
         "partial_pending_groups": roll.partial_pending,
         "rollout_aborted_samples": roll.aborted_samples,
-        "untrainable_samples": int(untrainable),
+        "untrainable_samples": int(untrainable) + int(getattr(roll, "untrainable_samples", 0)),
         "response_length_mean": mean(len(s.response_ids) for s in gen),
         "response_length_max": max((len(s.response_ids) for s in gen), default=0),
         "repetition_rate": float(repetition_rate([s.response_ids for s in gen])) if gen else 0.0,

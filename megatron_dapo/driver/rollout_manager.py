@@ -32,7 +32,8 @@ docs/rollout.md, "Streaming"):
   groups in flight. A group is verified only when all its samples ended; a prefix older than
   ``--partial-rollout-max-staleness`` steps is dropped and its sample regenerated. The tokens
   generated under older weights (``Sample.stale_len``) are masked or corrected in the loss
-  (``--partial-rollout-offpolicy``).
+  (``--partial-rollout-offpolicy``); under ``mask`` a group whose every sample is entirely
+  older is not kept (it would carry no gradient; ``untrainable_samples``).
 
 The work carried between steps lives in one place, :class:`CarryOver` (part of
 :meth:`RolloutManager.state_dict`). Each sample records when it was submitted and when it
@@ -52,7 +53,7 @@ import torch
 from ..algo import dynamic_sampling_mask
 from ..reward.api import RewardInput
 from ..rollout.base import Request, SamplingParams, derive_seed
-from .batch import Group, Sample, shape_rewards
+from .batch import Group, Sample, has_trainable_token, shape_rewards
 from .engine_pool import EnginePool, LocalTransport, RayTransport  # noqa: F401  (re-exported)
 
 #: How long the manager waits for the pool before looking again (engine timeouts are the pool's).
@@ -80,6 +81,7 @@ class RolloutResult:
     discarded_samples: int = 0  # samples generated (whole or in part) and thrown away
     aborted_samples: int = 0  # samples stopped unfinished when the batch was full
     submitted_prompts: int = 0  # new prompts started this step
+    untrainable_samples: int = 0  # samples of mixed groups not kept: every token older (offpolicy mask)
 
 
 class CarryOver:
@@ -157,7 +159,7 @@ class _Run:
         self.orders = itertools.count()
         self.kept = self.admitted = self.all_correct = self.all_wrong = 0
         self.new_prompts = self.reused = self.resumed = self.dropped = 0
-        self.aborted = self.discarded = 0
+        self.aborted = self.discarded = self.untrainable = 0
         self.t_verify = 0.0
 
 
@@ -221,7 +223,7 @@ class RolloutManager:
         return RolloutResult(
             kept, run.generated, math.ceil(run.new_prompts / self._window), run.kept, run.all_correct, run.all_wrong,
             run.reused, self.engines.clock() - t0 - run.t_verify, run.t_verify, run.resumed, run.dropped,
-            len(self.carry.pending), run.discarded, run.aborted, run.new_prompts,
+            len(self.carry.pending), run.discarded, run.aborted, run.new_prompts, run.untrainable,
         )
 
     def _start(self, run: _Run) -> None:
@@ -327,7 +329,11 @@ class RolloutManager:
         return first if run.flights[first].todo == 0 else None
 
     def _admit(self, run: _Run, g: Group) -> None:
-        """Verify ``g``, filter it on the dynamic-sampling metric, keep it when mixed."""
+        """Verify ``g``, filter it on the dynamic-sampling metric, keep it when mixed and when
+        one of its samples has a token that carries a gradient: with ``--partial-rollout-offpolicy
+        mask`` a group whose every sample was generated under older weights (it ended in an
+        earlier step and was carried) would teach nothing and is not kept (its samples are
+        counted in ``untrainable_samples``), so it does not take a place of the batch."""
         self._finalize(g, run.step)
         tv = time.perf_counter()
         self._verify([g])
@@ -340,8 +346,13 @@ class RolloutManager:
         run.all_correct += res.num_all_correct
         run.all_wrong += res.num_all_wrong
         if res.num_kept or not self.cfg.algo.dynamic_sampling:
-            run.kept += 1
-            run.buffer.append(g)
+            r = self.cfg.rollout
+            if r.partial_rollout and r.partial_rollout_offpolicy == "mask" and \
+                    not any(has_trainable_token(s, "mask") for s in g.samples):
+                run.untrainable += len(g.samples)
+            else:
+                run.kept += 1
+                run.buffer.append(g)
         run.bars.kept(min(len(run.buffer), self.cfg.rollout.rollout_batch_size),
                       math.ceil(run.new_prompts / self._window))
 

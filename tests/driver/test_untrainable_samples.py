@@ -4,8 +4,10 @@ A sample whose every response token carries no gradient (generated entirely unde
 weights with ``--partial-rollout-offpolicy mask``, overlong-filtered, or empty) still counts in
 its group's advantage statistics but is left out of the trainer's list
 (``driver/batch.py training_samples``); the rollout step keeps the configured number of
-optimizer steps, over near-equal mini-batches (``minibatches``). The scenario comes from the
-real RolloutManager with partial rollout over a scripted streaming engine.
+optimizer steps, over near-equal mini-batches (``minibatches``). A mixed group whose every
+sample is entirely stale under ``mask`` is not kept by the rollout manager at all. The
+scenarios come from the real RolloutManager with partial rollout over a scripted streaming
+engine.
 """
 
 from __future__ import annotations
@@ -96,6 +98,34 @@ def test_under_correct_a_stale_sample_is_trained():
     assert [len(mb) for mb in minibatches(train, optimizer_steps(cfg))] == [2, 2]
 
 
+def _respond_carried(req):
+    """Prompts 0 and 1: 2 tokens per sample (sample 0 right); prompt 2: 6; later ones: 3."""
+    i, j = req.prompt_ids[0], sample_index(req.rid)
+    n = 2 if i < 2 else (6 if i == 2 else 3)
+    return ([1 if j == 0 else 0] + [20] * (n - 1))[len(req.prompt_ids) - P:], "stop"
+
+
+@pytest.mark.parametrize("offpolicy", ["mask", "correct"])
+def test_a_carried_group_generated_entirely_under_older_weights_takes_no_place_under_mask(offpolicy):
+    cfg = parse_args(["--rollout-batch-size", "1", "--n-samples-per-prompt", "2", "--global-batch-size", "2",
+                      "--max-response-length", "8", "--overlong-buffer-length", "4", "--over-sampling-batch-size", "3",
+                      "--partial-rollout", "true", "--partial-rollout-offpolicy", offpolicy, "--no-progress"])
+    ds = [PromptRecord(i, [i, 7], f"p{i}", "x") for i in range(40)]
+    mgr = RolloutManager(cfg, ds, ResumableSampler(len(ds), seed=0, shuffle=False),
+                         local_pool([ScriptedEngine(_respond_carried)]), Scorer(), Tok())
+    r1 = mgr.collect(1)
+    # prompts 0 and 1 end at the same decode step: 0 fills the batch, 1 is carried whole (mixed,
+    # not verified yet), 2 is aborted and carried
+    assert [g.prompt_index for g in r1.groups] == [0] and [g.prompt_index for g in mgr.pending] == [1, 2]
+    r2 = mgr.collect(2)
+    if offpolicy == "mask":  # group 1 would teach nothing: not kept; new prompt 3 ends first
+        assert [g.prompt_index for g in r2.groups] == [3] and r2.untrainable_samples == 2
+        dropped = {g.prompt_index: g for g in r2.generated}[1]
+        assert all(s.stale_len == len(s.response_ids) for s in dropped.samples)
+    else:  # its tokens are trained with the off-policy weight
+        assert [g.prompt_index for g in r2.groups] == [1] and r2.untrainable_samples == 0
+
+
 def _s(n=3, stale=0, train=True, tag=0):
     return Sample(prompt_index=tag, prompt_ids=[1, 2], response_ids=[5] * n, engine_logprobs=[-0.5] * n,
                   finish_reason="stop" if train else "length", ground_truth="x", train=train, stale_len=stale)
@@ -169,3 +199,7 @@ def test_the_metrics_row_counts_the_samples_left_out():
     m = step_metrics(1, roll, [], {}, {}, repetition_rate=lambda xs: 0.0, engine_restarts=0, timings={},
                      untrainable=3)
     assert m["untrainable_samples"] == 3
+    roll.untrainable_samples = 4  # samples of mixed groups the manager did not keep (all stale, mask)
+    m = step_metrics(1, roll, [], {}, {}, repetition_rate=lambda xs: 0.0, engine_restarts=0, timings={},
+                     untrainable=3)
+    assert m["untrainable_samples"] == 7
