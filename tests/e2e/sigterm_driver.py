@@ -31,7 +31,7 @@ class BlockingTrainer:
         self.cluster = None
 
     def run(self):
-        ray.init(num_cpus=1, include_dashboard=False)
+        ray.init(address="local", num_cpus=1, include_dashboard=False)  # never a stray cluster
         train.stop_on_sigterm()
         self.cluster = _Cluster(sys.argv[1])
 

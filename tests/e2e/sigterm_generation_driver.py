@@ -60,7 +60,7 @@ class GeneratingTrainer:
         self.engines = None
 
     def run(self):
-        ray.init(num_cpus=2, include_dashboard=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False)  # never a stray cluster
         train.stop_on_sigterm()  # as Trainer.run does once Ray is up
         self.cluster = _Cluster(sys.argv[1])
         self.engines = EnginePool(lambda i: SlowEngine.remote(), 2, resync=lambda handles: None, timeout_s=7200)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.procs import RAY_SHUTDOWN_GRACE_S, run_in_session
+from tests.launch.procs import RAY_SHUTDOWN_GRACE_S, private_ray_tmpdir, run_in_session
 
 HERE = Path(__file__).resolve().parent
 pytestmark = [pytest.mark.slow]
@@ -16,8 +16,10 @@ pytestmark = [pytest.mark.slow]
 @pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)])
 def test_two_nodes_each_engine_fed_from_its_node(tmp_path, tp, pp):
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
-    done = run_in_session([sys.executable, str(HERE / "ray_sync_check.py"), str(tmp_path), str(tp), str(pp)],
-                          timeout=480, grace_s=RAY_SHUTDOWN_GRACE_S, env=env)  # grace: its cluster's own shutdown
+    with private_ray_tmpdir() as ray_tmp:
+        done = run_in_session([sys.executable, str(HERE / "ray_sync_check.py"), str(tmp_path), str(tp), str(pp)],
+                              timeout=480, grace_s=RAY_SHUTDOWN_GRACE_S,  # grace: its cluster's own shutdown
+                              env={**env, "RAY_TMPDIR": ray_tmp})
     proc, stdout, stderr, left = done, done.stdout, done.stderr, done.leftovers
     out = stdout + stderr
     assert proc.returncode == 0, out[-5000:]

@@ -92,3 +92,21 @@ def run_in_session(cmd, timeout: float, grace_s: float = 0.0, pattern: str = "",
     done = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     done.leftovers = left
     return done
+
+
+class private_ray_tmpdir:
+    """A Ray temp dir of the test's own (``RAY_TMPDIR``), removed afterwards: a
+    ``ray.cluster_utils.Cluster`` writes its address to ``<temp>/ray/ray_current_cluster``,
+    which every later ``ray.init()`` on the machine would join if the script were killed before
+    its shutdown removed it. Short (under /tmp), for Ray's 107-byte socket paths."""
+
+    def __enter__(self) -> str:
+        import tempfile
+
+        self.path = tempfile.mkdtemp(prefix="rt", dir="/tmp")
+        return self.path
+
+    def __exit__(self, *exc) -> None:
+        import shutil
+
+        shutil.rmtree(self.path, ignore_errors=True)

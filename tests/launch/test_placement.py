@@ -13,7 +13,7 @@ from megatron_dapo.launch.placement import (
     default_cpus_per_bundle,
     missing_nodes,
 )
-from tests.launch.procs import RAY_SHUTDOWN_GRACE_S, run_in_session
+from tests.launch.procs import RAY_SHUTDOWN_GRACE_S, private_ray_tmpdir, run_in_session
 
 HERE = Path(__file__).resolve().parent
 
@@ -114,8 +114,9 @@ def test_two_node_placement_in_subprocess():
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
     # the script's own session (Ray's daemons and the wait-nodes client included): whatever
     # still runs once it has had time to shut its cluster down is ended
-    done = run_in_session([sys.executable, str(HERE / "multinode_check.py")], timeout=240,
-                          grace_s=RAY_SHUTDOWN_GRACE_S, env=env)
+    with private_ray_tmpdir() as ray_tmp:
+        done = run_in_session([sys.executable, str(HERE / "multinode_check.py")], timeout=240,
+                              grace_s=RAY_SHUTDOWN_GRACE_S, env={**env, "RAY_TMPDIR": ray_tmp})
     proc, stdout, stderr, left = done, done.stdout, done.stderr, done.leftovers
     out = stdout + stderr
     assert proc.returncode == 0, out[-4000:]
