@@ -322,3 +322,11 @@ def lr_warmup_optimizer_steps(cfg: DAPOConfig) -> int:
         per_rollout = (r.rollout_batch_size * r.n_samples_per_prompt) // o.global_batch_size
         return o.lr_warmup_rollout_steps * per_rollout
     return o.lr_warmup_iters
+
+
+def hf_config_source(cfg) -> str:
+    """Where the model shape and the tokenizer come from: --hf-checkpoint (required; a torch_dist
+    checkpoint holds the weights, not the tokenizer files)."""
+    if cfg.model.hf_checkpoint:
+        return cfg.model.hf_checkpoint
+    raise ConfigError("--hf-checkpoint is required (the model shape and tokenizer are read from its config.json)")

@@ -152,6 +152,12 @@ class PromptDataset:
         self.fingerprint = fingerprint
         self.path = path
 
+    def describe(self) -> str:
+        """One line: how many prompts, from how many rows, and what loading dropped or changed."""
+        st = self.stats
+        return (f"{len(self.records)} prompts from {self.path} ({st.rows} rows, {st.duplicates_removed} duplicates "
+                f"removed, {st.skipped_long} too long skipped, {st.truncated} left-truncated, {st.bad_rows} bad rows)")
+
     def __len__(self) -> int:
         return len(self.records)
 

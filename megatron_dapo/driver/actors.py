@@ -33,8 +33,54 @@ class PolicyActor:
 
         self.w = PolicyWorker(rank, world_size, master_addr, master_port, cfg, hf_config_path)
 
-    def call(self, method: str, *args, **kwargs):
-        return getattr(self.w, method)(*args, **kwargs)
+    # one typed method per PolicyWorker call the driver makes (driver/trainer_group.py)
+    def info(self) -> dict:
+        return self.w.info()
+
+    def load_initial_weights(self) -> str:
+        return self.w.load_initial_weights()
+
+    def build_reference(self) -> str:
+        return self.w.build_reference()
+
+    def save(self, directory: str, metadata: dict) -> None:
+        self.w.save(directory, metadata)
+
+    def load(self, directory: str) -> None:
+        self.w.load(directory)
+
+    def export_hf(self, directory: str) -> list:
+        return self.w.export_hf(directory)
+
+    def full_weights(self) -> dict:
+        return self.w.full_weights()
+
+    def rng_state(self) -> dict:
+        return self.w.rng_state()
+
+    def set_rng_state(self, state: dict) -> None:
+        self.w.set_rng_state(state)
+
+    def derive_rng_state(self, step: int) -> int:
+        return self.w.derive_rng_state(step)
+
+    def compute_logprobs(self, items: list):
+        return self.w.compute_logprobs(items)
+
+    def compute_ref_logprobs(self, items: list):
+        return self.w.compute_ref_logprobs(items)
+
+    def train(self, shards: list, inject_nan: bool = False) -> list:
+        return self.w.train(shards, inject_nan=inject_nan)
+
+    def onload(self) -> int:
+        return self.w.onload()
+
+    def offload(self) -> int:
+        return self.w.offload()
+
+    def probe_logprobs(self, sequences: list):
+        return self.w.probe_logprobs(sequences)
 
     def sync_to(self, engine_handles, engine_kind: str = "hf", bucket_bytes=None):
         """Weight sync into the engine actors. ``engine_handles[e]``: engine ``e``'s handle, or
@@ -178,16 +224,3 @@ class EngineActor:
     def check_weights(self, action: str):
         """``RolloutEngine.check_weights`` (--check-weight-sync-init, hybrid/phases.py)."""
         return self.engine.check_weights(action)
-
-
-class RemoteEngine:
-    """A RolloutEngine-like client of an EngineActor (for evaluation from the driver)."""
-
-    def __init__(self, handle):
-        self.handle = handle
-
-    def generate(self, prompts, params):
-        return ray.get(self.handle.generate.remote(prompts, params))
-
-    def score(self, sequences, prompt_lens):
-        return ray.get(self.handle.score.remote(sequences, prompt_lens))

@@ -184,3 +184,18 @@ def _fsync_dir(path: str) -> None:
             os.close(fd)
     except OSError:
         pass
+
+
+def write_dir_atomically(directory: str, write) -> str:
+    """``write(tmp)`` fills ``<directory>.tmp``, which then replaces ``directory`` by a rename:
+    a crash never leaves a half-written ``directory`` (an HF export of the run's own). Returns
+    ``directory``."""
+    import shutil
+
+    tmp = directory.rstrip("/") + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    write(tmp)
+    shutil.rmtree(directory, ignore_errors=True)
+    os.makedirs(os.path.dirname(os.path.abspath(directory)), exist_ok=True)
+    os.replace(tmp, directory)
+    return directory

@@ -1,8 +1,8 @@
 """The Ray side of a run: trainer actors and engine actors on one placement group.
 
 ``Cluster`` places one ``PolicyActor`` per trainer rank and creates ``EngineActor``s on the
-same (colocated) bundles; the driver calls trainer methods on every rank at once
-(``call``) and runs the weight sync (``sync``). Nothing here knows the DAPO loop.
+same (colocated) bundles; the ranks are reached through ``trainers`` (a ``TrainerGroup``,
+driver/trainer_group.py) and the weight sync (``sync``). Nothing here knows the DAPO loop.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..config import world_size
+from .trainer_group import TrainerGroup
 
 
 def engine_options(cfg, kind: str, index: int, base_gpu_id: int, tokenizer_dir: str):
@@ -71,6 +72,7 @@ class Cluster:
         # Engine e sits on the GPUs of the ranks that feed it (same node, consecutive ids).
         self.engine_plan = engine_gpu_plan(self.placements, r.num_gpus_per_engine)
         self.actors, self.infos = [], []
+        self.trainers = None  # TrainerGroup, once build_trainers ran
         self.master_addr = self.master_port = None
         self._engine_ids = {}
         if build_trainers:
@@ -108,11 +110,12 @@ class Cluster:
             )
             for r in range(self.world)
         ]
-        self.infos = ray.get([a.call.remote("info") for a in self.actors], timeout=timeout_s)
+        self.infos = ray.get([a.info.remote() for a in self.actors], timeout=timeout_s)
         seen = ray.get([a.placement.remote() for a in self.actors], timeout=timeout_s)
         for rank, (got, want) in enumerate(zip(seen, self.placements)):
             if got["node_id"] != want["node_id"] or sorted(got["gpu_ids"]) != sorted(want["gpu_ids"]):
                 raise PlacementError(f"trainer rank {rank} runs on {got}, its bundle was probed at {want}")
+        self.trainers = TrainerGroup(self.actors, self.infos)
 
     def make_engine(self, i: int):
         """Launch engine ``i`` (an EngineActor on the bundles of its feeding ranks); a restarted
@@ -132,29 +135,6 @@ class Cluster:
         spec = self.pg.bundle_specs[0]
         return float(spec.get("CPU", 1))
 
-    def call(self, method: str, *args, per_rank=None, **kwargs):
-        """``PolicyWorker.<method>(*per_rank[r], *args, **kwargs)`` on every rank r at once; the
-        list of results. A user error raised on the ranks (a CheckpointError of ``load``, ...)
-        comes out as that error itself, not Ray's wrapper with the remote traceback in its text."""
-        import ray
-
-        if per_rank is not None and len(per_rank) != len(self.actors):
-            raise ValueError(f"Cluster.call({method!r}): {len(per_rank)} per-rank argument(s) for "
-                             f"{len(self.actors)} rank(s)")
-        futs = []
-        for r, a in enumerate(self.actors):
-            extra = per_rank[r] if per_rank is not None else ()
-            futs.append(a.call.remote(method, *extra, *args, **kwargs))
-        try:
-            return ray.get(futs)
-        except ray.exceptions.RayTaskError as e:
-            from ..errors import user_error_types
-
-            cause = getattr(e, "cause", None)
-            if isinstance(cause, user_error_types()):
-                raise cause from None
-            raise
-
     def sync(self, engine_handles) -> dict:
         import ray
 
@@ -173,28 +153,15 @@ class Cluster:
         return {"bytes": fed[0]["bytes"] if fed else 0, "buckets": max(o["buckets"] for o in outs),
                 "seconds": max(o["seconds"] for o in outs), "engines": len(handles)}
 
-    # -- the hybrid step's trainer protocol (hybrid/phases.py): the same worker methods as the
-    #    in-process trainer, called on every rank
+    # -- the hybrid step's trainer protocol (hybrid/phases.py): the trainer group's, plus the sync
     def onload(self) -> None:
-        self.call("onload")
+        self.trainers.onload()
 
     def offload(self) -> None:
-        self.call("offload")
+        self.trainers.offload()
 
     def probe_logprobs(self, sequences) -> list:
-        _, reporters = self.dp_layout()
-        return self.call("probe_logprobs", sequences)[reporters[0]]
-
-    def dp_layout(self):
-        dp = self.infos[0]["dp_size"]
-        # the rank whose results stand for DP rank d: last PP stage, TP rank 0
-        reporters = {}
-        for i in self.infos:
-            if i["last_stage"] and i["rank"] == min(
-                j["rank"] for j in self.infos if j["dp_rank"] == i["dp_rank"] and j["last_stage"]
-            ):
-                reporters[i["dp_rank"]] = i["rank"]
-        return dp, reporters
+        return self.trainers.probe_logprobs(sequences)
 
     def shutdown(self, engine_handles=()):
         """Kill the engine and trainer actors, then unlink the trainer processes' shared-memory
@@ -255,3 +222,20 @@ class RemoteEngines:
         import ray
 
         return ray.get([h.check_weights.remote(action) for h in self.members])
+
+
+class RemoteEngine:
+    """A RolloutEngine-like client of one EngineActor (evaluation from the driver)."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def generate(self, prompts, params):
+        import ray
+
+        return ray.get(self.handle.generate.remote(prompts, params))
+
+    def score(self, sequences, prompt_lens):
+        import ray
+
+        return ray.get(self.handle.score.remote(sequences, prompt_lens))

@@ -39,15 +39,14 @@ def log_hybrid_events(run_dir: str, step: int, events: list) -> None:
         f.write(json.dumps({"step": step, "events": list(events)}) + "\n")
 
 
-def dump_train_batch(cluster, out_dir: str, step: int, samples: list, global_batch_size: int, when: str) -> None:
-    """--debug-dump-train-batch: the exact worker inputs of this step and the full weights around it."""
-    weights = {}
-    for part in cluster.call("full_weights"):
-        weights.update(part)
-    out = {"weights": weights}
+def dump_train_batch(trainers, out_dir: str, step: int, minibatches: list, when: str) -> None:
+    """--debug-dump-train-batch: the exact worker inputs of this step (``samples``, in order, and
+    ``minibatch_sizes``: how many of them each optimizer step took, as the trainer split them)
+    and the full weights around it."""
+    out = {"weights": trainers.full_weights()}
     if when == "before":
-        out["samples"] = [s.to_worker() for s in samples]
-        out["global_batch_size"] = global_batch_size
+        out["samples"] = [s.to_worker() for mb in minibatches for s in mb]
+        out["minibatch_sizes"] = [len(mb) for mb in minibatches]
     os.makedirs(out_dir, exist_ok=True)
     torch.save(out, os.path.join(out_dir, f"step_{step:06d}_{when}.pt"))
 

@@ -545,3 +545,21 @@ def evaluate(
         with open(os.path.join(out_dir, "summary.json"), "w") as f:
             json.dump({**summary, "config": config}, f, indent=2, ensure_ascii=False)
     return summary
+
+
+def evaluate_in_training(engine, tokenizer, cfg, hf_dir: str, arch, scorer, out_root: str) -> dict:
+    """The held-out evaluation of a training run (--eval-data every --eval-interval steps) on
+    ``engine`` with the run's flags (--eval-k, --eval-temperature, ...), as tools/eval.py
+    evaluates; the metrics.jsonl keys of every data set (``eval_log_keys``). Each data set's
+    responses go under ``out_root/<name>``."""
+    from megatron_dapo.models.hf_config import generation_eos_ids
+
+    out, lg = {}, cfg.logging
+    for path in cfg.data.eval_data:
+        res = evaluate(engine, tokenizer, path, progress=False, max_new_tokens=cfg.algo.max_response_length,
+                       scorer=scorer, k=lg.eval_k, temperature=lg.eval_temperature, top_p=lg.eval_top_p,
+                       prompt_style=lg.eval_prompt_style, stop_token_ids=generation_eos_ids(hf_dir),
+                       context_length=arch.max_position_embeddings, apply_chat_template=cfg.data.apply_chat_template,
+                       out_dir=os.path.join(out_root, dataset_name(path)))
+        out.update(eval_log_keys(res, dataset_name(path)))
+    return out

@@ -162,31 +162,20 @@ def test_too_few_trainable_samples_are_topped_up_per_step_with_zero_weight_ones(
 
 
 def test_train_runs_the_configured_optimizer_steps_over_the_trainers_list():
-    """Trainer._train: one ``train`` call per configured optimizer step, each with every DP
-    rank's shard of a near-equal mini-batch (a stand-in cluster records the calls)."""
+    """Trainer._train over TrainerGroup: one ``train`` call per configured optimizer step, each
+    with every DP rank's shard of a near-equal mini-batch (stand-in ranks record the calls)."""
     from megatron_dapo.train import Trainer
+    from tests.driver.fake_ranks import fake_group
 
     cfg = parse_args(["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--global-batch-size", "4",
                       "--no-progress"])
-    calls = []
-
-    class Cluster:
-        infos = [{"dp_rank": 0}, {"dp_rank": 1}]
-
-        def dp_layout(self):
-            return 2, {0: 0, 1: 1}
-
-        def call(self, method, per_rank, inject_nan=False):
-            assert method == "train"
-            calls.append([len(args[0][0]) for args in per_rank])
-            return [[{"sums": {}, "ratio_max": 1.0, "grad_norm": 0.5, "update_successful": True, "lr": 1e-6}]
-                    for _ in per_rank]
-
     t = Trainer.__new__(Trainer)
-    t.cfg, t.cluster, t.step, t.skipped_in_a_row = cfg, Cluster(), 1, 0
+    t.cfg, t.step, t.skipped_in_a_row = cfg, 1, 0
+    t.trainers, ranks = fake_group(dp=2)
     samples = [_s(n=2 + k % 3, tag=k) for k in range(13)]  # the list of 16 responses, 3 left out
-    m = t._train(samples, inject_nan=False)
+    m = t._train(minibatches(samples, optimizer_steps(cfg), 2), inject_nan=False)  # as Trainer.one_step splits them
     assert optimizer_steps(cfg) == 4 and m["optimizer_steps"] == 4
+    calls = [[len(r.sent("train")[k][0][0]) for r in ranks] for k in range(4)]
     assert [sum(c) for c in calls] == [4, 3, 3, 3] and all(min(c) >= 1 for c in calls)
 
 

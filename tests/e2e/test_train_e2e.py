@@ -73,9 +73,11 @@ def _replay(hf_dir, before, after, lr, weight_decay, clip, eps_low, eps_high, cl
         [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=lr, betas=(0.9, 0.999), eps=1e-8,
     )
-    samples, gbs = before["samples"], before["global_batch_size"]
-    for i in range(0, len(samples), gbs):
-        batch = collate(samples[i : i + gbs])
+    samples, i = before["samples"], 0
+    assert sum(before["minibatch_sizes"]) == len(samples), before["minibatch_sizes"]
+    for n in before["minibatch_sizes"]:  # one optimizer step per mini-batch, as the trainer split them
+        batch = collate(samples[i : i + n])
+        i += n
         logits = model(batch["tokens"]).logits.float()
         lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, batch["tokens"][:, 1:, None]).squeeze(-1)
         mask = batch["loss_mask"][:, 1:]

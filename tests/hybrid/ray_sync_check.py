@@ -81,7 +81,7 @@ def main(work: str, tp: int, pp: int) -> int:
         ])
         cluster = Cluster(cfg, hf_dir, hf_dir)
         print(f"OK cluster of {cluster.world} ranks up in {time.time() - t0:.1f} s")
-        cluster.call("load_initial_weights")
+        cluster.trainers.load_initial_weights()
         handles = [cluster.make_engine(i) for i in range(cluster.num_engines)]
         assert len(handles) == 2
         # each engine on its feeders' node, the two engines on different nodes
@@ -94,10 +94,9 @@ def main(work: str, tp: int, pp: int) -> int:
 
         arch = parse_hf_config(hf_dir)
         want = {}
-        for part in cluster.call("full_weights"):
-            for g, full in part.items():
-                for n, t in megatron_to_hf(arch, g, full):
-                    want[n] = t
+        for g, full in cluster.trainers.full_weights().items():
+            for n, t in megatron_to_hf(arch, g, full):
+                want[n] = t
         model_bytes = sum(t.numel() * t.element_size() for t in want.values())
         for k in range(2):
             before = object_store_created_bytes()

@@ -184,7 +184,7 @@ def driver(work: str, address: str) -> int:
         sums = ray.get([a.__ray_call__.remote(allreduce_rank) for a in cluster.actors], timeout=120)
         assert sums == [3.0, 3.0], sums
         print("OK all_reduce over the two nodes", flush=True)
-        cluster.call("load_initial_weights")
+        cluster.trainers.load_initial_weights()
         lp = cluster.probe_logprobs([[1, 2, 3, 4, 5]])
         assert len(lp) == 1 and len(lp[0]) == 4 and all(math.isfinite(x) for x in lp[0]), lp
         print("OK megatron TP 2 forward across the two nodes", flush=True)
