@@ -100,3 +100,24 @@ def pytest_sessionfinish(session, exitstatus):
         else:
             print(msg, file=sys.stderr)
         session.exitstatus = 1
+
+
+def pytest_addoption(parser):
+    parser.addoption("--shuffle-files", metavar="SEED", type=int, default=None,
+                     help="run the test files in an order shuffled with SEED (tests inside a file keep their "
+                          "order): finds a test that passes only after another file's test set some state")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    seed = config.getoption("--shuffle-files")
+    if seed is None:
+        return
+    import random
+
+    files = list(dict.fromkeys(item.nodeid.split("::")[0] for item in items))
+    random.Random(seed).shuffle(files)
+    rank = {f: i for i, f in enumerate(files)}
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])  # stable: a file's own order is kept
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None:
+        tr.write_line(f"test files shuffled with seed {seed}: {' '.join(files[:5])} ...")
