@@ -28,6 +28,7 @@ as ``optimizer.sharded_state_dict(model_sharded_state_dict)`` needs).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -60,6 +61,13 @@ CHECKED_FIELDS = (
     "head_dim",
     "qkv_bias",
     "norm_eps",
+    # Qwen3 q/k norms and the mixture of experts (a checkpoint of another expert count, width
+    # or routing is another model; the expert LAYOUT, EP x ETP, is resharded on load)
+    "qk_layernorm",
+    "num_experts",
+    "moe_ffn_hidden_size",
+    "moe_router_topk",
+    "moe_norm_topk_prob",
 )
 # HF spelling of the fields, for messages.
 _HF_NAMES = {
@@ -68,6 +76,11 @@ _HF_NAMES = {
     "num_layers": "num_layers (HF num_hidden_layers)",
     "ffn_hidden_size": "ffn_hidden_size (HF intermediate_size)",
     "norm_eps": "norm_eps (HF rms_norm_eps)",
+    "qk_layernorm": "qk_layernorm (HF q_norm / k_norm)",
+    "num_experts": "num_experts (HF num_experts)",
+    "moe_ffn_hidden_size": "moe_ffn_hidden_size (HF moe_intermediate_size)",
+    "moe_router_topk": "moe_router_topk (HF num_experts_per_tok)",
+    "moe_norm_topk_prob": "moe_norm_topk_prob (HF norm_topk_prob)",
 }
 
 logger = logging.getLogger(__name__)
@@ -141,8 +154,10 @@ def check_metadata(meta: dict, arch: ModelArch, where: str = "checkpoint") -> No
     ck = meta["arch"]
     mine = arch.to_dict()
     bad = []
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelArch) if f.default is not dataclasses.MISSING}
     for field in CHECKED_FIELDS:
-        a, b = ck.get(field), mine.get(field)
+        # a checkpoint written before a field existed has the field's default (dense, no q/k norms)
+        a, b = ck.get(field, defaults.get(field)), mine.get(field)
         if field in ("rope_theta", "norm_eps") and a is not None and b is not None:
             same = float(a) == float(b)
         else:
