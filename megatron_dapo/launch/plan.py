@@ -20,7 +20,8 @@ the safe side):
   weights are bf16; the optimizer part is divided by DP with ``--use-distributed-optimizer``.
 * Activations for one micro-batch of ``--max-tokens-per-gpu`` tokens (divided by CP), per
   layer and token: layer-norm inputs, QKV, attention output, MLP gate/up/activation
-  (flash attention: no s x s scores), bf16; the tensor-parallel parts are divided by TP,
+  (flash attention: no s x s scores; a MoE layer: the router's scores and every token's top-k
+  routed copies, :func:`_act_bytes_per_token_layer`), bf16; the tensor-parallel parts are divided by TP,
   the hidden-size parts only with ``--sequence-parallel``. The first pipeline stage holds
   up to PP micro-batches in flight (1F1B), so it holds about ``num_layers`` layers' worth.
   With full recompute only each layer's input is kept, plus one layer's full activations
@@ -204,6 +205,9 @@ class SyncPlan:
     expert_bytes_per_feeder: int = 0
     expert_gathered_bytes: int = 0
     expert_group: int = 1  # ETP x EP ranks of one stage's expert all-gather
+    # what of expert_gathered_bytes comes from ranks on other nodes (an ETP x EP group wider
+    # than a node: megatron lays a group out on consecutive ranks)
+    expert_cross_node_bytes: int = 0
 
     @property
     def extra_peak_bytes(self) -> int:
@@ -237,13 +241,16 @@ def sync_plan(cfg: DAPOConfig, arch: ModelArch, engine_kind: str = "hf") -> Sync
         feeds.append(EngineFeed(e, nodes.pop() if len(nodes) == 1 else None, ranks, cross))
     bucket = cfg.rollout.update_weight_buffer_size
     buffers = 3 if engine_kind == "sglang" else 2
-    seconds = (total - worst_cross) / (INTRA_NODE_GBPS * GB) + worst_cross / (INTER_NODE_GBPS * GB) + total / (
-        ENGINE_COPY_GBPS * GB)
     experts = arch.num_layers * arch.expert_parameters_per_layer * dtype_bytes
     group = expert_group_size(cfg) if arch.is_moe else 1
+    # the expert all-gather of a feeder's own stage: the group's ranks beyond its node send over the network
+    expert_cross = int(experts / pp * (group - min(group, g)) / group) if group > g else 0
+    net = worst_cross + expert_cross
+    seconds = (total - net) / (INTRA_NODE_GBPS * GB) + net / (INTER_NODE_GBPS * GB) + total / (
+        ENGINE_COPY_GBPS * GB)
     return SyncPlan(feeds, total, bucket, math.ceil(total / bucket), buffers, seconds,
                     expert_bytes_per_feeder=experts, expert_gathered_bytes=experts - experts // group,
-                    expert_group=group)
+                    expert_group=group, expert_cross_node_bytes=expert_cross)
 
 
 def expert_group_size(cfg: DAPOConfig) -> int:
@@ -343,14 +350,20 @@ def sglang_graph_bytes(capacity_gb: float, engine_tp: int) -> float:
 
 
 def _per_layer_params(arch: ModelArch) -> int:
-    """One layer's parameters split over TP (attention, dense MLP or the MoE router, norms);
-    a MoE layer's experts are :func:`expert_params_per_gpu`'s."""
+    """One layer's parameters that TP splits (attention, dense MLP, norms); a MoE layer's router
+    is :func:`_router_params` (replicated on every TP rank), its experts
+    :func:`expert_params_per_gpu`'s."""
     h, f = arch.hidden_size, arch.ffn_hidden_size
     q = arch.num_attention_heads * arch.head_dim
     kv = arch.num_query_groups * arch.head_dim
     attn = h * q + 2 * h * kv + q * h + (q + 2 * kv if arch.qkv_bias else 0)
-    mlp = arch.num_experts * h if arch.is_moe else 3 * h * f
+    mlp = 0 if arch.is_moe else 3 * h * f
     return attn + mlp + 2 * h + (2 * arch.head_dim if arch.qk_layernorm else 0)
+
+
+def _router_params(arch: ModelArch) -> int:
+    """One MoE layer's router weight ``[E, H]``: every TP rank holds all of it."""
+    return arch.num_experts * arch.hidden_size if arch.is_moe else 0
 
 
 def expert_params_per_gpu(arch: ModelArch, pp: int, expert_group: int) -> int:
@@ -364,7 +377,7 @@ def stage_params(arch: ModelArch, tp: int, pp: int, make_vocab_size_divisible_by
     split over ``expert_group`` = ETP x EP ranks; norms counted once)."""
     v = padded_vocab_size(arch.vocab_size, make_vocab_size_divisible_by, tp)
     emb = v * arch.hidden_size // tp
-    layer = _per_layer_params(arch) // tp + arch.expert_parameters_per_layer // expert_group
+    layer = _per_layer_params(arch) // tp + _router_params(arch) + arch.expert_parameters_per_layer // expert_group
     per_stage = [arch.num_layers // pp * layer for _ in range(pp)]
     per_stage[0] += emb
     if not arch.tie_word_embeddings or pp > 1:
@@ -374,15 +387,28 @@ def stage_params(arch: ModelArch, tp: int, pp: int, make_vocab_size_divisible_by
     return per_stage
 
 
-def _act_bytes_per_token_layer(arch: ModelArch, tp: int, sp: bool, dtype_bytes: int) -> tuple:
-    """(hidden-size part, tensor-parallel part) of one layer's stored activations per token."""
+def _act_bytes_per_token_layer(arch: ModelArch, tp: int, sp: bool, dtype_bytes: int, etp: int = 1) -> tuple:
+    """(hidden-size part, tensor-parallel part) of one layer's stored activations per token of
+    the micro-batch.
+
+    A MoE layer (megatron-core's alltoall dispatcher): each rank holds ``tokens / TP`` tokens
+    (sequence parallel; a MoE model trains at TP > 1 only with it) and routes each to top-k
+    experts; the ETP x EP ranks of an expert group together process every routed copy of their
+    tokens, each copy on the EP rank of its expert and, ETP-split, on ETP ranks; balanced, a rank
+    holds ``ETP x tokens x top-k / TP`` copies, each with its dispatched input and combined
+    output (the probabilities' gradient needs it), ``2 H``, and its share of fc1 out and the
+    activation, ``3 I / ETP``: per token of the micro-batch ``top-k x (2 H x ETP + 3 I) / TP``.
+    The router's logits and scores (``E`` values, bf16 and fp32) are per token of the rank."""
     h, f = arch.hidden_size, arch.ffn_hidden_size
-    if arch.is_moe:  # every token through its top-k experts
-        f = arch.moe_router_topk * arch.moe_ffn_hidden_size
     q = arch.num_attention_heads * arch.head_dim
     kv = arch.num_query_groups * arch.head_dim
     hidden = 4 * h * dtype_bytes  # two norm inputs, QKV input, MLP input
-    tpp = (3 * q + 2 * kv + 3 * f) * dtype_bytes  # Q/K/V, attn out + o_proj in, gate/up, act
+    if arch.is_moe:
+        hidden += arch.num_experts * (dtype_bytes + 4)  # router logits + fp32 scores
+        moe = arch.moe_router_topk * (2 * h * etp + 3 * arch.moe_ffn_hidden_size) * dtype_bytes
+        tpp = (3 * q + 2 * kv) * dtype_bytes + moe  # Q/K/V, attn out + o_proj in; routed copies
+    else:
+        tpp = (3 * q + 2 * kv + 3 * f) * dtype_bytes  # Q/K/V, attn out + o_proj in, gate/up, act
     return hidden / (tp if sp else 1), tpp / tp
 
 
@@ -406,7 +432,8 @@ def estimate_memory(cfg: DAPOConfig, arch: ModelArch, capacity_gb: float = 80.0)
     if tokens is None:
         tokens = o.micro_batch_size * (cfg.data.max_prompt_length + cfg.algo.max_response_length)
     tokens_cp = math.ceil(tokens / cp)
-    hid, tpp = _act_bytes_per_token_layer(arch, tp, p.sequence_parallel, wbytes)
+    hid, tpp = _act_bytes_per_token_layer(arch, tp, p.sequence_parallel, wbytes,
+                                          p.expert_tensor_parallel_size or tp)
     layers_in_flight = arch.num_layers // pp * pp  # first stage: its layers x PP micro-batches (1F1B)
     full = tokens_cp * layers_in_flight * (hid + tpp)
     layer_input = arch.hidden_size * wbytes / (tp if p.sequence_parallel else 1)
@@ -512,6 +539,11 @@ def plan_warnings(cfg: DAPOConfig, arch: ModelArch, on_gpu: bool) -> List[str]:
             f"--rollout-num-gpus-per-engine {e} does not divide --actor-num-gpus-per-node {p.gpus_per_node}: "
             "an engine spans two nodes (multi-node SGLang is not set up by this launcher)"
         )
+    if arch.is_moe and expert_group_size(cfg) > p.gpus_per_node:
+        w.append(
+            f"--expert-tensor-parallel-size x --expert-model-parallel-size = {expert_group_size(cfg)} > "
+            f"--actor-num-gpus-per-node {p.gpus_per_node}: every MoE layer's token all-to-all (and the weight sync's "
+            "expert all-gather) crosses nodes")
     if arch.num_attention_heads % e:
         w.append(f"rollout TP {e} does not divide the {arch.num_attention_heads} attention heads: SGLang refuses it")
     elif arch.num_query_groups % e and e % arch.num_query_groups:
@@ -687,7 +719,10 @@ def dry_run_report(
     if sp.expert_bytes_per_feeder:
         add(f"experts: {_gb(sp.expert_bytes_per_feeder)} of it per feeder ({arch.num_layers} layers x "
             f"{arch.num_experts} experts), {_gb(sp.expert_gathered_bytes)} all-gathered from the other "
-            f"{sp.expert_group - 1} ranks of each stage's ETP x EP group; one bucket slot per layer's fc1 / fc2 of all "
+            f"{sp.expert_group - 1} ranks of each stage's ETP x EP group ("
+            + (f"{_gb(sp.expert_cross_node_bytes)} of it from other nodes" if sp.expert_cross_node_bytes else
+               "within the node") +
+            f"); one bucket slot per layer's fc1 / fc2 of all "
             f"experts ({'per-expert' if engine_kind == 'sglang' else 'fused'} names for the {engine_kind} engine)")
     add(
         f"engine TP rank j <- feeder rank (first + j) on the same node: one payload of memory handles per feeder "
