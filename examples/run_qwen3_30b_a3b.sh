@@ -153,7 +153,7 @@ DAPO_ARGS=(
 #   EP 8 = one node: every MoE layer's token all-to-all runs on NVLink; EP 16 would cross InfiniBand 2 x 48 times per
 #     forward (the dry run warns). ETP 1: whole experts (768 wide); ETP 2 x EP 8 = 16 ranks would also cross nodes.
 #   TP <= 4 (megatron needs the 4 KV heads divisible by TP). TP 1 does not fit an H100: bf16 logits + grad of a
-#     22528-token micro-batch over the 152k vocabulary alone ~18.6 GB, training peak ~76 GB. TP 2 is the smallest
+#     22528-token micro-batch over the 152k vocabulary alone ~18.7 GB, training peak ~76 GB. TP 2 is the smallest
 #     that fits with the plan's 15% margin (longest trainable sequence 43k tokens on H100, 138k on H200); TP 4 would
 #     save ~10 GB that nothing needs (generation sets the peak) and shrink the 2048-wide GEMMs further.
 #   PP 1: PP 2 would halve the layers per GPU (static ~25 GB) but adds a pipeline bubble and puts half of every
