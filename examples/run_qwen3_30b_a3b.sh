@@ -3,7 +3,7 @@
 # the paper's hyperparameters, 4 or 8 nodes x 8 H100/H200, expert parallel, routing replay (R3).
 #
 #   bash examples/run_qwen3_30b_a3b.sh                 # on the Ray head node (RAY_ADDRESS set), or via
-#   DRIVER_SCRIPT=examples/run_qwen3_30b_a3b.sh sbatch -N 4 examples/slurm/submit_dapo.sbatch   # (docs/slurm.md)
+#   DRIVER_SCRIPT=$PWD/examples/run_qwen3_30b_a3b.sh sbatch -N 4 examples/slurm/submit_dapo.sbatch   # docs/slurm.md
 #   NNODES=8 bash examples/run_qwen3_30b_a3b.sh --dry-run   # validate, print placement + memory + sync plan
 #
 # Extra arguments are passed through to `python -m megatron_dapo.train` and win over the ones below.
@@ -51,7 +51,7 @@ if [[ "$DRY_RUN" == 1 ]]; then
     note "HF_CKPT not set and $HF_CKPT/config.json not found: dry run with the public config in examples/qwen3-30b-a3b (shape only, no weights)"
     HF_CKPT="$REPO_ROOT/examples/qwen3-30b-a3b"
     if ! user_set TOKENIZER && [[ -f "$SHARED_DATA/tokenizers/qwen2/tokenizer.json" ]]; then
-      TOKENIZER="$SHARED_DATA/tokenizers/qwen2"; note "TOKENIZER not set: the Qwen2 tokenizer in $TOKENIZER (Qwen3 uses the same BPE vocabulary)"
+      TOKENIZER="$SHARED_DATA/tokenizers/qwen2"; note "TOKENIZER not set: the Qwen2 tokenizer in $TOKENIZER (Qwen3 uses the same byte-level BPE; its few extra special tokens do not matter to a dry run)"
     fi
   fi
   if ! user_set PROMPT_DATA && [[ ! -e "$PROMPT_DATA" ]]; then
