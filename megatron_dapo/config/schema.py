@@ -227,6 +227,9 @@ class MoEConfig:
     moe_router_bias_update_rate: float = _f(1e-3, "Update rate of that bias (DeepSeek-V3's gamma).")
     moe_token_dispatcher_type: str = _f(
         "alltoall", "How tokens reach their experts' EP ranks: alltoall or allgather.", choices=("alltoall", "allgather"))
+    routing_replay: bool = _f(
+        False, "Routing replay (R3): the rollout engines return the routed experts of every token and the trainer "
+        "replays them in the old-logprob forward and in training (docs/moe.md). MoE models only.")
 
 
 @dataclass

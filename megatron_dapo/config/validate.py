@@ -144,6 +144,9 @@ def check_expert_layout(cfg: DAPOConfig, arch=None) -> None:
             raise ConfigError(
                 f"--expert-model-parallel-size {ep} / --expert-tensor-parallel-size {etp}: the model "
                 f"({arch.model_type}, --hf-checkpoint config) has no experts; drop them")
+        if m.routing_replay:
+            raise ConfigError(f"--routing-replay: the model ({arch.model_type}, --hf-checkpoint config) has no "
+                              "experts to route; drop it")
         return
     if arch.num_experts % ep:
         raise ConfigError(f"{arch.num_experts} experts (--hf-checkpoint config num_experts) not divisible by "

@@ -52,6 +52,8 @@ class SamplingParams:
     stop_token_ids: extra token ids that end a sample (the engine's EOS ids are added unless
     ``ignore_eos``). stop: strings that end a sample (needs a tokenizer in HFEngine).
     seed: per-request seed; sample j of a prompt uses ``derive_seed(seed, j)``.
+    return_routed_experts: MoE models: return the routed experts of every position the
+    engine ran (``GenerationOutput.routed_experts``; routing replay, docs/moe.md).
     """
 
     temperature: float = 1.0
@@ -63,6 +65,7 @@ class SamplingParams:
     stop: List[str] = field(default_factory=list)
     seed: Optional[int] = None
     ignore_eos: bool = False
+    return_routed_experts: bool = False
 
     def validate(self) -> None:
         if not (self.temperature >= 0.0):
@@ -90,6 +93,10 @@ class GenerationOutput:
     logprobs: List[float]
     finish_reason: FinishReason
     text: Optional[str] = None
+    # with ``SamplingParams.return_routed_experts`` on a MoE model: int16 [n, layers, top_k], the
+    # experts each position 0 .. n - 1 of prompt + output was routed to, n = len(prompt) +
+    # len(output) - 1 (the last output token is never fed back); SGLang's layout (docs/moe.md)
+    routed_experts: Optional[torch.Tensor] = None
 
 
 @dataclass

@@ -45,6 +45,7 @@ class _Row:
     out: List[int] = field(default_factory=list)
     lps: List[float] = field(default_factory=list)
     text: Optional[str] = None  # cut before a stop string
+    routing: Optional[list] = None  # return_routed_experts: [n_k, layers, top_k] blocks of the fed positions
 
 
 class ContinuousBatcher:
@@ -105,7 +106,7 @@ class ContinuousBatcher:
         gone = [i for i, row in enumerate(self.rows) if row.req.rid in want]
         for i in gone:
             row = self.rows[i]
-            out.append(Finished(row.req.rid, self._output(row.req, row.out, row.lps, "abort"), now))
+            out.append(Finished(row.req.rid, self._output(row.req, row.out, row.lps, "abort", routing=row.routing), now))
         self._drop(gone)
         return out
 
@@ -124,6 +125,11 @@ class ContinuousBatcher:
         pos = torch.tensor([[r.next_pos] for r in self.rows], device=self.e.device)
         logits = self.e._forward(self.last.view(-1, 1).to(self.e.device), mask, pos, self.cache, last_only=True)
         self.mask, self.logits = mask, [logits[:, -1, :].float()]
+        if any(r.routing is not None for r in self.rows):
+            rec = self.e._router_rec.last(len(self.rows), 1)
+            for i, r in enumerate(self.rows):
+                if r.routing is not None:
+                    r.routing.append(rec[i])
         for r in self.rows:
             r.next_pos += 1
 
@@ -157,6 +163,11 @@ class ContinuousBatcher:
         pick = torch.tensor([where[tuple(int(t) for t in r.prompt_ids)] for r in reqs])
         cache.batch_select_indices(pick.to(dev))
         rows = [self._row(r) for r in reqs]
+        if any(r.routing is not None for r in rows):
+            rec = self.e._router_rec.last(n, width)
+            for r, i in zip(rows, pick.tolist()):
+                if r.routing is not None:
+                    r.routing.append(rec[i, width - len(r.req.prompt_ids):])
         self._merge(cache, mask.to(dev)[pick.to(dev)], logits[pick.to(logits.device)], rows)
 
     def _row(self, r: Request) -> _Row:
@@ -167,7 +178,8 @@ class ContinuousBatcher:
         stop = {int(t) for t in p.stop_token_ids}
         if not p.ignore_eos:
             stop.update(self.e.eos_token_ids)
-        return _Row(r, g, stop, next_pos=len(r.prompt_ids))
+        routing = [] if p.return_routed_experts and self.e._router_rec is not None else None
+        return _Row(r, g, stop, next_pos=len(r.prompt_ids), routing=routing)
 
     def _merge(self, cache, mask, logits, rows) -> None:
         _check_layers(cache)
@@ -197,7 +209,7 @@ class ContinuousBatcher:
             r.lps.append(lp)
             reason = self._finish_reason(r, tok)
             if reason is not None:
-                self.done.append(Finished(r.req.rid, self._output(r.req, r.out, r.lps, reason, r.text), now))
+                self.done.append(Finished(r.req.rid, self._output(r.req, r.out, r.lps, reason, r.text, r.routing), now))
                 ended.append(i)
         self.logits, self.last = None, tokens
         self._drop(ended)
@@ -232,11 +244,15 @@ class ContinuousBatcher:
             return "length"
         return None
 
-    def _output(self, req: Request, ids, lps, reason: str, text: Optional[str] = None) -> GenerationOutput:
+    def _output(self, req: Request, ids, lps, reason: str, text: Optional[str] = None,
+                routing: Optional[list] = None) -> GenerationOutput:
         if text is None and self.e.tokenizer is not None:
             text = self.e.tokenizer.decode(list(ids))
+        routed = None
+        if routing and ids:  # the prompt and every output token but the last were fed
+            routed = torch.cat(routing, dim=0)[: len(req.prompt_ids) + len(ids) - 1]
         return GenerationOutput(prompt_ids=list(req.prompt_ids), output_ids=list(ids), logprobs=list(lps),
-                                finish_reason=reason, text=text)
+                                finish_reason=reason, text=text, routed_experts=routed)
 
     def _drop(self, idx: List[int]) -> None:
         """Remove rows ``idx`` from the batch; cut cache columns no remaining row uses."""

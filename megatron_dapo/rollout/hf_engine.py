@@ -59,6 +59,7 @@ from megatron_dapo.rollout.base import (
     derive_seed,
 )
 from megatron_dapo.rollout.continuous import ContinuousBatcher
+from megatron_dapo.rollout.routing import RoutingRecorder
 
 
 class HFEngine(RolloutEngine):
@@ -120,6 +121,7 @@ class HFEngine(RolloutEngine):
         self._cache = None
         self._step_hook: Optional[Callable[[int], None]] = None  # tests: called every step
         self._stream = ContinuousBatcher(self, max_running)
+        self._router_rec = RoutingRecorder.attach(self.model)  # MoE: the routers' top-k (routing replay)
 
         if eos_token_ids is None:
             eos = getattr(self.config, "eos_token_id", None)
@@ -365,6 +367,8 @@ class HFEngine(RolloutEngine):
         outs_ids: List[List[int]] = [[] for _ in rows]
         outs_lp: List[List[float]] = [[] for _ in rows]
         finish: List[Optional[str]] = [None] * len(rows)
+        record = bool(params.return_routed_experts) and self._router_rec is not None
+        routing: List[list] = [[] for _ in rows]  # per row: [n_k, layers, top_k] blocks of fed positions
         texts: List[Optional[str]] = [None] * len(rows)
 
         if params.max_new_tokens == 0 or not rows:
@@ -385,6 +389,10 @@ class HFEngine(RolloutEngine):
             cache = DynamicCache(config=self.config)
             self._cache = cache
             logits = self._forward(ids, mask, pos, cache, last_only=True)[:, -1, :]
+            if record:
+                rec = self._router_rec.last(P, max_len)
+                for b, (i, _, p, _) in enumerate(rows):
+                    routing[b].append(rec[i, max_len - len(p):])
             if params.n > 1:
                 cache.batch_repeat_interleave(params.n)
                 logits = logits.repeat_interleave(params.n, dim=0)
@@ -428,6 +436,10 @@ class HFEngine(RolloutEngine):
                 logits = self._forward(
                     tokens.view(-1, 1).to(self.device), mask, next_pos, cache, last_only=True
                 )[:, -1, :]
+                if record:
+                    rec = self._router_rec.last(len(active), 1)
+                    for slot, b in enumerate(active):
+                        routing[b].append(rec[slot])
                 next_pos = next_pos + 1
             self._cache = None
 
@@ -444,6 +456,7 @@ class HFEngine(RolloutEngine):
                     logprobs=outs_lp[b],
                     finish_reason=finish[b],
                     text=texts[b],
+                    routed_experts=_routed(routing[b], len(p), len(outs_ids[b])) if record else None,
                 )
             )
         return result
@@ -528,6 +541,13 @@ class HFEngine(RolloutEngine):
         self._stream = ContinuousBatcher(self, self._stream.max_running)  # drops what was streaming
         self.model = None
         self._params = {}
+
+
+def _routed(blocks: list, prompt_len: int, n_out: int) -> Optional[torch.Tensor]:
+    """A row's routing blocks -> ``[prompt_len + n_out - 1, layers, top_k]`` (rollout/routing.py)."""
+    if not blocks or n_out == 0:
+        return None
+    return torch.cat(blocks, dim=0)[: prompt_len + n_out - 1]
 
 
 def _own_storages(model) -> None:
