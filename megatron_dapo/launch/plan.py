@@ -422,11 +422,12 @@ def estimate_memory(cfg: DAPOConfig, arch: ModelArch, capacity_gb: float = 80.0)
     weights = params * wbytes
     grads = params * 4
     opt_per_param = 8 + (4 if cfg.model.bf16 else 0)
-    # the distributed optimizer shards dense state over DP and expert state over the
+    # the distributed optimizer shards dense state over DP x CP and expert state over the
     # expert-data-parallel ranks (world / (PP x ETP x EP))
     experts = expert_params_per_gpu(arch, pp, group)
     edp = max(1, world_size(cfg) // (pp * group))
-    optimizer = ((params - experts) / dp + experts / edp if p.use_distributed_optimizer else params) * opt_per_param
+    # dense state: megatron-core's distributed optimizer shards it over DP x CP (its dp_cp group)
+    optimizer = ((params - experts) / (dp * cp) + experts / edp if p.use_distributed_optimizer else params) * opt_per_param
 
     tokens = o.max_tokens_per_gpu
     if tokens is None:
@@ -643,6 +644,16 @@ def engine_gpu_lines(name: str, mm: MemoryEstimate, msf: float, seq: int, per_en
     ]
 
 
+def _optimizer_shards(cfg: DAPOConfig, arch: ModelArch, plan: PlacementPlan) -> str:
+    """Over which ranks the distributed optimizer shards its state (megatron-core: dense over
+    DP x CP, experts over the expert-data-parallel group)."""
+    dense = f"sharded over DP {plan.dp}" if plan.cp == 1 else f"sharded over DP {plan.dp} x CP {plan.cp}"
+    if not arch.is_moe:
+        return dense
+    edp = max(1, plan.world // (plan.pp * expert_group_size(cfg)))
+    return f"dense {dense}, experts over EDP {edp}"
+
+
 def dry_run_report(
     cfg: DAPOConfig,
     arch: ModelArch,
@@ -762,7 +773,7 @@ def dry_run_report(
     add(f"  grads fp32               {_gb(m.grads):>10}")
     add(
         f"  Adam m+v{' + fp32 main' if cfg.model.bf16 else ''}     {_gb(m.optimizer):>10}"
-        f"  ({'sharded over DP ' + str(plan.dp) if p.use_distributed_optimizer else 'not sharded (no --use-distributed-optimizer)'})"
+        f"  ({_optimizer_shards(cfg, arch, plan) if p.use_distributed_optimizer else 'not sharded (no --use-distributed-optimizer)'})"
     )
     add(f"  = static                 {_gb(m.static):>10}")
     add(

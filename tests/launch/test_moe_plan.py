@@ -98,3 +98,23 @@ def test_expert_group_wider_than_a_node(arch):
     report = dry_run_report(far, arch, on_gpu=True)
     assert "29.0 GB of it from other nodes" in report
     assert "(within the node)" in dry_run_report(near, arch, on_gpu=True)
+
+
+def test_distributed_optimizer_shards_dense_state_over_dp_times_cp(arch):
+    """megatron-core's distributed optimizer shards dense state over its dp_cp group: at CP 2
+    the dense part of a GPU's Adam state is half of what DP alone would give; experts stay on EDP."""
+    from pathlib import Path
+
+    dense = parse_hf_config(Path(__file__).resolve().parents[2] / "examples" / "qwen2.5-32b")
+    one, two = _cfg(nodes=16, tp=8, ep=1, etp=8), _cfg(nodes=16, tp=8, ep=1, etp=8,
+                                                      extra=["--context-parallel-size", "2"])
+    m1, m2 = estimate_memory(one, dense), estimate_memory(two, dense)
+    assert m1.params_per_gpu == m2.params_per_gpu
+    assert m1.optimizer == pytest.approx(12 * m1.params_per_gpu / 16)  # DP 16
+    assert m2.optimizer == pytest.approx(12 * m2.params_per_gpu / (8 * 2))  # DP 8 x CP 2
+    assert "(sharded over DP 8 x CP 2)" in dry_run_report(two, dense, on_gpu=True)
+    # MoE at CP 2: dense part over DP 8 x CP 2 = 16, experts over EDP = 32 / 8 = 4
+    m = estimate_memory(_cfg(extra=["--context-parallel-size", "2"]), arch)
+    experts = L * EXPERTS // 8
+    assert m.optimizer == pytest.approx(12 * ((m.params_per_gpu - experts) / 16 + experts / 4))
+    assert "(dense sharded over DP 16, experts over EDP 4)" in dry_run_report(_cfg(), arch, on_gpu=True)
