@@ -46,6 +46,9 @@ class Sample:
     # wall-clock times (time.time()): the sample's latest request was submitted / ended
     submitted_at: Optional[float] = None
     finished_at: Optional[float] = None
+    # --routing-replay: the engine's routed experts, int16 [positions, layers, top_k] of
+    # prompt + response (all but the last token; rollout/routing.py), across continuations
+    routed_experts: Optional[torch.Tensor] = None
 
     @property
     def truncated(self) -> bool:
@@ -62,6 +65,7 @@ class Sample:
             "ref_logprobs": self.ref_logprobs,
             "engine_logprobs": list(self.engine_logprobs),
             "stale_len": int(self.stale_len),
+            "routed_experts": self.routed_experts,
         }
 
 

@@ -53,6 +53,7 @@ import torch
 from ..algo import dynamic_sampling_mask
 from ..reward.api import RewardInput
 from ..rollout.base import Request, SamplingParams, derive_seed
+from ..rollout.routing import extend_routing
 from .batch import Group, Sample, has_trainable_token, shape_rewards
 from .engine_pool import EnginePool, LocalTransport, RayTransport  # noqa: F401  (re-exported)
 
@@ -105,6 +106,7 @@ class CarryOver:
             for s in g.samples:
                 if s.token_versions and min(s.token_versions) < step - max_staleness:
                     s.response_ids, s.engine_logprobs, s.token_versions, s.finish_reason = [], [], [], "abort"
+                    s.routed_experts = None
                     n += 1
         return n
 
@@ -182,7 +184,7 @@ class RolloutManager:
         r, a = self.cfg.rollout, self.cfg.algo
         return SamplingParams(
             temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=a.max_response_length,
-            n=1, stop=list(r.stop), seed=seed,
+            n=1, stop=list(r.stop), seed=seed, return_routed_experts=self.cfg.moe.routing_replay,
         )
 
     def _seed(self, step: int, order: int, j: int) -> Optional[int]:
@@ -446,6 +448,12 @@ def extend_sample(s: Sample, out, step: int, max_len: int, versions: bool = True
     weight version ``step`` (``token_versions``)."""
     room = max_len - len(s.response_ids)
     ids, lps = list(out.output_ids)[:room], list(out.logprobs)[:room]
+    if ids:  # --routing-replay: the fed positions of prompt + response (all but the last token)
+        routed = getattr(out, "routed_experts", None)
+        if s.response_ids:  # a continuation: the prefix keeps the routing it was generated under
+            routed = extend_routing(s.routed_experts, routed)
+        keep = len(s.prompt_ids) + len(s.response_ids) + len(ids) - 1
+        s.routed_experts = None if routed is None else routed[:keep]
     s.response_ids = list(s.response_ids) + ids
     s.engine_logprobs = list(s.engine_logprobs) + lps
     if versions:
