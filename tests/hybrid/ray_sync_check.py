@@ -1,13 +1,14 @@
 """Weight sync over Ray on a local two-node cluster; run in its own process by test_ray_sync.py.
 
-``python tests/hybrid/ray_sync_check.py WORK_DIR TP PP``: two Ray nodes of 2 CPUs
+``python tests/hybrid/ray_sync_check.py WORK_DIR TPxPP [TPxPP ...]``: two Ray nodes of 2 CPUs
 (ray.cluster_utils.Cluster), 4 trainer ranks (2 per node), 2 HF engines of "2 GPUs" each,
 built by the driver's own ``Cluster``. Checks, printing ``OK`` lines: each engine runs on the
 node of the ranks that feed it; ``Cluster.sync`` fills both engines with exactly the
 trainer's weights (megatron_to_hf of the gathered megatron tensors); the bytes Ray's object
 store created during a sync stay below 1 MiB while the model is tens of MB (the buckets
-travel as memory handles); re-syncing one restarted engine alone works. Exits non-zero on
-the first failed check; always shuts the cluster down.
+travel as memory handles); re-syncing one restarted engine alone works. Each layout in turn on the same Ray cluster
+(the driver's Cluster built and shut down per layout). Exits non-zero on the first failed
+check; always shuts the cluster down.
 """
 
 import os
@@ -44,34 +45,16 @@ def node_of(handle) -> str:
     return ray.get(handle.__ray_call__.remote(lambda actor_self: ray.get_runtime_context().get_node_id()))
 
 
-def main(work: str, tp: int, pp: int) -> int:
+def check_layout(hf_dir: str, tp: int, pp: int, t0: float) -> None:
+    """Every check of the module doc for one layout, on the Ray cluster already up."""
     from megatron_dapo.checkpoint.mapping import megatron_to_hf
     from megatron_dapo.config import parse_args
     from megatron_dapo.driver.cluster import Cluster
-    from megatron_dapo.launch.placement import start_ray
     from megatron_dapo.models.hf_config import parse_hf_config
-    from tests.e2e.fixtures import make_tiny_qwen2_dir
+    from megatron_dapo.rollout.payload import shared_memory_files
 
-    t0 = time.time()
-    hf_dir = make_tiny_qwen2_dir(os.path.join(work, "hf"))
-    os.environ.pop("RAY_ADDRESS", None)
-    rc = RayTestCluster(initialize_head=False)
     cluster = None
     try:
-        for attempt in (1, 2):  # a raylet has 30 s to register; on a loaded machine retry once
-            try:
-                if not rc.head_node:
-                    rc.add_node(include_dashboard=False, num_cpus=2)
-                rc.add_node(num_cpus=2)
-                break
-            except Exception as e:
-                if attempt == 2:
-                    raise
-                print(f"retrying the cluster start after: {e}", file=sys.stderr)
-                rc.shutdown()
-                rc = RayTestCluster(initialize_head=False)
-        rc.wait_for_nodes()
-        start_ray(address=rc.address)
         cfg = parse_args([
             "--hf-checkpoint", hf_dir, "--tensor-model-parallel-size", str(tp),
             "--pipeline-model-parallel-size", str(pp), "--rollout-num-gpus-per-engine", "2",
@@ -80,7 +63,7 @@ def main(work: str, tp: int, pp: int) -> int:
             "--update-weight-buffer-size", str(4 * 2**20),
         ])
         cluster = Cluster(cfg, hf_dir, hf_dir)
-        print(f"OK cluster of {cluster.world} ranks up in {time.time() - t0:.1f} s")
+        print(f"OK TP {tp} x PP {pp}: cluster of {cluster.world} ranks up in {time.time() - t0:.1f} s")
         cluster.trainers.load_initial_weights()
         handles = [cluster.make_engine(i) for i in range(cluster.num_engines)]
         assert len(handles) == 2
@@ -120,7 +103,6 @@ def main(work: str, tp: int, pp: int) -> int:
         assert all(torch.equal(got[n], want[n]) for n in want)
         print("OK a restarted engine re-synced alone")
         # the feeders' bucket buffers are named shared-memory files: none may outlive the cluster
-        from megatron_dapo.rollout.payload import shared_memory_files
 
         pids = [i["pid"] for i in cluster.infos]
         held = sum(len(shared_memory_files(p)) for p in pids)
@@ -133,17 +115,45 @@ def main(work: str, tp: int, pp: int) -> int:
         left = [f for p in pids for f in shared_memory_files(p)]
         assert not left, f"shared-memory files outlived the cluster: {left}"
         print(f"OK no shared-memory file outlived the cluster ({held} before shutdown)")
-        print("OK all ray sync checks")
-        return 0
     finally:
         if cluster is not None:
             try:
                 cluster.shutdown()
             except Exception:
                 pass
+
+
+def main(work: str, layouts: list) -> int:
+    from megatron_dapo.launch.placement import start_ray
+    from tests.e2e.fixtures import make_tiny_qwen2_dir
+
+    t0 = time.time()
+    hf_dir = make_tiny_qwen2_dir(os.path.join(work, "hf"))
+    os.environ.pop("RAY_ADDRESS", None)
+    rc = RayTestCluster(initialize_head=False)
+    try:
+        for attempt in (1, 2):  # a raylet has 30 s to register; on a loaded machine retry once
+            try:
+                if not rc.head_node:
+                    rc.add_node(include_dashboard=False, num_cpus=2)
+                rc.add_node(num_cpus=2)
+                break
+            except Exception as e:
+                if attempt == 2:
+                    raise
+                print(f"retrying the cluster start after: {e}", file=sys.stderr)
+                rc.shutdown()
+                rc = RayTestCluster(initialize_head=False)
+        rc.wait_for_nodes()
+        start_ray(address=rc.address)
+        for tp, pp in layouts:
+            check_layout(hf_dir, tp, pp, t0)
+        print("OK all ray sync checks")
+        return 0
+    finally:
         ray.shutdown()
         rc.shutdown()
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
+    sys.exit(main(sys.argv[1], [tuple(int(x) for x in a.split("x")) for a in sys.argv[2:]]))
