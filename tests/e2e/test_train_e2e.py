@@ -145,18 +145,24 @@ def test_tp2_three_steps_probe_keys_and_replay(tiny, tmp_path):
     assert all(torch.equal(final[k], want[k]) for k in want)
 
 
-def test_pp2_engine_kill_and_nan_step(tiny, tmp_path):
+def test_pp2_engine_kill_nan_step_and_kl_to_reference(tiny, tmp_path):
+    """PP 2 with the trainer offloaded: an engine killed mid-generation (step 2), a NaN loss
+    (step 3), and --kl-coef > 0, which builds a frozen reference (the initial weights, on both
+    pipeline stages) and adds the KL term."""
     from megatron_dapo.train import main
 
     hf, prompts = tiny
     run = str(tmp_path / "run")
     rc = main(base_args(hf, prompts, run, **{"--actor-num-gpus-per-node": "2", "--pipeline-model-parallel-size": "2",
                                              "--debug-kill-engine-step": "2", "--debug-inject-nan-step": "3",
-                                             "--num-rollout": "4", "--offload-train": "true"}))
+                                             "--num-rollout": "4", "--offload-train": "true",
+                                             "--kl-coef": "0.05", "--kl-estimator": "k3"}))
     assert rc == 0
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     by = {r["step"]: r for r in rows}
+    # KL: step 1 starts at the reference (first optimizer step: KL 0), then the policy moves away
+    assert 0.0 <= by[1]["kl"] < by[2]["kl"] and math.isfinite(by[2]["kl"]) and by[2]["kl"] > 1e-8
     # the engine was killed mid-generation at step 2: restarted once, the step completed
     assert by[1]["engine_restarts"] == 0 and by[2]["engine_restarts"] == 1 and by[4]["engine_restarts"] == 1
     for r in rows:
@@ -180,17 +186,3 @@ def test_pp2_engine_kill_and_nan_step(tiny, tmp_path):
     # only while the engines' KV caches were released
     assert events[2] == ["engine_release_kv_cache", "trainer_onload", "sync_weights", "probe_megatron",
                          "trainer_offload", "engine_resume_kv_cache", "probe_engine"] + step
-
-
-def test_kl_to_reference_model(tiny, tmp_path):
-    """--kl-coef > 0 builds a frozen reference (the initial weights) and adds the KL term."""
-    from megatron_dapo.train import main
-
-    hf, prompts = tiny
-    run = str(tmp_path / "run")
-    rc = main(base_args(hf, prompts, run, **{"--kl-coef": "0.05", "--kl-estimator": "k3", "--num-rollout": "2"}))
-    assert rc == 0
-    rows = read_metrics(run)
-    # step 1 starts at the reference (first optimizer step: KL 0), then the policy moves away
-    assert 0.0 <= rows[0]["kl"] < rows[1]["kl"]
-    assert rows[1]["kl"] > 1e-8 and math.isfinite(rows[1]["kl"])
