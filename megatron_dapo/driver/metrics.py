@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+from ..algo.routing_metrics import layer_metrics
+
 
 def mean(xs) -> float:
     xs = list(xs)
@@ -39,6 +41,11 @@ def reduce_train_outputs(outs: list, reporters: dict) -> dict:
         # max over mean of the DP ranks' tokens, worst optimizer step (the same on every rank)
         "dp_token_imbalance": max((o.get("dp_token_imbalance", 1.0) for o in outs[0]), default=1.0),
     })
+    # --routing-replay: per-layer routing agreement / load imbalance / router entropy, summed over
+    # the DP reporters and the step's optimizer steps (algo/routing_metrics.py)
+    routing = [o["routing"]["stats"] for r in reporters.values() for o in outs[r] if o.get("routing")]
+    if routing:
+        m.update(layer_metrics(sum(routing[1:], routing[0].clone())))
     return m
 
 

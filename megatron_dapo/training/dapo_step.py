@@ -24,6 +24,7 @@ from ..algo.tis import mismatch_kl
 from ..algo.config import AlgorithmConfig
 from . import packing as pk
 from .forward import forward_backward
+from .routing_replay import collect_stats
 from .logprobs import chunked_logprobs_entropy
 from .setup import Policy, optimizer_step, set_moe_aux_loss_scale
 from .token_weights import engine_logprobs_of, token_weights_into, weigh_samples
@@ -106,6 +107,9 @@ def collate(samples: list, pad_to_multiple: int = 1) -> dict:
            "trained": trained, "tis_fresh": fresh, "tis_clipped": clipped}
     if has_ref:
         out["ref_logprobs"] = ref
+    routed = pk.routing_rows(samples, [s] * b)
+    if routed is not None:
+        out["routed_experts"] = routed
     return out
 
 
@@ -443,4 +447,7 @@ def train_on_minibatch(
         "num_microbatches": len(mbs),
         "dp_token_imbalance": imbalance,
         "packed": packed,
+        # routing replay: per-layer routing sums of this step's forwards (and the old-logprob
+        # pass before it), over this DP rank's TP/CP/PP ranks (training/routing_replay.py)
+        "routing": collect_stats(policy.model),
     }

@@ -87,6 +87,10 @@ def forward_step(data_iterator, model_chunk, loss_fn: Callable):
     trainer, CPU and GPU alike (batches are collated on the host)."""
     batch = to_device(next(data_iterator), param_device(model_chunk))
     tokens, pos, mask, extra = _model_inputs(batch)
+    if "routed_experts" in batch:  # routing replay (training/routing_replay.py)
+        from .routing_replay import set_targets
+
+        set_targets(model_chunk, batch["routed_experts"])
     output = model_chunk(tokens, pos, mask, **extra)
     return output, functools.partial(_loss_wrapper, loss_fn, batch)
 
@@ -120,6 +124,10 @@ def forward_backward(
         micro_batch_size=mbs,
         forward_only=forward_only,
     )
+    if any("routed_experts" in mb for mb in microbatches):
+        from .routing_replay import clear_targets
+
+        clear_targets(model)
     return list(out)
 
 

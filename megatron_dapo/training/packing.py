@@ -230,6 +230,29 @@ def pack_samples(samples: Sequence[dict], multiple: int = 1) -> dict:
     }
     if has_ref:
         out["ref_logprobs"] = ref
+    if any(s.get("routed_experts") is not None for s in samples):  # routing replay: [1, T, layers, k]
+        rows = routing_rows(samples, plens)
+        out["routed_experts"] = torch.cat([rows[i, :pn] for i, pn in enumerate(plens)]).unsqueeze(0)
+    return out
+
+
+def routing_rows(samples: list, widths: list) -> Optional[torch.Tensor]:
+    """Routing replay: the samples' engine routing ``[n, widths[i], layers, top_k]`` int16, one
+    row per input position (``training/routing_replay.py``): the engine's experts where it gave
+    them (prompt and response tokens; the last token has none), ``FREE`` (-1) on a sample's other
+    positions, ``PAD`` (-2) beyond its tokens. None when no sample has routing."""
+    have = [x.get("routed_experts") for x in samples if x.get("routed_experts") is not None]
+    if not have:
+        return None
+    L, k = have[0].shape[1:]
+    out = torch.full((len(samples), max(widths), L, k), -2, dtype=torch.int16)
+    for i, x in enumerate(samples):
+        n = len(x["tokens"])
+        out[i, :n] = -1
+        r = x.get("routed_experts")
+        if r is not None:
+            m = min(r.shape[0], n)
+            out[i, :m] = torch.as_tensor(r[:m], dtype=torch.int16)
     return out
 
 
@@ -273,7 +296,7 @@ def split_for_cp(batch: dict, cp_size: int, cp_rank: int) -> dict:
     idx = zigzag_index(batch["seqlens_padded"], cp_size, cp_rank)
     T = sum(batch["seqlens_padded"])
     return {
-        k: (v.index_select(1, idx) if torch.is_tensor(v) and v.dim() == 2 and v.shape[1] == T else v)
+        k: (v.index_select(1, idx) if torch.is_tensor(v) and v.dim() >= 2 and v.shape[1] == T else v)
         for k, v in batch.items()
     }
 

@@ -74,6 +74,10 @@ class PolicyWorker:
             lr_warmup_iters=lr_warmup_optimizer_steps(cfg),
         )
         self.policy = build_policy(hf_config_path, build, opt)
+        if cfg.moe.routing_replay:  # R3: replay the engines' routing (training/routing_replay.py)
+            from .routing_replay import install
+
+            install(self.policy.model)
         self.arch = self.policy.arch
         self.hf_config_path = hf_config_path
         self.build_opts = build
