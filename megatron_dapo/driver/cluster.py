@@ -30,6 +30,8 @@ def engine_options(cfg, kind: str, index: int, base_gpu_id: int, tokenizer_dir: 
                   random_seed=cfg.optim.seed + index, enable_deterministic_inference=cfg.run.deterministic,
                   dtype="bfloat16" if cfg.model.bf16 else "float32", logprobs_mode="processed",
                   load_format="auto" if from_ckpt else "dummy")
+        if cfg.moe.routing_replay:  # SGLang captures the routed experts only when launched so
+            kw["enable_return_routed_experts"] = True
         return kw, {"runtime_env": {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}}
     return {"logprobs_mode": "processed", **({"load_weights_from": cfg.model.hf_checkpoint} if from_ckpt else {})}, {}
 

@@ -75,6 +75,7 @@ from megatron_dapo.rollout.base import (
     check_weight_action,
     derive_seed,
 )
+from megatron_dapo.rollout.routing import decode_sglang_routed_experts
 from megatron_dapo.rollout.payload import (  # noqa: F401  (re-exported: one serializer for every engine)
     BUCKET_ALIGN_BYTES,
     BucketEntry,
@@ -105,9 +106,9 @@ USED_API: Dict[str, Any] = {
     # (module, "Class.method" or "function", keyword arguments we pass by name)
     "callables": [
         ("sglang.srt.entrypoints.engine", "Engine.generate",
-         ("input_ids", "sampling_params", "return_logprob", "logprob_start_len")),
+         ("input_ids", "sampling_params", "return_logprob", "logprob_start_len", "return_routed_experts")),
         ("sglang.srt.entrypoints.engine", "Engine.async_generate",
-         ("input_ids", "sampling_params", "return_logprob", "rid")),
+         ("input_ids", "sampling_params", "return_logprob", "rid", "return_routed_experts")),
         ("sglang.srt.entrypoints.engine", "Engine.update_weights_from_tensor",
          ("named_tensors", "load_format", "flush_cache")),
         ("sglang.srt.entrypoints.engine", "Engine.begin_weight_update", ()),
@@ -146,6 +147,8 @@ USED_API: Dict[str, Any] = {
         "enable_memory_saver", "dtype", "random_seed", "enable_deterministic_inference",
         "trust_remote_code", "log_level", "disable_cuda_graph", "context_length", "port",
         "load_format", "cuda_graph_backend_prefill",
+        # routing replay: the scheduler captures each MoE layer's top-k (arg_groups/fields/exec_.py)
+        "enable_return_routed_experts",
     ),
     # keys of the sampling_params dicts we send (sglang.srt.sampling.sampling_params.SamplingParams)
     "sampling_params": (
@@ -169,7 +172,8 @@ USED_API: Dict[str, Any] = {
          (FLATTENED_BUCKET, "flattened_tensor", "metadata")),
         # meta_info keys and finish_reason types we read
         ("sglang.srt.managers.tokenizer_manager",
-         ("meta_info", "finish_reason", "output_token_logprobs", "input_token_logprobs", "output_ids")),
+         ("meta_info", "finish_reason", "output_token_logprobs", "input_token_logprobs", "output_ids",
+          "routed_experts")),
         ("sglang.srt.managers.schedule_batch", ("type", "stop", "length", "abort")),
         # an aborted queued request is answered with finish type "abort" and its output ids
         ("sglang.srt.managers.tokenizer_manager", ("abort", "output_ids", "Abort in waiting queue")),
@@ -345,8 +349,11 @@ def parse_finish_reason(fr: Any) -> str:
     return _FINISH_TYPES[kind]
 
 
-def from_sglang_output(out: Dict[str, Any], prompt_ids: List[int]) -> GenerationOutput:
-    """One SGLang output dict (``return_logprob=True``) -> GenerationOutput."""
+def from_sglang_output(out: Dict[str, Any], prompt_ids: List[int],
+                       routing_shape: Optional[Tuple[int, int]] = None) -> GenerationOutput:
+    """One SGLang output dict (``return_logprob=True``) -> GenerationOutput; with
+    ``routing_shape`` (layers, top_k) the ``meta_info["routed_experts"]`` of a request sent with
+    ``return_routed_experts`` (rollout/routing.decode_sglang_routed_experts)."""
     meta = out["meta_info"]
     output_ids = [int(t) for t in out["output_ids"]]
     entries = meta.get("output_token_logprobs") or []
@@ -363,9 +370,16 @@ def from_sglang_output(out: Dict[str, Any], prompt_ids: List[int]) -> Generation
         if lp is None:
             raise ValueError(f"SGLang returned no logprob for output token {k}")
         logprobs.append(float(lp))
+    routed = None
+    if routing_shape is not None and meta.get("routed_experts") is not None:
+        routed = decode_sglang_routed_experts(meta["routed_experts"], *routing_shape)
+        want = len(prompt_ids) + len(output_ids) - 1
+        if output_ids and routed.shape[0] != want:
+            raise ValueError(f"SGLang returned routed experts of {routed.shape[0]} positions, expected {want} "
+                             f"(prompt {len(prompt_ids)} + output {len(output_ids)} - 1)")
     return GenerationOutput(
         prompt_ids=list(prompt_ids), output_ids=output_ids, logprobs=logprobs,
-        finish_reason=finish, text=out.get("text"),
+        finish_reason=finish, text=out.get("text"), routed_experts=routed if output_ids else None,
     )
 
 
@@ -448,6 +462,19 @@ def checkpoint_weight_shapes(model_dir) -> Dict[str, Tuple[int, ...]]:
             if name != "__metadata__":
                 shapes[name] = tuple(info["shape"])
     return shapes
+
+
+def routing_shape(model_dir) -> Optional[Tuple[int, int]]:
+    """(layers, top_k) of a MoE checkpoint's routed experts (config.json ``num_hidden_layers``,
+    ``num_experts_per_tok``; the rows SGLang's capturer allocates); None for a dense model."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        return None
+    cfg = json.loads(path.read_text())
+    cfg = cfg.get("text_config", cfg)
+    if not cfg.get("num_experts_per_tok"):
+        return None
+    return int(cfg["num_hidden_layers"]), int(cfg["num_experts_per_tok"])
 
 
 def tied_embeddings(model_dir) -> bool:
@@ -655,6 +682,16 @@ class SGLangEngine(RolloutEngine):
             load_format=load_format, tokenizer_path=tokenizer_path, **server_args,
         )
         self._engine = sglang.Engine(**kwargs)
+        # routing replay: (layers, top_k) of a MoE checkpoint launched with enable_return_routed_experts
+        self._routing_shape = routing_shape(model_path) if server_args.get("enable_return_routed_experts") else None
+
+    def _wants_routing(self, params: SamplingParams) -> bool:
+        if not params.return_routed_experts:
+            return False
+        if self._routing_shape is None:
+            raise ValueError("return_routed_experts: launch SGLangEngine(enable_return_routed_experts=True) on a "
+                             "mixture-of-experts checkpoint (--routing-replay)")
+        return True
 
     # generation
     def _check_can_generate(self, what: str) -> None:
@@ -672,8 +709,14 @@ class SGLangEngine(RolloutEngine):
         ids, sps, index = build_generate_requests(prompts, params, self._seed_rng.getrandbits(63))
         if not ids:
             return [[] for _ in prompts]
-        outs = self._engine.generate(input_ids=ids, sampling_params=sps, return_logprob=True)
-        flat = [from_sglang_output(o, p) for o, p in zip(outs, ids)]
+        routed = self._wants_routing(params)
+        if routed:  # (only then: the flag needs the engine launched with enable_return_routed_experts)
+            outs = self._engine.generate(input_ids=ids, sampling_params=sps, return_logprob=True,
+                                         return_routed_experts=True)
+        else:
+            outs = self._engine.generate(input_ids=ids, sampling_params=sps, return_logprob=True)
+        shape = self._routing_shape if routed else None
+        flat = [from_sglang_output(o, p, shape) for o, p in zip(outs, ids)]
         return group_outputs(flat, index, len(prompts))
 
     # streaming
@@ -685,9 +728,14 @@ class SGLangEngine(RolloutEngine):
                 raise ValueError(f"request id {r.rid!r} is already outstanding")
             ids, sp = build_stream_request(r, self._seed_rng.getrandbits(63))
             srid = sglang_rid(self._rid_prefix, r.rid)
-            task = loop.create_task(
-                self._engine.async_generate(input_ids=ids, sampling_params=sp, return_logprob=True, rid=srid))
-            st = _Stream(task, srid, ids)
+            routed = self._wants_routing(r.params)
+            if routed:
+                coro = self._engine.async_generate(input_ids=ids, sampling_params=sp, return_logprob=True, rid=srid,
+                                                   return_routed_experts=True)
+            else:
+                coro = self._engine.async_generate(input_ids=ids, sampling_params=sp, return_logprob=True, rid=srid)
+            task = loop.create_task(coro)
+            st = _Stream(task, srid, ids, routing_shape=self._routing_shape if routed else None)
             task.add_done_callback(functools.partial(_stamp, st))
             self._streams[r.rid] = st
 
@@ -726,7 +774,8 @@ class SGLangEngine(RolloutEngine):
         out = []
         for rid in rids:
             st = self._streams.pop(rid)
-            out.append(Finished(rid, from_sglang_output(st.task.result(), st.input_ids), st.finished_at or time.time()))
+            out.append(Finished(rid, from_sglang_output(st.task.result(), st.input_ids, st.routing_shape),
+                                st.finished_at or time.time()))
         return out
 
     def score(self, sequences, prompt_lens):
@@ -959,6 +1008,7 @@ class _Stream:
     srid: str
     input_ids: List[int]
     finished_at: Optional[float] = None
+    routing_shape: Optional[Tuple[int, int]] = None  # (layers, top_k): return_routed_experts was asked
 
 
 def _stamp(st: _Stream, _task) -> None:

@@ -23,8 +23,9 @@ sequence parallelism. On each router call:
   backward is the recompute).
 
 Metrics (:func:`collect_stats`): per layer, the agreement of the router's own top-k with the
-engine's (before replacing it), the expert loads of the routing used, and the router entropy,
-accumulated over the calls outside backward since the last collection.
+engine's (before replacing it; in the old-logprob forward only, the one without gradients,
+whose weights are the rollout's), the expert loads of the routing used, and the router
+entropy (every forward outside backward), accumulated since the last collection.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ class ReplayRouter(RouterReplay):
     def _observe(self, scores, own, used, target) -> None:
         real = torch.ones(own.shape[0], dtype=torch.bool, device=own.device) if target is None else target[:, 0] != PAD
         st = torch.zeros_like(self.stats)
-        if target is not None:
+        if target is not None and not torch.is_grad_enabled():  # the old-logprob pass: rollout weights
             have = (target >= 0).all(-1)
             if bool(have.any()):
                 st[0] = float(topk_agreement(own[have], target[have]).sum())

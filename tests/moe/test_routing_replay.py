@@ -163,3 +163,70 @@ def test_replay_equals_recorded_routing_and_shrinks_gap(gloo, ep, packing, cp):
     assert torch.equal(st_on[:, 4:].sum(1), torch.full((2,), 2.0 * n_tokens, dtype=torch.float64))
     ent = st_on[:, 2] / st_on[:, 3]
     assert bool(((ent > 0) & (ent <= torch.log(torch.tensor(8.0)) + 1e-6)).all())
+
+
+@pytest.mark.slow
+def test_ep2_dapo_run_with_routing_replay(tmp_path):
+    """Two DAPO steps of a tiny Qwen3-MoE through ``megatron_dapo.train`` at EP2 with
+    ``--routing-replay`` (HFEngine on Ray, two gloo ranks): the engine's routing reaches the
+    trainer (per-layer agreement, loads and entropy in metrics.jsonl), the trainer's old
+    logprobs still agree with the engine's, finite steps."""
+    import math
+
+    from megatron_dapo.train import main
+    from tests.e2e.fixtures import make_prompts
+    from tests.e2e.test_train_e2e import base_args, read_metrics
+    from tests.moe.test_moe_e2e import make_tiny_qwen3_moe_dir
+
+    hf = make_tiny_qwen3_moe_dir(str(tmp_path / "hf"))
+    prompts = make_prompts(str(tmp_path / "prompts.jsonl"))
+    run = str(tmp_path / "run")
+    rc = main(base_args(hf, prompts, run, **{"--actor-num-gpus-per-node": "2", "--expert-model-parallel-size": "2",
+                                             "--num-rollout": "2", "--routing-replay": None}))
+    assert rc == 0
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["train_infer_logprob_diff"] < 1e-4
+        assert math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0
+        # same weights in engine and trainer (old-logprob pass): the trainer's own routing is the
+        # engine's but for near-ties of the random router (HF vs megatron numerics)
+        assert 0.9 < r["moe/routing_agreement_min"] <= r["moe/routing_agreement"] <= 1.0
+        for layer in (0, 1):
+            assert 1.0 <= r[f"moe/load_imbalance/layer_{layer}"] <= 8.0
+            assert 0.0 < r[f"moe/router_entropy/layer_{layer}"] <= math.log(8) + 1e-6
+
+
+def test_sglang_routed_experts_decoding_with_the_wheels_encoder():
+    """The pinned wheel's own encoder (DetokenizerManager._b64_encode_per_request) and reader
+    (extract_routed_experts_from_meta_info), cut out of its source, against our decoding."""
+    import base64
+
+    import numpy as np
+
+    from megatron_dapo.rollout.routing import decode_sglang_routed_experts
+    from megatron_dapo.rollout.sglang_engine import USED_API, from_sglang_output
+    from tests.rollout import sglang_wheel as sw
+
+    src = sw.wheel()
+    ns = sw.run(sw.extract(src, "sglang.srt.managers.detokenizer_manager", ["_b64_encode_per_request"],
+                           cls="DetokenizerManager"), dict(sw._typing_names(), pybase64=base64, torch=torch),
+                "sglang/srt/managers/detokenizer_manager.py")
+    ns = sw.run(sw.extract(src, "sglang.srt.state_capturer.routed_experts", ["extract_routed_experts_from_meta_info"]),
+                dict(ns, np=np), "sglang/srt/state_capturer/routed_experts.py")
+    prompt, output = [1, 2, 3, 4], [5, 6, 7]
+    n, L, k = len(prompt) + len(output) - 1, 2, 2
+    rows = torch.randint(0, 8, (n, L, k), dtype=torch.int32)  # the host buffer's rows (int32)
+    (enc,) = ns["_b64_encode_per_request"]([rows])
+    out = {"output_ids": output, "text": "",
+           "meta_info": {"finish_reason": {"type": "length"}, "routed_experts": enc,
+                         "output_token_logprobs": [(-0.5, t, None) for t in output]}}
+    assert np.array_equal(ns["extract_routed_experts_from_meta_info"](out), rows.reshape(-1).numpy())
+    got = from_sglang_output(out, prompt, (L, k)).routed_experts
+    assert got.dtype == torch.int16 and torch.equal(got, rows.to(torch.int16))
+    assert from_sglang_output(out, prompt).routed_experts is None  # not asked
+    with pytest.raises(ValueError, match="positions"):
+        from_sglang_output(out, prompt + [9], (L, k))
+    with pytest.raises(ValueError, match="rows of 5 layers"):
+        decode_sglang_routed_experts(enc, 5, k)
+    assert "enable_return_routed_experts" in USED_API["server_args"]
