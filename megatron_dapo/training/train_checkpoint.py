@@ -89,13 +89,44 @@ def _load_optimizer_state(policy, state: dict) -> None:
     parameter state with the step set aside and put back, one step tensor per parameter:
     ``DistributedOptimizer.load_state_dict`` gives every parameter the SAME step tensor, which
     torch's Adam increments in place once per parameter (16 parameters: the step went 2 -> 18
-    in one update, and the bias correction with it)."""
+    in one update, and the bias correction with it).
+
+    A mixture-of-experts model has two chained optimizers (dense and expert parameters, each
+    over its own data-parallel group) and a state per optimizer, keyed by its index: each goes
+    in the same way, then the chain's steps are aligned, as ``ChainedOptimizer.load_state_dict``
+    does (it would hand each state to ``load_state_dict`` directly: the ``KeyError`` above)."""
+    chained = getattr(policy.optimizer, "chained_optimizers", None)
+    mine, saved = len(chained) if chained else 1, _saved_optimizer_count(state)
+    if saved is not None and saved != mine:
+        # megatron-core gives a MoE model's experts their own optimizer only at EP > 1
+        raise CheckpointError(
+            f"the checkpoint's optimizer state is of {saved} chained optimizer(s), this layout builds {mine} (a "
+            "mixture-of-experts model has a separate expert optimizer exactly when --expert-model-parallel-size > 1): "
+            "resume at an expert-parallel size on the same side of 1, or start from the model alone "
+            "(--pretrained-checkpoint) with a fresh optimizer")
+    if mine == 1:
+        _load_one_optimizer_state(chained[0] if chained else policy.optimizer, state)
+        return
+    states = [v for _, v in sorted((k, v) for k, v in state.items() if isinstance(k, int))]
+    for opt, st in zip(chained, states):
+        _load_one_optimizer_state(opt, st)
+    policy.optimizer._synchronize_steps()
+
+
+def _saved_optimizer_count(state: dict) -> Optional[int]:
+    """How many chained optimizers wrote ``state`` (one optimizer's state has its own
+    ``optimizer`` entry; a chain's are under the indices 0, 1, ...); None when it cannot tell."""
+    if "optimizer" in state:
+        return 1
+    n = sum(1 for k, v in state.items() if isinstance(k, int) and isinstance(v, dict) and "optimizer" in v)
+    return n or None
+
+
+def _load_one_optimizer_state(opt, state: dict) -> None:
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
-    chained = getattr(policy.optimizer, "chained_optimizers", None)
-    opt = chained[0] if chained and len(chained) == 1 else policy.optimizer
     if not (isinstance(opt, DistributedOptimizer) and state.get("param_state_sharding_type") == FULLY_RESHARDABLE):
-        policy.optimizer.load_state_dict(state)
+        opt.load_state_dict(state)
         return
     param_state = state.pop("param_state")
     state.pop("param_state_sharding_type")
