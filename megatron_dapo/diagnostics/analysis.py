@@ -57,7 +57,9 @@ class Boundary:
 
 BOUNDARIES: tuple[Boundary, ...] = (
     Boundary("exploration", "Exploration", "Does the policy still explore?",
-             ("entropy", "clip_frac_low", "clip_frac_high"), ("mismatch_kl", "tis_clip_frac")),
+             ("entropy", "clip_frac_low", "clip_frac_high"),
+             ("mismatch_kl", "tis_clip_frac", "moe/routing_agreement_min", "moe/load_imbalance_max",
+              "moe/router_entropy")),
     Boundary("group_contrast", "Group contrast", "Do the sampled groups still carry a direction?",
              ("kept_group_ratio", "all_correct_ratio", "all_wrong_ratio", "num_gen_batches")),
     Boundary("token_credit", "Token credit", "Do the generated tokens earn their credit?",
@@ -380,6 +382,33 @@ def _exploration(h: History, th: Thresholds, col: _Collector) -> None:
                              f"KL(pi_engine || pi_old) {_fmt(v, 4)} (> {th.mismatch_kl_max:g}) {when}; "
                              "the sampled tokens are off-policy: use --tis-mode token-truncate, check "
                              "the engine's precision and logprob mode against the trainer's"))
+    _routing(h, th, col)
+
+
+def _routing(h: History, th: Thresholds, col: _Collector) -> None:
+    """MoE (docs/moe.md, "Routing replay"): the engine and the trainer route tokens to other
+    experts (the importance ratio drifts: the mismatch that collapses MoE RL runs), or the
+    router collapses onto few experts."""
+    ta, xa = _finite(h, "moe/routing_agreement_min")
+    if len(xa):
+        sm = _rolling_mean(xa, _eff(th.window, len(xa)))
+        early = _early(xa, th) if len(xa) >= th.min_steps else float("nan")
+        low = sm < th.routing_agreement_min
+        if math.isfinite(early):
+            low = low | (sm < early - th.routing_agreement_drop)
+        col.condition(
+            "routing_drift", "moe/routing_agreement_min", ta, sm, low, th.routing_agreement_min,
+            lambda v, when, _i: (f"engine and trainer route differently: worst-layer top-k agreement {_fmt(v)} "
+                             f"(< {th.routing_agreement_min:g}, or {th.routing_agreement_drop:g} below its "
+                             f"early {_fmt(early)}) {when}; the importance ratio drifts: train with "
+                             "--routing-replay, check the engine's precision"))
+    tl, xl = _finite(h, "moe/load_imbalance_max")
+    if len(xl):
+        sm = _rolling_mean(xl, _eff(th.window, len(xl)))
+        col.condition(
+            "router_collapse", "moe/load_imbalance_max", tl, sm, sm > th.load_imbalance_max, th.load_imbalance_max,
+            lambda v, when, _i: (f"the busiest expert takes {_fmt(v)}x the mean load (> {th.load_imbalance_max:g}) "
+                             f"{when}: the router collapses onto few experts; raise --moe-aux-loss-coeff"))
 
 
 def _group_contrast(h: History, th: Thresholds, col: _Collector) -> None:

@@ -27,6 +27,9 @@ class Thresholds:
     entropy_explode_ratio: float = 3.0  # recent entropy > 3 x early entropy -> runaway
     clip_frac_max: float = 0.2  # recent clip_frac_low + clip_frac_high above this
     mismatch_kl_max: float = 0.01  # recent KL(pi_engine || pi_old) above this (engine/trainer mismatch)
+    routing_agreement_min: float = 0.9  # MoE: recent worst-layer engine/trainer top-k agreement below this
+    routing_agreement_drop: float = 0.05  # ... or this much below its early value (routing drift)
+    load_imbalance_max: float = 4.0  # MoE: recent worst-layer max/mean expert load above this
 
     # --- group contrast: kept groups, all-correct / all-wrong, generation rounds --------------
     kept_group_ratio_min: float = 0.1  # recent share of mixed-correctness groups below this

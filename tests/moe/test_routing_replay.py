@@ -4,6 +4,8 @@ the routing metrics, and one e2e DAPO run with ``--routing-replay``."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from tests.tiny import random_hf_model, tiny_qwen3_moe_config
@@ -230,3 +232,38 @@ def test_sglang_routed_experts_decoding_with_the_wheels_encoder():
     with pytest.raises(ValueError, match="rows of 5 layers"):
         decode_sglang_routed_experts(enc, 5, k)
     assert "enable_return_routed_experts" in USED_API["server_args"]
+
+
+def test_routing_metric_functions():
+    from megatron_dapo.algo.routing_metrics import layer_metrics, load_imbalance, router_entropy, topk_agreement
+
+    a = torch.tensor([[0, 1], [2, 3], [4, 5]])
+    b = torch.tensor([[1, 0], [2, 7], [6, 7]])
+    assert topk_agreement(a, b).tolist() == [1.0, 0.5, 0.0]
+    assert float(router_entropy(torch.full((1, 8), 1 / 8))) == pytest.approx(math.log(8))
+    assert float(router_entropy(torch.tensor([[1.0, 0.0]]))) == 0.0
+    assert load_imbalance(torch.tensor([4.0, 0, 0, 0])) == 4.0 and load_imbalance(torch.zeros(4)) == 1.0
+    st = torch.tensor([[3.0, 4.0, 2.0, 4.0, 2, 2, 2, 2], [0.0, 0.0, 1.0, 2.0, 8, 0, 0, 0]], dtype=torch.float64)
+    m = layer_metrics(st)
+    assert m["moe/routing_agreement/layer_0"] == 0.75 and "moe/routing_agreement/layer_1" not in m
+    assert m["moe/routing_agreement"] == 0.75 and m["moe/routing_agreement_min"] == 0.75
+    assert m["moe/load_imbalance/layer_0"] == 1.0 and m["moe/load_imbalance/layer_1"] == 4.0
+    assert m["moe/load_imbalance_max"] == 4.0 and m["moe/router_entropy"] == pytest.approx(0.5 * (0.5 + 0.5))
+
+
+def test_diagnosis_places_routing_under_exploration_and_alerts_on_drift():
+    from megatron_dapo.diagnostics.analysis import diagnose
+    from megatron_dapo.diagnostics.history import History
+
+    def rows(agree, imbalance):
+        return [{"step": i + 1, "entropy": 0.5, "moe/routing_agreement_min": a, "moe/load_imbalance_max": imbalance,
+                 "moe/router_entropy": 1.5} for i, a in enumerate(agree)]
+
+    healthy = diagnose(History.from_records(rows([0.97] * 20, 1.5))).boundary("exploration")
+    assert healthy.status == "ok" and "moe/routing_agreement_min" in healthy.metrics
+    drift = diagnose(History.from_records(rows([0.97] * 10 + [0.85] * 10, 1.5))).boundary("exploration")
+    assert [a.kind for a in drift.alerts] == ["routing_drift"] and 11 <= drift.alerts[0].step <= 15  # (smoothed onset)
+    slow = diagnose(History.from_records(rows([0.99] * 10 + [0.92] * 10, 1.5))).boundary("exploration")
+    assert [a.kind for a in slow.alerts] == ["routing_drift"]  # above 0.9 but 0.07 below its early value
+    collapse = diagnose(History.from_records(rows([0.97] * 20, 6.0))).boundary("exploration")
+    assert [a.kind for a in collapse.alerts] == ["router_collapse"]
