@@ -5,6 +5,8 @@ chains a dense and an expert optimizer, each over its own data-parallel group). 
   without a checkpoint (before the fix, every such resume failed with ``KeyError: 'step'``:
   the torch-Adam workaround of train_checkpoint handled one optimizer only); a control that
   loads the model alone (fresh optimizer) differs.
+* Resumed on 4 ranks at EP2 (expert-data-parallel 2 instead of 1, DP 4 instead of 2): the
+  expert and dense optimizer states reshard; max |dweight| 3.0e-8 against the straight run.
 * Resumed at EP1, where megatron-core builds one optimizer for all parameters, the optimizer
   state cannot go in: one CheckpointError line naming --expert-model-parallel-size."""
 
@@ -49,3 +51,16 @@ def test_resume_at_ep1_is_one_clear_error(gloo, saved):
     for e in errs:
         assert e is not None and "\n" not in e, e
         assert "2 chained optimizer(s), this layout builds 1" in e and "--expert-model-parallel-size > 1" in e, e
+
+
+def test_resume_on_four_ranks_reshards_the_expert_state(gloo, saved):
+    """Saved on 2 ranks at EP2 (expert-data-parallel 1), resumed on 4 at EP2 (EDP 2, DP 4): the
+    expert optimizer's state is resharded over another EDP, the dense one over another DP; the
+    step equals the straight 2-rank run's up to the reduction order."""
+    cfg, sd, ckpt = saved
+    straight = gloo(2).run(bodies.train_straight, cfg, sd, 2)
+    resumed = gloo(4).run(bodies.resume_and_step, cfg, 2, ckpt)
+    d = _max_diff(straight[0]["params"], resumed[0]["params"])
+    print(f"4 ranks (EDP 2) vs 2 ranks (EDP 1): max |dweight| {d:.3g}")
+    assert resumed[0]["grad_norm"] == pytest.approx(straight[0]["grad_norm"], rel=1e-5)
+    assert d <= 2e-6, d
