@@ -48,6 +48,9 @@ need it:
    ``torch.cuda.current_stream()``) are patch 2's dummies; ``Router.gating`` moving its
    weight ``.to(torch.cuda.current_device())`` and the dispatchers' ``device="cuda"``
    tensors are patch 1.
+9. Activation recompute: the device RNG state that ``CheckpointFunction`` saves and restores
+   is the CPU generator's, and its backward (the recompute) runs inside patch 1's mode
+   (:func:`_patch_recompute_rng`).
 
 Strict collectives (a test mode, ``MEGATRON_DAPO_STRICT_COLLECTIVES=1``): on CPU every group
 is gloo and every tensor is on the host, so a host tensor handed to what is an NCCL group in
@@ -379,8 +382,26 @@ def apply_cpu_patches() -> bool:
     torch.cuda.max_memory_allocated = lambda *a, **k: 0
     torch.cuda.memory_reserved = lambda *a, **k: 0
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    _patch_recompute_rng()
     _APPLIED = True
     return True
+
+
+def _patch_recompute_rng() -> None:
+    """Patch 9: activation recompute (``tensor_parallel.CheckpointFunction``, what
+    ``--recompute-granularity`` runs) saves and restores the device RNG state with
+    ``torch.cuda.get_rng_state`` / ``_set_cuda_rng_state`` (``tensor_parallel/random.py``:
+    ``_get_all_rng_states``, ``_set_all_rng_states``); on the CPU the device generator is the
+    CPU one, whose state is what they save and restore. Its backward runs inside patch 1's mode."""
+    from megatron.core.tensor_parallel import random as mrandom
+
+    mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
+    mrandom._set_cuda_rng_state = lambda new_state, *a, **k: torch.set_rng_state(new_state)
+    # its backward re-runs the forward with torch function modes off (as patch 8's all-to-all)
+    bwd = mrandom.CheckpointFunction.__dict__["backward"]
+    if not getattr(bwd, "_megatron_dapo_cpu_mode", False):
+        mrandom.CheckpointFunction.backward = staticmethod(_in_cpu_mode(bwd.__func__))
+        mrandom.CheckpointFunction.backward._megatron_dapo_cpu_mode = True
 
 
 def apply_moe_cpu_patches() -> bool:

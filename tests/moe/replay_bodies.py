@@ -35,3 +35,32 @@ def replay_logprobs(hf_cfg: dict, sd: dict, samples: list, ep: int, packing: boo
                                                                  t[have].sort(-1).values)
             out[on] = (lps, rr.collect_stats(model)["stats"])
     return (out, equal) if dist.get_rank() == 0 else None
+
+
+def replay_train_step(hf_cfg: dict, sd: dict, samples: list, recompute: bool, replay: bool):
+    """One DAPO optimizer step at EP2 (DP2: rank r trains samples r, r + 2, ...) with the router
+    replay on or off, full activation recompute or none: the grad norm and the routing stats."""
+    import torch.distributed as dist
+
+    from megatron_dapo.algo.config import AlgorithmConfig
+    from megatron_dapo.checkpoint.model_io import load_hf_weights
+    from megatron_dapo.distributed import init_parallel
+    from megatron_dapo.models import ModelBuildOptions
+    from megatron_dapo.training import dapo_step as ds
+    from megatron_dapo.training import routing_replay as rr
+    from megatron_dapo.training.setup import OptimizerOptions, build_policy
+
+    init_parallel(1, 1, seed=1234, expert_model_parallel_size=2)
+    rc = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1) if recompute else {}
+    policy = build_policy(hf_cfg, ModelBuildOptions(**rc), OptimizerOptions(lr=1e-3, clip_grad=0.0))
+    load_hf_weights(policy.model, policy.arch, lambda n: sd[n], policy.padded_vocab)
+    policy.optimizer.reload_model_params()
+    rr.install(policy.model)
+    rr.set_replay(policy.model, replay)
+    mine = [dict(s, advantage=1.0 if i % 2 else -1.0) for i, s in enumerate(samples)][dist.get_rank()::2]
+    old = ds.compute_logprobs(policy, mine, policy.arch.vocab_size, 2)
+    for s, lp in zip(mine, old):
+        s["old_logprobs"] = lp
+    out = ds.train_on_minibatch(policy, mine, AlgorithmConfig(), policy.arch.vocab_size, 1)
+    assert all(not r.replay_backward_list for r in rr.replay_routers(policy.model))  # every target consumed/cleared
+    return {"grad_norm": out["grad_norm"], "routing": out["routing"]["stats"]} if dist.get_rank() == 0 else None

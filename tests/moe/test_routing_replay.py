@@ -267,3 +267,22 @@ def test_diagnosis_places_routing_under_exploration_and_alerts_on_drift():
     assert [a.kind for a in slow.alerts] == ["routing_drift"]  # above 0.9 but 0.07 below its early value
     collapse = diagnose(History.from_records(rows([0.97] * 20, 6.0))).boundary("exploration")
     assert [a.kind for a in collapse.alerts] == ["router_collapse"]
+
+
+@pytest.mark.gloo
+def test_replay_in_training_with_recompute(gloo):
+    """Training with replay: full activation recompute (the router runs again inside backward)
+    replays the forward's targets: the same gradient as without recompute; replay off gives
+    another gradient (the routing matters)."""
+    from tests.moe import replay_bodies
+
+    samples, cfg, sd = _perturbed_engine_samples()
+
+    def step(recompute, replay):
+        (got,) = [g for g in gloo(2).run(replay_bodies.replay_train_step, cfg, sd, samples, recompute, replay) if g]
+        return got
+
+    plain, recomputed, free = step(False, True), step(True, True), step(True, False)
+    assert abs(plain["grad_norm"] - recomputed["grad_norm"]) < 1e-6 * plain["grad_norm"], (plain, recomputed)
+    assert abs(plain["grad_norm"] - free["grad_norm"]) > 1e-4 * plain["grad_norm"]
+    assert torch.equal(plain["routing"], recomputed["routing"])  # recompute calls are not counted twice
