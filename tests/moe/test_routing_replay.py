@@ -286,3 +286,60 @@ def test_replay_in_training_with_recompute(gloo):
     assert abs(plain["grad_norm"] - recomputed["grad_norm"]) < 1e-6 * plain["grad_norm"], (plain, recomputed)
     assert abs(plain["grad_norm"] - free["grad_norm"]) > 1e-4 * plain["grad_norm"]
     assert torch.equal(plain["routing"], recomputed["routing"])  # recompute calls are not counted twice
+
+
+def test_routing_replay_flag_refused_on_a_dense_model():
+    from megatron_dapo.config import ConfigError
+    from megatron_dapo.config.validate import validate
+    from megatron_dapo.models import parse_hf_config
+    from tests.moe.test_moe_config import CLUSTER, QWEN3_30B_A3B
+    from tests.tiny import tiny_qwen3_config
+
+    with pytest.raises(ConfigError, match=r"^--routing-replay: the model \(qwen3, --hf-checkpoint config\) has no experts"):
+        validate(parse_args_(CLUSTER + ["--routing-replay"]), parse_hf_config(tiny_qwen3_config()), on_gpu=True)
+    cfg = parse_args_(CLUSTER + ["--routing-replay", "--expert-model-parallel-size", "8"])
+    assert cfg.moe.routing_replay
+    validate(cfg, parse_hf_config(QWEN3_30B_A3B), on_gpu=True)
+    assert not parse_args_(CLUSTER).moe.routing_replay  # default off
+
+
+def parse_args_(argv):
+    from megatron_dapo.config import parse_args
+
+    return parse_args(argv)
+
+
+def test_routing_rows_follow_the_tokens_padded_packed_cp_and_sp():
+    """Alignment rule: routing row t of a sample sits where its input token t sits, in padded and
+    packed micro-batches, after the CP zigzag split and the SP slice of ``token_major``; -1 on
+    positions without engine routing, -2 on padding."""
+    from megatron_dapo.training import dapo_step as ds
+    from megatron_dapo.training import packing as pk
+    from megatron_dapo.training.routing_replay import token_major
+
+    def sample(n, p):
+        toks = list(range(10 * n, 10 * n + n))
+        r = torch.tensor(toks[:-1], dtype=torch.int16).view(-1, 1, 1).expand(n - 1, 2, 2).clone()  # row t = token t
+        return {"tokens": toks, "prompt_len": p, "advantage": 1.0, "train": True, "old_logprobs": [0.0] * (n - p),
+                "ref_logprobs": None, "engine_logprobs": [0.0] * (n - p), "stale_len": 0, "routed_experts": r}
+
+    def check(tokens, routed):
+        have = routed[..., 0, 0] >= 0
+        assert torch.equal(routed[..., 0, 0][have].long(), tokens[have])
+        return have
+
+    samples = [sample(7, 3), sample(5, 2)]
+    mb = ds.collate(samples, pad_to_multiple=4)
+    have = check(mb["tokens"], mb["routed_experts"])
+    assert have.sum() == 6 + 4  # every position but each sample's last
+    assert mb["routed_experts"][1, 4, 0, 0] == -1 and bool((mb["routed_experts"][1, 5:] == -2).all())
+    flat = token_major(mb["routed_experts"], tp_size=2, tp_rank=1, sequence_parallel=True)
+    s = mb["tokens"].shape[1]
+    assert torch.equal(flat[:, 0, 0], mb["routed_experts"][:, s // 2:, 0, 0].transpose(0, 1).reshape(-1))
+    for cp_rank in (0, 1):
+        pmb = pk.packed_microbatch(samples, multiple=4, cp_size=2, cp_rank=cp_rank)
+        assert pmb["routed_experts"].shape[:2] == pmb["tokens"].shape
+        check(pmb["tokens"], pmb["routed_experts"])
+    samples[1]["routed_experts"] = None  # a sample without routing routes freely
+    mb = ds.collate(samples)
+    assert bool((mb["routed_experts"][1, :5] == -1).all())
