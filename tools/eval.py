@@ -33,8 +33,8 @@ HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_mode
 
 def parse_args(argv=None):
     from megatron_dapo.eval.runner import DEFAULT_MAX_PROMPT_LENGTH, PROMPT_STYLES
-    from megatron_dapo.reward.api import MODES
-    from megatron_dapo.rollout.base import ENGINES
+    from megatron_dapo.reward.api import REWARD_MODES
+    from megatron_dapo.rollout.engines import engine_choices
 
     from megatron_dapo.errors import OneLineArgumentParser
 
@@ -53,9 +53,9 @@ def parse_args(argv=None):
                    help="longer prompts are left-truncated")
     p.add_argument("--context-length", type=int, default=None,
                    help="model context (default: max_position_embeddings of config.json)")
-    p.add_argument("--engine", choices=("auto", *ENGINES), default="auto",
+    p.add_argument("--engine", choices=engine_choices(), default="auto",
                    help="hf: transformers on CPU; sglang: GPU; auto: sglang when CUDA is available")
-    p.add_argument("--reward-mode", choices=MODES, default="dapo")
+    p.add_argument("--reward-mode", choices=REWARD_MODES.names(), default="dapo")
     p.add_argument("--prompt-style", choices=PROMPT_STYLES, default="chat")
     p.add_argument("--stop", action="append", default=None, help="extra stop string (repeatable)")
     p.add_argument("--out", default=None, help="output directory (default: runs/eval/<model>__<data>)")
@@ -159,11 +159,11 @@ def _generation_eos_ids(model_dir: str) -> list:
 
 
 def build_engine(args, model_dir: str, tokenizer):
-    engine = args.engine
-    if engine == "auto":
-        import torch
+    import torch
 
-        engine = "sglang" if torch.cuda.is_available() else "hf"
+    from megatron_dapo.rollout.engines import resolve_engine_kind
+
+    engine = resolve_engine_kind(args.engine, torch.cuda.is_available())
     if engine == "hf":
         import torch
 

@@ -72,7 +72,7 @@ class AlgorithmConfig:
         "token keeps its gradient) or 'dr-grpo' (no length or std normalisation: with --loss-agg-mode "
         "seq-mean-token-sum and --advantage-estimator group-mean). docs/algorithm.md has the equations.",
         "--policy-loss",
-        choices=POLICY_LOSSES.names(),
+        choices=POLICY_LOSSES,
     )
     loss_agg_mode: str = _f(
         "token-mean",
@@ -87,7 +87,7 @@ class AlgorithmConfig:
         "(R - group mean, no std division) or 'reinforce-pp-baseline' (group mean baseline, then normalised by "
         "the batch std). docs/algorithm.md has the equations.",
         "--advantage-estimator",
-        choices=ADVANTAGE_ESTIMATORS.names(),
+        choices=ADVANTAGE_ESTIMATORS,
     )
     adv_eps: float = _f(1e-6, "Epsilon added to the std that divides the advantage (>= 0).", "--adv-eps")
     overlong_filter: bool = _f(
@@ -129,7 +129,7 @@ class AlgorithmConfig:
     )
     kl_coef: float = _f(0.0, "Coefficient of the KL penalty to the reference model (DAPO: 0 = none).", "--kl-coef")
     kl_estimator: str = _f(
-        "k3", "KL estimator used when --kl-coef > 0: k1, k2 or k3.", "--kl-estimator", choices=KL_ESTIMATORS.names()
+        "k3", "KL estimator used when --kl-coef > 0: k1, k2 or k3.", "--kl-estimator", choices=KL_ESTIMATORS
     )
     entropy_coef: float = _f(
         0.0, "Coefficient of the entropy bonus (loss -= coef * entropy; DAPO: 0).", "--entropy-coef"
@@ -142,7 +142,7 @@ class AlgorithmConfig:
         "[1/--tis-seq-cap, --tis-seq-cap] are rejected). A rejected token carries no loss and leaves the "
         "token-mean denominator (the step's loss is the mean over the tokens it learns from).",
         "--tis-mode",
-        choices=TIS_MODES.names(),
+        choices=TIS_MODES,
     )
     tis_cap: float = _f(2.0, "The cap C > 1 of --tis-mode token-truncate / token-mask (and of "
                         "--partial-rollout-offpolicy correct).", "--tis-cap")

@@ -47,17 +47,20 @@ TIS_MODES = Registry("TIS mode", flag="--tis-mode")
 
 @TIS_MODES.register("none")
 def _tis_none(log_ratio, valid, cap, seq_cap):
+    r"""No correction: :math:`w = 1`."""
     return torch.ones_like(log_ratio), torch.zeros_like(valid)
 
 
 @TIS_MODES.register("token-truncate")
 def _tis_token_truncate(log_ratio, valid, cap, seq_cap):
+    r"""Truncated importance sampling (Yao et al. 2025): :math:`w_{i,t} = \min(\rho_{i,t}, C)`."""
     ratio = torch.exp(log_ratio)
     return torch.clamp(ratio, max=cap), ratio > cap
 
 
 @TIS_MODES.register("token-mask")
 def _tis_token_mask(log_ratio, valid, cap, seq_cap):
+    r"""Token-level rejection: :math:`w_{i,t} = \mathbb 1[1/C \le \rho_{i,t} \le C]`."""
     ratio = torch.exp(log_ratio)
     out = (ratio > cap) | (ratio < 1.0 / cap)
     return torch.where(out, torch.zeros_like(ratio), torch.ones_like(ratio)), out
@@ -65,6 +68,7 @@ def _tis_token_mask(log_ratio, valid, cap, seq_cap):
 
 @TIS_MODES.register("sequence-mask")
 def _tis_sequence_mask(log_ratio, valid, cap, seq_cap):
+    r"""Sequence-level rejection: :math:`w_{i,t} = \mathbb 1[1/C \le \bar\rho_i \le C]`, :math:`\bar\rho_i` the geometric-mean ratio (cap ``--tis-seq-cap``)."""
     c = cap if seq_cap is None else check_real(seq_cap, "seq_cap")
     if c <= 1.0:
         raise ValueError(f"seq_cap must be > 1, got {c}")

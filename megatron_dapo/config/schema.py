@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..algo.config import AlgorithmConfig
-from ..reward.api import MODES as REWARD_MODES
-from ..rollout.base import ENGINES
+from ..reward.api import REWARD_MODES
+from ..rollout.engines import engine_choices
 
 
 def _f(default: Any, help: str, flag: Optional[str] = None, **extra: Any):
@@ -89,7 +89,7 @@ class OptimConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = _f("auto", "Rollout engine: sglang (GPU), hf (CPU) or auto.", "--rollout-engine", choices=("auto", *ENGINES))
+    engine: str = _f("auto", "Rollout engine kind (rollout/engines.py ENGINE_KINDS): sglang (GPU), hf (CPU), or auto: the first kind made for this machine.", "--rollout-engine", choices=engine_choices())
     rollout_batch_size: int = _f(512, "Prompts per rollout step (groups kept after dynamic sampling).")
     n_samples_per_prompt: int = _f(16, "Responses per prompt (group size G).")
     over_sampling_batch_size: Optional[int] = _f(
@@ -142,7 +142,7 @@ class RolloutConfig:
 
 @dataclass
 class RewardConfig:
-    mode: str = _f("dapo", "Verifier: dapo (official Answer: check) or math (sympy equivalence).", "--reward-mode", choices=REWARD_MODES)
+    mode: str = _f("dapo", "Built-in verifier (reward/api.py REWARD_MODES): dapo (official Answer: check), math (sympy equivalence).", "--reward-mode", choices=REWARD_MODES)
     reward_fn: Optional[str] = _f(
         None, "Default reward instead of --reward-mode: 'package.module:function' or the http(s) URL of a remote "
         "reward model (see docs/reward.md).")

@@ -8,6 +8,10 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+from ..models.hf_config import ModelConfigError
+from ..reward.api import RewardConfigError
+from ..reward.plugins import RewardRouter, parse_reward_sources
+from ..rollout.engines import AUTO, ENGINE_KINDS, resolve_engine_kind
 from .cli import ConfigError
 from .schema import DAPOConfig
 
@@ -65,8 +69,6 @@ def load_tokenizer(path: str, flag: str):
     one that does not load, or one without a vocabulary is a ModelConfigError naming ``flag``."""
     from transformers import AutoTokenizer
 
-    from ..models.hf_config import ModelConfigError
-
     fix = f"give a directory with the model's tokenizer ({' / '.join(TOKENIZER_FILES)})"
     if not os.path.isdir(path) or not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
         raise ModelConfigError(f"{flag} {path}: no tokenizer there; {fix}")
@@ -84,9 +86,6 @@ def check_reward(cfg: DAPOConfig) -> None:
     """The reward settings: numbers in range, and every ``--reward-fn`` / ``--reward-source`` spec
     well formed and importable (its module is imported once here). Raises RewardConfigError
     naming the flag."""
-    from ..reward.api import RewardConfigError
-    from ..reward.plugins import RewardRouter, parse_reward_sources
-
     rc = cfg.reward
     for flag, v, ok, need in (
         ("--reward-timeout", rc.timeout_s, rc.timeout_s > 0, "> 0"),
@@ -282,8 +281,8 @@ def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[
             raise ConfigError("--bf16 is GPU-only (CPU runs are fp32)")
         if p.sequence_parallel:
             raise ConfigError("--sequence-parallel is GPU-only (megatron's local norm refuses it without TE/apex)")
-        if r.engine == "sglang":
-            raise ConfigError("--rollout-engine sglang needs a GPU (use hf on CPU)")
+        if r.engine != AUTO and ENGINE_KINDS.get(r.engine).needs_gpu:
+            raise ConfigError(f"--rollout-engine {r.engine} needs a GPU (use {resolve_engine_kind(AUTO, False)} on CPU)")
     if cfg.model.recompute_method and cfg.model.recompute_granularity != "full":
         raise ConfigError(
             f"--recompute-method {cfg.model.recompute_method} needs --recompute-granularity full, "

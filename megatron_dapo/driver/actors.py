@@ -18,6 +18,8 @@ from typing import Optional
 import ray
 import torch
 
+from ..rollout.engines import engine_kind
+
 
 def _threads(n: Optional[int]):
     if n:
@@ -151,21 +153,8 @@ class EngineActor:
     def __init__(self, kind: str, model_dir: str, tokenizer_dir: Optional[str] = None, num_threads=None, **kwargs):
         os.environ.setdefault("OMP_NUM_THREADS", str(num_threads or 1))
         _threads(num_threads)
-        if kind == "hf":
-            from transformers import AutoConfig, AutoTokenizer
-
-            from ..rollout.hf_engine import HFEngine
-
-            tok = AutoTokenizer.from_pretrained(tokenizer_dir) if tokenizer_dir else None
-            # Built from the config only: the trainer's weight sync fills in the weights.
-            self.engine = HFEngine(AutoConfig.from_pretrained(model_dir), tokenizer=tok, **kwargs)
-            self.tokenizer = tok
-        elif kind == "sglang":
-            from ..rollout.sglang_engine import SGLangEngine
-
-            self.engine = SGLangEngine(model_dir, **kwargs)
-        else:
-            raise ValueError(f"--rollout-engine: unknown engine kind {kind!r}")
+        # the kind's own constructor (rollout/engines.py ENGINE_KINDS); it imports the engine
+        self.engine, self.tokenizer = engine_kind(kind).build(model_dir, tokenizer_dir, **kwargs)
 
     def pid(self):
         return os.getpid()

@@ -10,30 +10,14 @@ from __future__ import annotations
 import torch
 
 from ..config import world_size
+from ..rollout.engines import engine_kind, resolve_engine_kind
 from .trainer_group import TrainerGroup
 
 
 def engine_options(cfg, kind: str, index: int, base_gpu_id: int, tokenizer_dir: str):
-    """(engine constructor kwargs, Ray actor options) of engine ``index``.
-
-    SGLang: TP over the engine's GPUs from the physical ``base_gpu_id`` (Ray must not narrow the
-    actor's visible devices to the one GPU of its bundle), the tokenizer, a seed per engine,
-    deterministic inference with --deterministic (SGLang ignores per-request seeds without it).
-    Both engines return logprobs of the tempered distribution, as the trainer computes them.
-    """
-    r = cfg.rollout
-    # --check-weight-sync-init: the engine starts from the checkpoint (HybridStep._init_check)
-    from_ckpt = bool(r.check_weight_sync_init)
-    if kind == "sglang":
-        kw = dict(tp_size=r.num_gpus_per_engine, mem_fraction_static=r.mem_fraction_static,
-                  base_gpu_id=base_gpu_id, enable_memory_saver=True, tokenizer_path=tokenizer_dir,
-                  random_seed=cfg.optim.seed + index, enable_deterministic_inference=cfg.run.deterministic,
-                  dtype="bfloat16" if cfg.model.bf16 else "float32", logprobs_mode="processed",
-                  load_format="auto" if from_ckpt else "dummy")
-        if cfg.moe.routing_replay:  # SGLang captures the routed experts only when launched so
-            kw["enable_return_routed_experts"] = True
-        return kw, {"runtime_env": {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}}
-    return {"logprobs_mode": "processed", **({"load_weights_from": cfg.model.hf_checkpoint} if from_ckpt else {})}, {}
+    """(engine constructor kwargs, Ray actor options) of engine ``index``: the kind's own
+    ``options`` (rollout/engines.py ``ENGINE_KINDS``)."""
+    return engine_kind(kind).options(cfg, index, base_gpu_id, tokenizer_dir)
 
 
 class Cluster:
@@ -69,7 +53,7 @@ class Cluster:
         self.bundle_of = ranks_to_bundles(by_bundle)  # rank -> bundle: by (node address, GPU id)
         self.placements = [by_bundle[b] for b in self.bundle_of]  # rank -> {node_id, node_ip, gpu_ids}
         r = cfg.rollout
-        self.engine_kind = ("sglang" if on_gpu else "hf") if r.engine == "auto" else r.engine
+        self.engine_kind = resolve_engine_kind(r.engine, on_gpu)
         self.num_engines = self.world // r.num_gpus_per_engine
         # Engine e sits on the GPUs of the ranks that feed it (same node, consecutive ids).
         self.engine_plan = engine_gpu_plan(self.placements, r.num_gpus_per_engine)

@@ -76,6 +76,16 @@ import torch.distributed as dist
 
 from ..checkpoint import mapping
 from ..checkpoint.model_io import layer_offset, unwrap
+from ..rollout.checksum import tensor_checksum
+from ..rollout.engines import engine_kind
+from ..rollout.payload import (
+    codec_for,
+    entries_in,
+    is_shared_cpu_buffer,
+    serialize_flat,
+    shared_cpu_buffer,
+    use_shared_memory_files,
+)
 
 log = logging.getLogger(__name__)
 
@@ -550,8 +560,6 @@ class WeightSync:
 
     def _buffers(self, size: int, n: int, shared: bool) -> List[torch.Tensor]:
         have = [t for t in self._bufs if t.numel() >= size]
-        from ..rollout.payload import is_shared_cpu_buffer, shared_cpu_buffer
-
         cpu_shared = shared and self.device.type == "cpu"
         if len(have) < n or (cpu_shared and not all(is_shared_cpu_buffer(t) for t in have)):
             self._bufs = []  # free the old ones before allocating
@@ -678,8 +686,6 @@ class ChecksumTap:
         return self if is_feeder else None
 
     def observe(self, views) -> None:
-        from ..rollout.checksum import tensor_checksum
-
         for name, t in views:
             self.sums[name] = tensor_checksum(t)
 
@@ -800,7 +806,7 @@ def engine_naming(engine) -> str:
 def naming_for_kind(kind: str) -> str:
     """The weight naming of an engine kind (``--rollout-engine``): HFEngine loads a
     transformers model (fused experts), SGLang the checkpoint's names."""
-    return "transformers" if kind == "hf" else "checkpoint"
+    return engine_kind(kind).weight_naming
 
 
 class DiscardSink(BucketSink):
@@ -845,9 +851,7 @@ class EngineProtocol:
         """The protocol of an engine of ``kind``; for SGLang this imports SGLang and patches
         this process's tensor reductions (``rollout.payload.sglang_codec``): call it in every
         feeder process."""
-        from ..rollout.payload import codec_for
-
-        return cls(kind=kind, lag=1 if kind == "sglang" else 0, codec=codec_for(kind))
+        return cls(kind=kind, lag=engine_kind(kind).lag, codec=codec_for(kind))
 
     def describe(self) -> tuple:
         """What the feeders compare: kind, lag and the codec's qualified names."""
@@ -877,8 +881,6 @@ class PayloadSink(BucketSink):
 
     def __init__(self, calls: Optional[EngineCalls], group, leader: int, *, protocol: EngineProtocol,
                  engine_index: int = 0):
-        from ..rollout.payload import codec_for, use_shared_memory_files
-
         self.group = group
         self.leader = int(leader)
         self.rank = dist.get_rank()
@@ -919,8 +921,6 @@ class PayloadSink(BucketSink):
             raise WeightSyncError(f"the feeders of engine {self.engine_index} disagree on its protocol ({detail})")
 
     def submit(self, index, views, flat):
-        from ..rollout.payload import entries_in, serialize_flat
-
         payload = serialize_flat(flat, entries_in(flat, views), 1, metadata_cls=self.metadata_cls,
                                  serializer=self.serializer)[0]
         if self.size > 1:

@@ -60,6 +60,8 @@ from typing import List, Optional, Sequence
 from ..config.schema import DAPOConfig
 from ..config.validate import data_parallel_size, lr_warmup_optimizer_steps, validate, world_size
 from ..models.hf_config import ModelArch, padded_vocab_size
+from ..rollout.base import MEMORY_TAGS, WEIGHTS
+from ..rollout.engines import AUTO, engine_kind as engine_kind_spec, resolve_engine_kind
 
 GB = 1e9
 #: Nominal GPU memory (GB) the estimate is compared with.
@@ -240,7 +242,7 @@ def sync_plan(cfg: DAPOConfig, arch: ModelArch, engine_kind: str = "hf") -> Sync
         worst_cross = max(worst_cross, cross)
         feeds.append(EngineFeed(e, nodes.pop() if len(nodes) == 1 else None, ranks, cross))
     bucket = cfg.rollout.update_weight_buffer_size
-    buffers = 3 if engine_kind == "sglang" else 2
+    buffers = engine_kind_spec(engine_kind).lag + 2
     experts = arch.num_layers * arch.expert_parameters_per_layer * dtype_bytes
     group = expert_group_size(cfg) if arch.is_moe else 1
     # the expert all-gather of a feeder's own stage: the group's ranks beyond its node send over the network
@@ -522,7 +524,8 @@ def _gb(x: float) -> str:
 
 def _target_is_gpu(cfg: DAPOConfig) -> bool:
     p = cfg.parallel
-    return bool(cfg.model.bf16 or cfg.rollout.engine == "sglang" or p.sequence_parallel)
+    engine = cfg.rollout.engine
+    return bool(cfg.model.bf16 or (engine != AUTO and engine_kind_spec(engine).needs_gpu) or p.sequence_parallel)
 
 
 def plan_warnings(cfg: DAPOConfig, arch: ModelArch, on_gpu: bool) -> List[str]:
@@ -580,8 +583,8 @@ def plan_warnings(cfg: DAPOConfig, arch: ModelArch, on_gpu: bool) -> List[str]:
         w.append("--over-sampling-batch-size has no effect without --dynamic-sampling")
     if r.mem_fraction_static > 0.9:
         w.append(f"--sglang-mem-fraction-static {r.mem_fraction_static} leaves little room for activations and CUDA graphs")
-    if on_gpu and r.engine == "hf":
-        w.append("--rollout-engine hf on GPU: HF generate is far slower than SGLang for long responses")
+    if on_gpu and r.engine != AUTO and not engine_kind_spec(r.engine).needs_gpu:
+        w.append(f"--rollout-engine {r.engine} on GPU: HF generate is far slower than SGLang for long responses")
     if o.lr > 1e-5 and arch.num_parameters > 5e9:
         w.append(f"--lr {o.lr} is high for a {arch.num_parameters / 1e9:.0f}B model (DAPO: 1e-6)")
     sched = lr_schedule(cfg)
@@ -608,9 +611,7 @@ def plan_warnings(cfg: DAPOConfig, arch: ModelArch, on_gpu: bool) -> List[str]:
 def launch_order_lines(cfg: DAPOConfig, plan: PlacementPlan, engine_kind: str) -> List[str]:
     """The phases of a launch and of one step, in the order the driver runs them
     (driver/cluster.py, hybrid/phases.py)."""
-    from ..rollout.base import MEMORY_TAGS, WEIGHTS
-
-    engine = {"sglang": "SGLang", "hf": "HF"}.get(engine_kind, engine_kind)
+    engine = engine_kind_spec(engine_kind).title or engine_kind
     released = "/".join(MEMORY_TAGS)
     resumed = "/".join(t for t in MEMORY_TAGS if t != WEIGHTS)
     return [
@@ -716,7 +717,7 @@ def dry_run_report(
         add(f"  engine {en.index:>3}: GPUs {_span(en.gpus)} (node {_span(en.nodes)})")
 
     add("")
-    engine_kind = r.engine if r.engine != "auto" else ("sglang" if on_gpu else "hf")
+    engine_kind = resolve_engine_kind(r.engine, on_gpu)
     out.extend(launch_order_lines(cfg, plan, engine_kind))
 
     add("")
@@ -734,7 +735,7 @@ def dry_run_report(
             + (f"{_gb(sp.expert_cross_node_bytes)} of it from other nodes" if sp.expert_cross_node_bytes else
                "within the node") +
             f"); one bucket slot per layer's fc1 / fc2 of all "
-            f"experts ({'per-expert' if engine_kind == 'sglang' else 'fused'} names for the {engine_kind} engine)")
+            f"experts ({'per-expert' if engine_kind_spec(engine_kind).weight_naming == 'checkpoint' else 'fused'} names for the {engine_kind} engine)")
     add(
         f"engine TP rank j <- feeder rank (first + j) on the same node: one payload of memory handles per feeder "
         f"({'CUDA IPC' if on_gpu else 'shared memory'}); Ray carries one small call per bucket and engine, "

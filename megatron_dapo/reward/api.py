@@ -8,10 +8,70 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from typing import Any, Callable, Optional
+
+from ..registry import Registry
 from .dapo import dapo_equivalent, dapo_score, strip_eos
 from .result import RewardResult, check_ground_truth
 
-MODES = ("dapo", "math")
+#: The built-in checkers (``--reward-mode``; also a spec of ``--reward-source``): name ->
+#: :class:`RewardMode`. The config schema takes the flag's choices from here.
+REWARD_MODES: Registry = Registry("reward mode", flag="--reward-mode")
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardMode:
+    """One built-in checker.
+
+    ``score(response, ground_truth, eos_text=None) -> RewardResult`` scores a whole decoded
+    response (+1 / -1; end-of-sequence text is the mode's to strip); ``equivalent(gold, pred)
+    -> bool`` compares two bare answers; ``warmup()``, when given, runs once in each scorer
+    worker before its first timed item (imports, caches). A mode takes no config: what it
+    needs arrives with the sample.
+    """
+
+    score: Callable[..., RewardResult]
+    equivalent: Callable[[str, str], bool]
+    warmup: Optional[Callable[[], Any]] = None
+
+    @property
+    def doc(self) -> str:
+        return self.score.__doc__ or ""
+
+
+def register_reward_mode(name: str, *, equivalent: Callable[[str, str], bool],
+                         warmup: Optional[Callable[[], Any]] = None):
+    """Decorator: register ``score`` as the reward mode ``name`` (see :class:`RewardMode`)."""
+
+    def add(score):
+        REWARD_MODES.register(name, RewardMode(score, equivalent, warmup))
+        return score
+
+    return add
+
+
+@register_reward_mode("dapo", equivalent=dapo_equivalent)
+def dapo_mode_score(response: str, ground_truth: str, eos_text: Optional[str] = None) -> RewardResult:
+    """DAPO-Math's official rule: the last "Answer:" line of the last 300 characters, Minerva-normalised, exact match."""
+    return dapo_score(response, ground_truth, eos_text=eos_text)
+
+
+def _math_equivalent(gold: str, pred: str) -> bool:
+    from .math_mode import math_equivalent  # sympy: imported only where the math mode runs
+
+    return math_equivalent(gold, pred)
+
+
+def _math_warmup() -> None:
+    compute_score("Answer: \\frac{1}{2}", "0.5", mode="math")  # imports sympy, warms its caches
+
+
+@register_reward_mode("math", equivalent=_math_equivalent, warmup=_math_warmup)
+def math_mode_score(response: str, ground_truth: str, eos_text: Optional[str] = None) -> RewardResult:
+    """The final answer (last box, "Answer:" line or answer sentence) checked by sympy equivalence; a hedge is wrong."""
+    from .math_mode import math_score  # sympy: imported only where the math mode runs
+
+    return math_score(strip_eos(response, eos_text), ground_truth)
 
 
 class RewardConfigError(ValueError):
@@ -73,9 +133,11 @@ def as_reward_input(item: Any, index: int = 0) -> RewardInput:
     return inp
 
 
-def _check_mode(mode: str) -> None:
-    if mode not in MODES:
-        raise RewardConfigError(f"reward mode must be one of {MODES}, got {mode!r}")
+def reward_mode(mode: str) -> RewardMode:
+    """The registered :class:`RewardMode` ``mode``; RewardConfigError naming the flag otherwise."""
+    if mode not in REWARD_MODES:
+        raise RewardConfigError(f"--reward-mode: unknown reward mode {mode!r}; one of {', '.join(REWARD_MODES)}")
+    return REWARD_MODES.get(mode)
 
 
 def is_equivalent(gold: str, pred: str, mode: str = "math") -> bool:
@@ -87,15 +149,11 @@ def is_equivalent(gold: str, pred: str, mode: str = "math") -> bool:
     sympy-based equivalence of `megatron_dapo.reward.math_mode`.
     Raises ValueError when `gold` is empty, None or not a string.
     """
-    _check_mode(mode)
+    checker = reward_mode(mode)
     check_ground_truth(gold)
     if not isinstance(pred, str):
         return False
-    if mode == "dapo":
-        return dapo_equivalent(gold, pred)
-    from .math_mode import math_equivalent
-
-    return math_equivalent(gold, pred)
+    return checker.equivalent(gold, pred)
 
 
 def compute_score(
@@ -113,12 +171,8 @@ def compute_score(
 
     This runs in the calling process with no timeout: use `BatchScorer` in training.
     """
-    _check_mode(mode)
+    checker = reward_mode(mode)
     check_ground_truth(ground_truth)
     if not isinstance(response, str):
         raise TypeError(f"response must be a str, got {type(response).__name__}")
-    if mode == "dapo":
-        return dapo_score(response, ground_truth, eos_text=eos_text)
-    from .math_mode import math_score
-
-    return math_score(strip_eos(response, eos_text), ground_truth)
+    return checker.score(response, ground_truth, eos_text=eos_text)

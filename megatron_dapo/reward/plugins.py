@@ -23,6 +23,8 @@ import importlib
 from collections.abc import Mapping
 from typing import Any, Callable, Iterable, Optional
 
+from .api import REWARD_MODES
+from .remote import check_url
 from .result import RewardResult, to_reward_result
 
 RewardFn = Callable[..., Any]
@@ -66,13 +68,10 @@ def wrap_reward_fn(fn: RewardFn) -> Callable[..., RewardResult]:
     return reward
 
 
-BUILTIN_CHECKERS = ("dapo", "math")
-
-
 def spec_kind(spec: Any) -> str:
-    """``"builtin"`` (dapo / math), ``"remote"`` (an http(s) URL) or ``"function"``."""
+    """``"builtin"`` (a reward mode of ``REWARD_MODES``), ``"remote"`` (an http(s) URL) or ``"function"``."""
     if isinstance(spec, str):
-        if spec in BUILTIN_CHECKERS:
+        if spec in REWARD_MODES:
             return "builtin"
         if spec.startswith(("http://", "https://")):
             return "remote"
@@ -104,8 +103,6 @@ def parse_reward_sources(entries: Optional[Iterable[str] | Mapping[str, Any]]) -
         if source in out:
             raise ValueError(f"--reward-source: data source {source!r} is given twice")
         if spec_kind(spec) == "remote":
-            from .remote import check_url
-
             check_url(spec)
         elif spec_kind(spec) == "function" and isinstance(spec, str):
             load_reward_fn(spec)  # fail at start-up, naming the spec, not in every worker
@@ -122,12 +119,10 @@ class RewardRouter:
     """
 
     def __init__(self, mode: str = "dapo", reward_fn: Any = None, sources: Any = None) -> None:
-        if mode not in BUILTIN_CHECKERS:
-            raise ValueError(f"mode must be one of {BUILTIN_CHECKERS}, got {mode!r}")
+        if mode not in REWARD_MODES:
+            raise ValueError(f"mode must be one of {REWARD_MODES.names()}, got {mode!r}")
         if isinstance(reward_fn, str):
             if spec_kind(reward_fn) == "remote":
-                from .remote import check_url
-
                 check_url(reward_fn)
             elif spec_kind(reward_fn) == "function":
                 load_reward_fn(reward_fn)

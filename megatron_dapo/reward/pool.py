@@ -29,8 +29,9 @@ from collections import deque
 from multiprocessing.connection import wait
 from typing import Any, Callable, Sequence
 
-from .api import RewardInput, as_reward_input
-from .plugins import RewardRouter
+from .api import RewardInput, as_reward_input, compute_score, reward_mode
+from .plugins import RewardRouter, load_reward_fn, spec_kind, wrap_reward_fn
+from .remote import RemoteRewardModel
 from .result import RewardResult, check_ground_truth, incorrect
 
 _READY = "__ready__"
@@ -50,14 +51,11 @@ def _apply_memory_limit(memory_limit_mb: int | None) -> None:
 
 def _build_scorer(spec: Any, eos_text: str | None) -> Callable[[RewardInput], RewardResult]:
     """The scoring function of one local reward spec (a built-in checker or a function)."""
-    if spec in ("dapo", "math"):
-        from .api import compute_score
-
-        if spec == "math":  # import sympy and warm caches before the first timed item
-            compute_score("Answer: \\frac{1}{2}", "0.5", mode="math")
+    if spec_kind(spec) == "builtin":
+        mode = reward_mode(spec)
+        if mode.warmup is not None:  # e.g. import sympy and warm caches before the first timed item
+            mode.warmup()
         return lambda inp: compute_score(inp.response, inp.label, mode=spec, eos_text=eos_text)
-    from .plugins import load_reward_fn, wrap_reward_fn
-
     fn = load_reward_fn(spec) if isinstance(spec, str) else wrap_reward_fn(spec)
     return lambda inp: fn(
         inp.response, inp.label, prompt=inp.prompt, data_source=inp.data_source, extra_info=dict(inp.metadata)
@@ -124,12 +122,13 @@ class BatchScorer:
         timeout_s: per-item wall-clock budget inside a worker; an item that overruns is
             scored -1 with reason "timeout" and its worker is killed and replaced.
         memory_limit_mb: RLIMIT_AS cap of each worker in MiB (None/0: no cap).
-        mode: built-in scoring mode ("dapo" or "math") when `reward_fn` is None.
+        mode: built-in scoring mode (a name of ``api.REWARD_MODES``: "dapo", "math") when
+            `reward_fn` is None.
         reward_fn: the default reward instead of `mode`: a "package.module:function" spec
             (or a picklable callable) with the signature documented in
             `megatron_dapo.reward.plugins`, or the URL of a remote reward model.
         sources: per data source rewards, ``{source: spec}`` or ``["SOURCE=SPEC", ...]``;
-            a spec is "dapo", "math", "package.module:function" or an http(s) URL.
+            a spec is a reward mode ("dapo", "math"), "package.module:function" or an http(s) URL.
         remote_timeout_s, remote_max_retries, remote_batch_size: the remote reward
             models' request budget, retries and records per request
             (`megatron_dapo.reward.remote.RemoteRewardModel`).
@@ -162,8 +161,6 @@ class BatchScorer:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         # validates mode, specs and URLs, and imports every function spec once (fail fast)
         self.router = RewardRouter(mode, reward_fn, sources)
-        from .remote import RemoteRewardModel
-
         self._remote = {
             key: RemoteRewardModel(url, timeout_s=remote_timeout_s, max_retries=remote_max_retries,
                                    batch_size=remote_batch_size)

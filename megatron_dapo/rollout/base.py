@@ -25,12 +25,7 @@ import torch
 
 FinishReason = Literal["stop", "length", "abort"]
 LOGPROBS_MODES = ("raw", "processed")
-#: Engine kinds (``--rollout-engine``, besides ``auto``): kind -> "module:Class", imported
-#: lazily (sglang is GPU-only). The config schema takes the flag's choices from here.
-ENGINES = {
-    "hf": "megatron_dapo.rollout.hf_engine:HFEngine",
-    "sglang": "megatron_dapo.rollout.sglang_engine:SGLangEngine",
-}
+# Engine kinds (``--rollout-engine``) are registered in rollout/engines.py (ENGINE_KINDS).
 
 WEIGHTS = "weights"
 KV_CACHE = "kv_cache"

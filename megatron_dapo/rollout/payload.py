@@ -45,6 +45,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
+from .engines import engine_kind as engine_kind_spec
+
 BUCKET_ALIGN_BYTES = 64
 
 
@@ -356,9 +358,6 @@ def sglang_codec():
 
 
 def codec_for(engine_kind: str):
-    """(serializer, metadata class) for payloads into an engine of ``engine_kind``."""
-    if engine_kind == "sglang":
-        return sglang_codec()
-    if engine_kind == "hf":
-        return default_serializer, BucketEntry
-    raise ValueError(f"--rollout-engine: unknown engine kind {engine_kind!r}")
+    """(serializer, metadata class) for payloads into an engine of ``engine_kind``
+    (``rollout.engines.ENGINE_KINDS``; ValueError naming --rollout-engine for an unknown kind)."""
+    return engine_kind_spec(engine_kind).codec()

@@ -82,14 +82,14 @@ def test_removed_flags_in_yaml_say_what_replaces_them(tmp_path):
 def test_choices_come_from_the_registries():
     from megatron_dapo.algo import ADVANTAGE_ESTIMATORS, DYNAMIC_SAMPLING_METRICS
     from megatron_dapo.config import build_parser
-    from megatron_dapo.reward.api import MODES
-    from megatron_dapo.rollout.base import ENGINES
+    from megatron_dapo.reward.api import REWARD_MODES
+    from megatron_dapo.rollout.engines import ENGINE_KINDS
 
     choices = {a.option_strings[0]: a.choices for a in build_parser()._actions if a.option_strings}
     assert choices["--advantage-estimator"] == list(ADVANTAGE_ESTIMATORS.names())
     assert choices["--dynamic-sampling-metric"] == list(DYNAMIC_SAMPLING_METRICS)
-    assert choices["--reward-mode"] == list(MODES)
-    assert choices["--rollout-engine"] == ["auto", *ENGINES]
+    assert choices["--reward-mode"] == list(REWARD_MODES.names()) == ["dapo", "math"]
+    assert choices["--rollout-engine"] == ["auto", *ENGINE_KINDS.names()] == ["auto", "hf", "sglang"]
     assert _cfg("--advantage-estimator", "reinforce-pp-baseline").algo.advantage_estimator == "reinforce-pp-baseline"
     with pytest.raises(SystemExit):
         _cfg("--advantage-estimator", "gae")

@@ -1,0 +1,143 @@
+"""Engine kinds (``--rollout-engine``): a kind names how to launch, build and feed one engine.
+
+:data:`ENGINE_KINDS` maps a kind to an :class:`EngineKind`; ``--rollout-engine`` takes its
+choices from it (plus ``auto``: the first kind that fits the machine, :func:`resolve_engine_kind`).
+The driver (``driver/cluster.py``, ``driver/actors.EngineActor``), the weight sync
+(``hybrid/weight_sync.EngineProtocol``, ``rollout/payload.codec_for``), the validation and
+the dry-run plan look a kind up here: none of them branches on a kind's name.
+
+This module imports only the standard library: an engine's class, its tokenizer and its
+payload codec are imported when an engine is built or fed (SGLang is GPU-only and must never
+be imported by ``import megatron_dapo`` on a CPU machine).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from ..registry import Registry
+
+AUTO = "auto"
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineKind:
+    """One engine kind.
+
+    ``engine_class``: ``"module:Class"`` of the engine (a ``rollout.base.RolloutEngine``), imported
+    by :meth:`load_class`. ``options(cfg, index, base_gpu_id, tokenizer_dir) -> (engine
+    constructor kwargs, Ray actor options)`` of engine ``index`` (``cfg``: the run's
+    ``DAPOConfig``). ``build(model_dir, tokenizer_dir, **kwargs) -> (engine, tokenizer or None)``
+    runs inside the engine's actor. ``codec() -> (serializer, metadata class)`` of the weight
+    payloads the engine accepts (called in every feeder process). ``needs_gpu``: refused on a
+    CPU machine; ``auto`` picks the first kind whose ``needs_gpu`` matches the machine.
+    ``lag``: buckets the engine may still read after acknowledging one (sizes the feeders'
+    buffer ring, ``lag + 2``). ``weight_naming``: ``"transformers"`` (fused experts) or
+    ``"checkpoint"`` names. ``title``: the name the dry-run plan prints.
+    """
+
+    engine_class: str
+    doc: str
+    options: Callable[..., Tuple[Dict[str, Any], Dict[str, Any]]]
+    build: Callable[..., Tuple[Any, Any]]
+    codec: Callable[[], tuple]
+    needs_gpu: bool = False
+    lag: int = 0
+    weight_naming: str = "checkpoint"
+    title: str = ""
+
+    def load_class(self):
+        module, name = self.engine_class.split(":")
+        return getattr(importlib.import_module(module), name)
+
+
+#: ``--rollout-engine`` kinds (besides ``auto``), in the order ``auto`` tries them.
+ENGINE_KINDS: Registry = Registry("engine kind", flag="--rollout-engine")
+
+
+def engine_kind(name: str) -> EngineKind:
+    """The registered kind ``name`` (ValueError naming ``--rollout-engine`` otherwise)."""
+    return ENGINE_KINDS.get(name)
+
+
+def engine_choices() -> Tuple[str, ...]:
+    """``--rollout-engine``'s choices: ``auto`` and every registered kind."""
+    return (AUTO, *ENGINE_KINDS.names())
+
+
+def resolve_engine_kind(name: str, on_gpu: bool) -> str:
+    """``name``, or for ``auto`` the first registered kind made for this machine (GPU or not)."""
+    if name != AUTO:
+        engine_kind(name)
+        return name
+    for kind, spec in ENGINE_KINDS.items():
+        if spec.needs_gpu == bool(on_gpu):
+            return kind
+    raise ValueError(f"--rollout-engine auto: no engine kind for a {'GPU' if on_gpu else 'CPU'} machine")
+
+
+# -- HFEngine: transformers on the CPU -----------------------------------------------------------
+
+def _hf_options(cfg, index: int, base_gpu_id: int, tokenizer_dir: Optional[str]):
+    """Logprobs of the tempered distribution (as the trainer computes them); with
+    --check-weight-sync-init the engine starts from the checkpoint (HybridStep._init_check)."""
+    from_ckpt = bool(cfg.rollout.check_weight_sync_init)
+    return {"logprobs_mode": "processed", **({"load_weights_from": cfg.model.hf_checkpoint} if from_ckpt else {})}, {}
+
+
+def _hf_build(model_dir: str, tokenizer_dir: Optional[str] = None, **kwargs):
+    from transformers import AutoConfig, AutoTokenizer  # heavy: only inside the engine's actor
+
+    engine_cls = ENGINE_KINDS.get("hf").load_class()
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir) if tokenizer_dir else None
+    # Built from the config only: the trainer's weight sync fills in the weights.
+    return engine_cls(AutoConfig.from_pretrained(model_dir), tokenizer=tok, **kwargs), tok
+
+
+def _hf_codec():
+    from .payload import BucketEntry, default_serializer  # payload.codec_for imports this module
+
+    return default_serializer, BucketEntry
+
+
+# -- SGLang on the GPU ---------------------------------------------------------------------------
+
+def _sglang_options(cfg, index: int, base_gpu_id: int, tokenizer_dir: Optional[str]):
+    """TP over the engine's GPUs from the physical ``base_gpu_id`` (Ray must not narrow the
+    actor's visible devices to the one GPU of its bundle), the tokenizer, a seed per engine,
+    deterministic inference with --deterministic (SGLang ignores per-request seeds without it),
+    logprobs of the tempered distribution; weights from the checkpoint only with
+    --check-weight-sync-init (else "dummy": the first sync fills them in)."""
+    r = cfg.rollout
+    from_ckpt = bool(r.check_weight_sync_init)
+    kw = dict(tp_size=r.num_gpus_per_engine, mem_fraction_static=r.mem_fraction_static,
+              base_gpu_id=base_gpu_id, enable_memory_saver=True, tokenizer_path=tokenizer_dir,
+              random_seed=cfg.optim.seed + index, enable_deterministic_inference=cfg.run.deterministic,
+              dtype="bfloat16" if cfg.model.bf16 else "float32", logprobs_mode="processed",
+              load_format="auto" if from_ckpt else "dummy")
+    if cfg.moe.routing_replay:  # SGLang captures the routed experts only when launched so
+        kw["enable_return_routed_experts"] = True
+    return kw, {"runtime_env": {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}}
+
+
+def _sglang_build(model_dir: str, tokenizer_dir: Optional[str] = None, **kwargs):
+    return ENGINE_KINDS.get("sglang").load_class()(model_dir, **kwargs), None
+
+
+def _sglang_codec():
+    from .payload import sglang_codec  # imports sglang: GPU feeders only
+
+    return sglang_codec()
+
+
+ENGINE_KINDS.register("hf", EngineKind(
+    "megatron_dapo.rollout.hf_engine:HFEngine",
+    "HF transformers engine on the CPU (continuous batching); the weight sync copies before it returns.",
+    _hf_options, _hf_build, _hf_codec, needs_gpu=False, lag=0, weight_naming="transformers", title="HF"))
+ENGINE_KINDS.register("sglang", EngineKind(
+    "megatron_dapo.rollout.sglang_engine:SGLangEngine",
+    "SGLang on the GPU (TP over --rollout-num-gpus-per-engine GPUs, memory saver, CUDA IPC weight payloads).",
+    _sglang_options, _sglang_build, _sglang_codec, needs_gpu=True, lag=1, weight_naming="checkpoint",
+    title="SGLang"))
