@@ -203,10 +203,11 @@ def collect_stats(model, groups=None) -> Optional[dict]:
         st[r.layer] += r.stats
         r.reset_stats()
     if dist.is_initialized():
-        dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        st = st.to(dev)
+        from ..distributed import collective_device
+
         for g in list(groups) + [ps.get_pipeline_model_parallel_group()]:
             if g is not None and dist.get_world_size(g) > 1:
-                dist.all_reduce(st, group=g)
-        st = st.cpu()
+                t = st.to(collective_device(g))
+                dist.all_reduce(t, group=g)
+                st = t.cpu()
     return {"layers": n_layers, "stats": st}
