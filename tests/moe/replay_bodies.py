@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 
-def replay_logprobs(hf_cfg: dict, sd: dict, samples: list, ep: int, packing: bool, cp: int = 1):
+def replay_logprobs(hf_cfg: dict, sd: dict, samples: list, ep: int, packing: bool, cp: int = 1, pp: int = 1):
     """The trainer (weights ``sd``) on ``samples`` (with the engine's ``routed_experts``), its
     router replay off then on: rank 0 returns ``{on: (logprobs, stats)}`` and whether, with
     replay, every router used exactly the engine's experts on every position that has them."""
@@ -16,8 +16,10 @@ def replay_logprobs(hf_cfg: dict, sd: dict, samples: list, ep: int, packing: boo
     from megatron_dapo.training import routing_replay as rr
     from tests.moe.bodies import build_from_hf
 
-    model, arch = build_from_hf(hf_cfg, sd, ep=ep, cp=cp)
-    assert rr.install(model) == hf_cfg["num_hidden_layers"]
+    from megatron.core import parallel_state as ps
+
+    model, arch = build_from_hf(hf_cfg, sd, pp=pp, ep=ep, cp=cp)
+    assert rr.install(model) == hf_cfg["num_hidden_layers"] // pp
     model.eval()
     out = {}
     equal = None
@@ -34,6 +36,11 @@ def replay_logprobs(hf_cfg: dict, sd: dict, samples: list, ep: int, packing: boo
                     equal &= bool(have.sum() > 0) and torch.equal(r.recorded_topk_idx[have].sort(-1).values,
                                                                  t[have].sort(-1).values)
             out[on] = (lps, rr.collect_stats(model)["stats"])
+    if pp > 1:  # each stage checked its own layers; the last stage reports the logprobs
+        flags = [None] * dist.get_world_size()
+        dist.all_gather_object(flags, equal)
+        equal = all(flags)
+        return (out, equal) if ps.is_pipeline_last_stage() else None
     return (out, equal) if dist.get_rank() == 0 else None
 
 

@@ -146,13 +146,14 @@ import pytest  # noqa: E402
 
 
 @pytest.mark.gloo
-@pytest.mark.parametrize("ep,packing,cp", [(1, False, 1), (2, False, 1), (2, True, 1), (2, True, 2)],
-                         ids=["ep1-padded", "ep2-padded", "ep2-packed", "cp2xep2-packed"])
-def test_replay_equals_recorded_routing_and_shrinks_gap(gloo, ep, packing, cp):
+@pytest.mark.parametrize("ep,packing,cp,pp", [(1, False, 1, 1), (2, False, 1, 1), (2, True, 1, 1), (2, True, 2, 1),
+                                               (1, False, 1, 2)],
+                         ids=["ep1-padded", "ep2-padded", "ep2-packed", "cp2xep2-packed", "pp2-padded"])
+def test_replay_equals_recorded_routing_and_shrinks_gap(gloo, ep, packing, cp, pp):
     from tests.moe import replay_bodies
 
     samples, cfg, sd = _perturbed_engine_samples()
-    (out, equal), = [g for g in gloo(2).run(replay_bodies.replay_logprobs, cfg, sd, samples, ep, packing, cp) if g]
+    (out, equal), = [g for g in gloo(2).run(replay_bodies.replay_logprobs, cfg, sd, samples, ep, packing, cp, pp) if g]
     if not packing:
         assert equal  # every router used the engine's experts on every recorded position
     (lp_off, st_off), (lp_on, st_on) = out[False], out[True]
