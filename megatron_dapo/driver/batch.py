@@ -46,7 +46,7 @@ class Sample:
     # wall-clock times (time.time()): the sample's latest request was submitted / ended
     submitted_at: Optional[float] = None
     finished_at: Optional[float] = None
-    # --routing-replay: the engine's routed experts, int16 [positions, layers, top_k] of
+    # --routing-replay: the engine's routed experts, uint8/int16 [positions, layers, top_k] of
     # prompt + response (all but the last token; rollout/routing.py), across continuations
     routed_experts: Optional[torch.Tensor] = None
 

@@ -88,7 +88,8 @@ class GenerationOutput:
     logprobs: List[float]
     finish_reason: FinishReason
     text: Optional[str] = None
-    # with ``SamplingParams.return_routed_experts`` on a MoE model: int16 [n, layers, top_k], the
+    # with ``SamplingParams.return_routed_experts`` on a MoE model: [n, layers, top_k] (uint8 up to
+    # 256 experts, else int16: rollout/routing.routing_dtype), the
     # experts each position 0 .. n - 1 of prompt + output was routed to, n = len(prompt) +
     # len(output) - 1 (the last output token is never fed back); SGLang's layout (docs/moe.md)
     routed_experts: Optional[torch.Tensor] = None

@@ -1,6 +1,7 @@
 """Routed experts of a rollout (routing replay, R3; docs/moe.md "Routing replay").
 
-The layout every engine returns and the trainer replays: an int16 tensor ``[n, layers, top_k]``
+The layout every engine returns and the trainer replays: an integer tensor ``[n, layers, top_k]``
+(:func:`routing_dtype`: uint8 for up to 256 experts, every released Qwen3-MoE; else int16)
 whose row ``t`` holds the experts position ``t`` of ``prompt + output`` was routed to, for the
 ``n = len(prompt) + len(output) - 1`` positions the engine fed through the model (the last
 output token is never fed back). It is SGLang 0.5.23's layout (``meta_info["routed_experts"]``,
@@ -20,7 +21,13 @@ from typing import List, Optional
 import numpy as np
 import torch
 
-ROUTING_DTYPE = torch.int16
+ROUTING_DTYPE = torch.int16  # more than 256 experts (or an unknown count)
+
+
+def routing_dtype(num_experts) -> torch.dtype:
+    """The storage dtype of expert ids: uint8 up to 256 experts (Qwen3-30B-A3B / 235B-A22B have
+    128: 48 layers x top-8 = 384 bytes per token, kept per sample until the step trains), else int16."""
+    return torch.uint8 if num_experts is not None and int(num_experts) <= 256 else ROUTING_DTYPE
 
 
 class RoutingRecorder:
@@ -35,6 +42,7 @@ class RoutingRecorder:
         self._ids: List[Optional[torch.Tensor]] = [None] * len(gates)
         self._handles = [g.register_forward_hook(self._hook(i)) for i, g in enumerate(gates)]
         self.num_layers = len(gates)
+        self.dtype = routing_dtype(getattr(gates[0], "num_experts", None))
 
     @classmethod
     def attach(cls, model) -> Optional["RoutingRecorder"]:
@@ -47,11 +55,11 @@ class RoutingRecorder:
         return hook
 
     def last(self, batch: int, seq: int) -> torch.Tensor:
-        """The last forward's expert ids, int16 ``[batch, seq, layers, top_k]`` on the CPU."""
+        """The last forward's expert ids ``[batch, seq, layers, top_k]`` on the CPU (:func:`routing_dtype`)."""
         if any(x is None for x in self._ids):
             raise RuntimeError("RoutingRecorder.last: no forward recorded")
         ids = torch.stack([x.reshape(batch, seq, -1) for x in self._ids], dim=2)
-        return ids.to("cpu", ROUTING_DTYPE)
+        return ids.to("cpu", self.dtype)
 
     def clear(self) -> None:
         self._ids = [None] * self.num_layers
@@ -61,8 +69,9 @@ class RoutingRecorder:
             h.remove()
 
 
-def decode_sglang_routed_experts(value, num_layers: int, top_k: int) -> Optional[torch.Tensor]:
-    """SGLang 0.5.23's ``meta_info["routed_experts"]`` -> int16 ``[n, num_layers, top_k]``.
+def decode_sglang_routed_experts(value, num_layers: int, top_k: int, num_experts=None) -> Optional[torch.Tensor]:
+    """SGLang 0.5.23's ``meta_info["routed_experts"]`` -> ``[n, num_layers, top_k]`` of
+    :func:`routing_dtype` (``num_experts``).
 
     The detokenizer sends ``pybase64.b64encode(tensor.numpy().tobytes())`` of the int32 host
     buffer rows (sglang/srt/managers/detokenizer_manager.py:432-447; the tokenizer manager
@@ -81,7 +90,7 @@ def decode_sglang_routed_experts(value, num_layers: int, top_k: int) -> Optional
     per_row = num_layers * top_k
     if t.numel() % per_row:
         raise ValueError(f"routed_experts: {t.numel()} ids are not rows of {num_layers} layers x top-{top_k}")
-    return t.reshape(-1, num_layers, top_k).to(ROUTING_DTYPE)
+    return t.reshape(-1, num_layers, top_k).to(routing_dtype(num_experts))
 
 
 def extend_routing(prev: Optional[torch.Tensor], cont: Optional[torch.Tensor]) -> Optional[torch.Tensor]:

@@ -350,9 +350,9 @@ def parse_finish_reason(fr: Any) -> str:
 
 
 def from_sglang_output(out: Dict[str, Any], prompt_ids: List[int],
-                       routing_shape: Optional[Tuple[int, int]] = None) -> GenerationOutput:
+                       routing_shape: Optional[Tuple[int, ...]] = None) -> GenerationOutput:
     """One SGLang output dict (``return_logprob=True``) -> GenerationOutput; with
-    ``routing_shape`` (layers, top_k) the ``meta_info["routed_experts"]`` of a request sent with
+    ``routing_shape`` (layers, top_k[, experts]) the ``meta_info["routed_experts"]`` of a request sent with
     ``return_routed_experts`` (rollout/routing.decode_sglang_routed_experts)."""
     meta = out["meta_info"]
     output_ids = [int(t) for t in out["output_ids"]]
@@ -464,9 +464,10 @@ def checkpoint_weight_shapes(model_dir) -> Dict[str, Tuple[int, ...]]:
     return shapes
 
 
-def routing_shape(model_dir) -> Optional[Tuple[int, int]]:
-    """(layers, top_k) of a MoE checkpoint's routed experts (config.json ``num_hidden_layers``,
-    ``num_experts_per_tok``; the rows SGLang's capturer allocates); None for a dense model."""
+def routing_shape(model_dir) -> Optional[Tuple[int, ...]]:
+    """(layers, top_k, experts) of a MoE checkpoint's routed experts (config.json
+    ``num_hidden_layers``, ``num_experts_per_tok``: the rows SGLang's capturer allocates;
+    ``num_experts`` for the storage dtype); None for a dense model."""
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         return None
@@ -474,7 +475,8 @@ def routing_shape(model_dir) -> Optional[Tuple[int, int]]:
     cfg = cfg.get("text_config", cfg)
     if not cfg.get("num_experts_per_tok"):
         return None
-    return int(cfg["num_hidden_layers"]), int(cfg["num_experts_per_tok"])
+    experts = cfg.get("num_experts", cfg.get("num_local_experts"))
+    return int(cfg["num_hidden_layers"]), int(cfg["num_experts_per_tok"]), experts
 
 
 def tied_embeddings(model_dir) -> bool:
@@ -1008,7 +1010,7 @@ class _Stream:
     srid: str
     input_ids: List[int]
     finished_at: Optional[float] = None
-    routing_shape: Optional[Tuple[int, int]] = None  # (layers, top_k): return_routed_experts was asked
+    routing_shape: Optional[Tuple[int, ...]] = None  # (layers, top_k, experts): return_routed_experts was asked
 
 
 def _stamp(st: _Stream, _task) -> None:

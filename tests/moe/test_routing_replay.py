@@ -44,7 +44,7 @@ def test_hf_engine_routed_experts_blocking_and_streaming():
     for p, group in zip(prompts, outs):
         for o in group:
             r = o.routed_experts
-            assert r is not None and r.dtype == torch.int16
+            assert r is not None and r.dtype == torch.uint8  # 8 experts: one byte per id
             assert tuple(r.shape) == (len(p) + len(o.output_ids) - 1, 2, 2)  # positions x layers x top-2
             assert _same_sets(r, _own_routing(model, p + o.output_ids[:-1]))
     # without the request flag: nothing
@@ -226,7 +226,9 @@ def test_sglang_routed_experts_decoding_with_the_wheels_encoder():
                          "output_token_logprobs": [(-0.5, t, None) for t in output]}}
     assert np.array_equal(ns["extract_routed_experts_from_meta_info"](out), rows.reshape(-1).numpy())
     got = from_sglang_output(out, prompt, (L, k)).routed_experts
-    assert got.dtype == torch.int16 and torch.equal(got, rows.to(torch.int16))
+    assert got.dtype == torch.int16 and torch.equal(got, rows.to(torch.int16))  # expert count unknown
+    got = from_sglang_output(out, prompt, (L, k, 128)).routed_experts
+    assert got.dtype == torch.uint8 and torch.equal(got.long(), rows.long())
     assert from_sglang_output(out, prompt).routed_experts is None  # not asked
     with pytest.raises(ValueError, match="positions"):
         from_sglang_output(out, prompt + [9], (L, k))
