@@ -23,6 +23,11 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
+from megatron_dapo.checkpoint.hf_export import hf_to_torch_dist  # noqa: E402 - after the sys.path line
+from megatron_dapo.checkpoint.model_io import HFWeights  # noqa: E402
+from megatron_dapo.checkpoint.output_dir import check_output_dir  # noqa: E402
+from megatron_dapo.errors import exit_on_user_error  # noqa: E402
+
 
 #: safetensors dtype names -> our dtype names (megatron_dapo.checkpoint.dist_ckpt).
 SAFETENSORS_DTYPES = {"BF16": "bf16", "F16": "fp16", "F32": "fp32"}
@@ -33,8 +38,6 @@ def source_dtype(hf_dir: str) -> str:
     safetensors headers (no tensor is read). A checkpoint that mixes dtypes gets the widest one
     present (fp32; bf16 and fp16 together also give fp32), so that nothing is rounded."""
     from safetensors import safe_open
-
-    from megatron_dapo.checkpoint.model_io import HFWeights
 
     weights = HFWeights(hf_dir)
     found = {}
@@ -72,17 +75,13 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from megatron_dapo.errors import exit_on_user_error
 
     with exit_on_user_error(os.path.basename(__file__)):
         return _convert(args)
 
 
 def _convert(args) -> int:
-    from megatron_dapo.checkpoint.output_dir import check_output_dir
-
     check_output_dir(args.save, "--save", args.overwrite)
-    from megatron_dapo.checkpoint.hf_export import hf_to_torch_dist
 
     t0 = time.time()
     dtype = args.dtype or source_dtype(args.hf_checkpoint)

@@ -20,6 +20,10 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
+from megatron_dapo.checkpoint.hf_export import torch_dist_to_hf  # noqa: E402 - after the sys.path line
+from megatron_dapo.checkpoint.output_dir import check_output_dir  # noqa: E402
+from megatron_dapo.errors import exit_on_user_error  # noqa: E402
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -36,17 +40,13 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from megatron_dapo.errors import exit_on_user_error
 
     with exit_on_user_error(os.path.basename(__file__)):
         return _convert(args)
 
 
 def _convert(args) -> int:
-    from megatron_dapo.checkpoint.output_dir import check_output_dir
-
     check_output_dir(args.save, "--save", args.overwrite)
-    from megatron_dapo.checkpoint.hf_export import torch_dist_to_hf
 
     t0 = time.time()
     files = torch_dist_to_hf(

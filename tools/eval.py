@@ -27,17 +27,26 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
+from megatron_dapo.config import ConfigError  # noqa: E402 - after the sys.path line
+from megatron_dapo.config.validate import load_tokenizer  # noqa: E402
+from megatron_dapo.errors import OneLineArgumentParser, exit_on_user_error  # noqa: E402
+from megatron_dapo.eval.runner import (  # noqa: E402
+    DEFAULT_MAX_PROMPT_LENGTH,
+    PROMPT_STYLES,
+    dataset_name,
+    evaluate,
+    load_eval_problems,
+)
+from megatron_dapo.models.hf_config import generation_eos_ids  # noqa: E402
+from megatron_dapo.reward import BatchScorer  # noqa: E402
+from megatron_dapo.reward.api import REWARD_MODES  # noqa: E402
+from megatron_dapo.rollout.engines import engine_choices, resolve_engine_kind  # noqa: E402
+
 MEGATRON_METADATA = "megatron_dapo_checkpoint.json"  # megatron_dapo.checkpoint.dist_ckpt.METADATA_FILE
 HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
 def parse_args(argv=None):
-    from megatron_dapo.eval.runner import DEFAULT_MAX_PROMPT_LENGTH, PROMPT_STYLES
-    from megatron_dapo.reward.api import REWARD_MODES
-    from megatron_dapo.rollout.engines import engine_choices
-
-    from megatron_dapo.errors import OneLineArgumentParser
-
     p = OneLineArgumentParser(prog="eval.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="HF model directory or megatron-dapo torch_dist checkpoint directory")
     p.add_argument("--data", required=True, help="parquet / jsonl evaluation file")
@@ -153,25 +162,19 @@ def _context_length(model_dir: str):
 
 
 def _generation_eos_ids(model_dir: str) -> list:
-    from megatron_dapo.models.hf_config import generation_eos_ids
-
     return generation_eos_ids(model_dir)
 
 
 def build_engine(args, model_dir: str, tokenizer):
     import torch
 
-    from megatron_dapo.rollout.engines import resolve_engine_kind
-
     engine = resolve_engine_kind(args.engine, torch.cuda.is_available())
     if engine == "hf":
-        import torch
-
-        from megatron_dapo.rollout.hf_engine import HFEngine
+        from megatron_dapo.rollout.hf_engine import HFEngine  # transformers: only for the HF engine
 
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype or "fp32"]
         return "hf", HFEngine(model_dir, tokenizer=tokenizer, dtype=dtype, seed=args.seed)
-    from megatron_dapo.rollout.sglang_engine import SGLangEngine
+    from megatron_dapo.rollout.sglang_engine import SGLangEngine  # sglang: GPU only
 
     dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[args.dtype or "bf16"]
     return "sglang", SGLangEngine(
@@ -188,8 +191,6 @@ def build_engine(args, model_dir: str, tokenizer):
 def main(argv=None) -> int:
     """A mistake (a path, a data file, a model or tokenizer that does not load) ends it with one
     line and exit code 2 (megatron_dapo/errors.py; MEGATRON_DAPO_DEBUG=1 shows the traceback)."""
-    from megatron_dapo.errors import exit_on_user_error
-
     args = parse_args(argv)
     with exit_on_user_error("eval.py"):
         return _main(args)
@@ -198,8 +199,6 @@ def main(argv=None) -> int:
 def _check_out_dir(out: str) -> None:
     """``--out`` can be created (or written) without creating anything: its nearest existing
     ancestor must be a writable directory. A ConfigError naming ``--out`` otherwise."""
-    from megatron_dapo.config import ConfigError
-
     path = os.path.abspath(out)
     if os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"--out {out}: it is a file; choose another --out")
@@ -213,9 +212,6 @@ def _check_out_dir(out: str) -> None:
 
 
 def _main(args) -> int:
-    from megatron_dapo.config.validate import load_tokenizer
-    from megatron_dapo.eval.runner import dataset_name, evaluate, load_eval_problems
-
     t0 = time.time()
     model_kind(args.model)  # before anything loads: the model directory, the data, the output directory
     load_eval_problems(args.data, limit=args.limit)
@@ -268,8 +264,6 @@ def _main(args) -> int:
 
 
 def _make_scorer(args, tokenizer):
-    from megatron_dapo.reward import BatchScorer
-
     return BatchScorer(
         num_workers=args.reward_workers or min(4, os.cpu_count() or 1),
         timeout_s=args.reward_timeout,

@@ -36,7 +36,9 @@ from typing import Callable, Optional, Union
 
 import torch
 
+from ..distributed import collective_device
 from ..models.hf_config import ModelArch, hf_config_hash, load_hf_config, parse_hf_config
+from .model_io import unwrap
 
 FORMAT = "megatron_dapo/torch_dist"
 FORMAT_VERSION = 1
@@ -335,8 +337,6 @@ def _with_extra(model_ssd: dict, extra_sharded_state: ExtraState) -> dict:
 
 
 def _embedding_rows(model) -> Optional[int]:
-    from .model_io import unwrap
-
     for c in _chunks(model):
         inner = unwrap(c)
         emb = getattr(inner, "embedding", None)
@@ -358,7 +358,6 @@ def _padded_vocab(model) -> int:
     rows = _embedding_rows(model)
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return int(rows if rows is not None else -1)
-    from ..distributed import collective_device
 
     # On the default group's device: a host tensor handed to NCCL raises at the first save.
     t = torch.tensor([rows if rows is not None else -1], dtype=torch.long, device=collective_device())
@@ -386,8 +385,6 @@ def _own_storage_release_params(model, ssd: dict) -> None:
     duplicated instead. The model's freed parameters are empty afterwards.
     """
     from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factories
-
-    from .model_io import unwrap
 
     apply_factories(ssd)
     params: dict[int, list] = {}
@@ -560,8 +557,6 @@ def load_checkpoint(
     """
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
-
-    from .model_io import unwrap
 
     directory = os.fspath(directory)
     meta = read_metadata(directory)

@@ -16,8 +16,10 @@ from typing import Optional
 
 import torch
 
+from ..distributed import free_port, init_distributed, init_parallel
 from ..models.hf_config import ModelArch, load_hf_config, padded_vocab_size, parse_hf_config
 from . import dist_ckpt, mapping
+from .model_io import HFWeights, check_hf_tensors, gather_full_weights, load_hf_weights
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -38,8 +40,6 @@ def ensure_distributed() -> None:
     """A gloo/nccl default group: the launcher's (torchrun env) or a world of one on a free port."""
     import torch.distributed as dist
 
-    from ..distributed import free_port, init_distributed
-
     if dist.is_initialized():
         return
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
@@ -49,8 +49,7 @@ def ensure_distributed() -> None:
 
 
 def _build(arch_or_cfg, dtype: torch.dtype, tp: int, pp: int, make_vocab_size_divisible_by: int):
-    from ..distributed import init_parallel
-    from ..models import ModelBuildOptions, build_gpt_model
+    from ..models import ModelBuildOptions, build_gpt_model  # megatron-core: imported when a model is built
 
     init_parallel(tp, pp)
     opts = ModelBuildOptions(
@@ -78,8 +77,6 @@ def hf_to_torch_dist(
     The layout used for writing does not constrain loading: the trainer loads at any TP/PP.
     Returns the checkpoint metadata.
     """
-    from .model_io import HFWeights, check_hf_tensors, load_hf_weights
-
     hf_dir = os.fspath(hf_dir)
     cfg = load_hf_config(hf_dir)
     arch = parse_hf_config(cfg)
@@ -265,8 +262,6 @@ def torch_dist_to_hf(
     dist_ckpt.load_checkpoint(model, load_dir, arch)
     written: list[str] = []
     if dist.get_rank() == 0:
-        from .model_io import gather_full_weights
-
         os.makedirs(save_dir, exist_ok=True)
         writer = ShardWriter(save_dir, max_shard_bytes)
         out_dtype = dist_ckpt.torch_dtype(meta["dtype"])  # the local spec keeps norms in fp32
@@ -300,8 +295,6 @@ def export_model_to_hf(
     """
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
-
-    from .model_io import gather_full_weights
 
     save_dir = os.fspath(save_dir)
     writer_rank = ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0

@@ -20,6 +20,7 @@ from megatron_dapo.diagnostics.analysis import (
     diagnose,
 )
 from megatron_dapo.diagnostics.history import History, load_metrics
+from megatron_dapo.diagnostics.plot import plot_diagnosis  # matplotlib is imported only when it draws
 from megatron_dapo.diagnostics.repetition import (
     find_repetition_loop,
     has_repetition_loop,
@@ -27,13 +28,6 @@ from megatron_dapo.diagnostics.repetition import (
 )
 from megatron_dapo.diagnostics.report import format_report, print_report
 from megatron_dapo.diagnostics.thresholds import Thresholds, load_thresholds
-
-
-def plot_diagnosis(diag, history, path, dpi=110):
-    """Draw the dashboard PNG (see :func:`megatron_dapo.diagnostics.plot.plot_diagnosis`)."""
-    from megatron_dapo.diagnostics.plot import plot_diagnosis as _plot
-
-    return _plot(diag, history, path, dpi)
 
 
 def diagnose_run(run_dir, thresholds=None):

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from megatron_dapo.diagnostics.analysis import diagnose
 from megatron_dapo.diagnostics.history import load_metrics, metrics_path
+from megatron_dapo.diagnostics.plot import plot_diagnosis
 from megatron_dapo.diagnostics.report import print_report
 from megatron_dapo.diagnostics.thresholds import Thresholds, load_thresholds
 from megatron_dapo.errors import OneLineArgumentParser, one_line, report_user_error
@@ -108,8 +109,6 @@ def _main(args) -> int:
             with open(args.json, "w") as f:
                 f.write(text + "\n")
     if not args.no_plot:
-        from megatron_dapo.diagnostics.plot import plot_diagnosis
-
         out = args.out or os.path.join(os.path.dirname(os.path.abspath(path)), "diagnosis.png")
         plot_diagnosis(diag, history, out)
         print(f"dashboard: {out}")

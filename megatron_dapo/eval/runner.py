@@ -44,6 +44,8 @@ from typing import Any, Optional
 
 from megatron_dapo.data.dataset import DataError, read_rows, render_prompt
 from megatron_dapo.eval.metrics import summarize
+from megatron_dapo.models.hf_config import generation_eos_ids
+from megatron_dapo.reward import BatchScorer
 from megatron_dapo.reward.api import RewardInput
 from megatron_dapo.rollout.base import SamplingParams, derive_seed
 
@@ -425,8 +427,6 @@ def evaluate(
 
     own_scorer = None
     if scorer is None:
-        from megatron_dapo.reward import BatchScorer
-
         own_scorer = scorer = BatchScorer(
             num_workers=min(4, os.cpu_count() or 1), timeout_s=10.0, mode=reward_mode, eos_text=eos_text
         )
@@ -552,8 +552,6 @@ def evaluate_in_training(engine, tokenizer, cfg, hf_dir: str, arch, scorer, out_
     ``engine`` with the run's flags (--eval-k, --eval-temperature, ...), as tools/eval.py
     evaluates; the metrics.jsonl keys of every data set (``eval_log_keys``). Each data set's
     responses go under ``out_root/<name>``."""
-    from megatron_dapo.models.hf_config import generation_eos_ids
-
     out, lg = {}, cfg.logging
     for path in cfg.data.eval_data:
         res = evaluate(engine, tokenizer, path, progress=False, max_new_tokens=cfg.algo.max_response_length,

@@ -50,7 +50,7 @@ import torch
 from ..rollout.base import MEMORY_TAGS, WEIGHTS
 from .probe import (PROBE_TOKENS, check_probe_stats, compare_checksums, cut_probe, default_threshold, probe_stats,
                     reference_checksums, should_check)
-from .weight_sync import WeightSyncError
+from .weight_sync import CHECKSUM_TAP, WeightSyncError
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +109,6 @@ class InProcessTrainer:
     def weight_checksums(self, arm: bool, engines=None):
         """arm: the next sync records checksums (weight_sync.CHECKSUM_TAP); else this rank's
         record and each engine's checksums in the dtypes sent."""
-        from .weight_sync import CHECKSUM_TAP
-
         if arm:
             return CHECKSUM_TAP.arm()
         mine = CHECKSUM_TAP.take()

@@ -221,7 +221,7 @@ def _where(with_port: bool = False) -> dict:
     (physical ids on that node) and, ``with_port``, a rendezvous port free on that node."""
     import ray
 
-    from ..distributed import free_port
+    from ..distributed import free_port  # torch: this module stays torch-free (its __main__ runs in Slurm scripts)
 
     out = {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address(),
            "gpu_ids": [int(g) for g in ray.get_gpu_ids()]}

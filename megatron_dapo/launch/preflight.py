@@ -32,9 +32,19 @@ import shutil
 from collections import Counter
 from typing import Callable, List, Optional, Tuple
 
+from ..checkpoint import dist_ckpt
+from ..checkpoint.dist_ckpt import CheckpointError, check_metadata, read_metadata
 from ..config import ConfigError
 from ..config.validate import data_parallel_size, world_size
-from ..errors import one_line
+from ..data.dataset import DataError, check_columns, check_fingerprint, load_prompt_dataset, read_rows
+from ..driver import checkpoint_dirs as checkpoints
+from ..driver.run_dir import prepare_outputs
+from ..errors import one_line, user_error_types
+from ..eval.runner import load_eval_problems
+from ..models.hf_config import generation_eos_ids
+from ..reward.plugins import RewardRouter, parse_reward_sources, reward_needs_label, spec_kind
+from ..training.train_checkpoint import run_layout
+from .plan import dry_run_report
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 #: A directory with this file holds a model's shape only (config.json): no weights, no tokenizer.
@@ -136,8 +146,6 @@ def load_tokenizer(cfg, arch, dry_run: bool) -> Tuple[Check, object]:
     are a warning. The model's EOS ids (config.json / generation_config.json) must be inside
     both vocabularies.
     """
-    from ..models.hf_config import generation_eos_ids
-
     m = cfg.model
     flag = "--tokenizer" if m.tokenizer else "--hf-checkpoint"
     path = m.tokenizer or m.hf_checkpoint
@@ -218,8 +226,6 @@ def load_tokenizer(cfg, arch, dry_run: bool) -> Tuple[Check, object]:
 def check_prompt_data(cfg, tokenizer, needs_label: Optional[Callable[[str], bool]]) -> Tuple[Check, object]:
     """``--prompt-data``: ``(check, PromptDataset or None)``; without a tokenizer only the file
     and its schema are checked."""
-    from ..data.dataset import DataError, check_columns, load_prompt_dataset, read_rows
-
     d, r = cfg.data, cfg.rollout
     path = d.prompt_data
     if not path:
@@ -252,9 +258,6 @@ def check_prompt_data(cfg, tokenizer, needs_label: Optional[Callable[[str], bool
 
 def check_eval_data(cfg, path: str, needs_label: Optional[Callable[[str], bool]]) -> Tuple[Check, list]:
     """One ``--eval-data`` file, read as the evaluator reads it: ``(check, problems)``."""
-    from ..data.dataset import DataError
-    from ..eval.runner import load_eval_problems
-
     try:
         problems = load_eval_problems(path, needs_label=needs_label)
     except DataError as e:
@@ -271,8 +274,6 @@ def check_eval_data(cfg, path: str, needs_label: Optional[Callable[[str], bool]]
 def check_reward(cfg, sources: Optional[Counter] = None) -> Check:
     """``--reward-mode`` / ``--reward-fn`` / ``--reward-source``; with ``sources`` (data source ->
     rows, from the data files) which reward each source gets, and entries no row uses."""
-    from ..reward.plugins import RewardRouter, parse_reward_sources, spec_kind
-
     rc = cfg.reward
     bad = []
     for entry in rc.reward_source or []:
@@ -360,9 +361,6 @@ def check_hf_checkpoint(cfg, arch, dry_run: bool) -> Check:
 
 def _torch_dist_meta(flag: str, path: str, arch) -> Tuple[Optional[dict], Optional[str]]:
     """(metadata, None) of a megatron-dapo torch_dist checkpoint matching ``arch``, or (None, why)."""
-    from ..checkpoint import dist_ckpt
-    from ..checkpoint.dist_ckpt import CheckpointError, check_metadata, read_metadata
-
     if not os.path.exists(path):
         return None, f"{flag}: not found"
     if not os.path.isdir(path):
@@ -433,9 +431,6 @@ def check_load(cfg, arch, dataset=None, dry_run: bool = True) -> Check:
     """``--load``: the resumed checkpoint (metadata against the model, its saved layout against
     this run's) and, with the prompt data loaded, the data fingerprint it recorded. The node
     count is compared in the dry run only (the real run compares the hosts its ranks got)."""
-    from ..checkpoint import dist_ckpt
-    from ..driver import checkpoint_dirs as checkpoints
-
     load = cfg.checkpoint.load
     if not os.path.exists(load):
         return Check("load", FAIL, load, "--load: not found")
@@ -452,14 +447,9 @@ def check_load(cfg, arch, dataset=None, dry_run: bool = True) -> Check:
     note_fn = getattr(dist_ckpt, "resume_note", None)  # the checkpoint module's verdict on a layout change
     if note_fn is not None:
         record = dist_ckpt.checkpoint_layout(meta) if hasattr(dist_ckpt, "checkpoint_layout") else (saved or None)
-        try:
-            from ..training.train_checkpoint import run_layout
-
-            p = cfg.parallel
-            new = run_layout(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size,
-                             world_size(cfg), p.nnodes if dry_run else None, p.use_distributed_optimizer)
-        except ImportError:
-            pass
+        p = cfg.parallel
+        new = run_layout(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size,
+                         world_size(cfg), p.nnodes if dry_run else None, p.use_distributed_optimizer)
         try:
             verdict = note_fn(record, new)
         except dist_ckpt.CheckpointError as e:
@@ -482,8 +472,6 @@ def check_load(cfg, arch, dataset=None, dry_run: bool = True) -> Check:
     detail = f"{os.path.basename(resolved)}: torch_dist, architecture matches the model, {layout}"
     if dataset is not None:
         import torch
-
-        from ..data.dataset import DataError, check_fingerprint
 
         try:
             state = torch.load(os.path.join(resolved, checkpoints.STATE_FILE), weights_only=False)
@@ -513,8 +501,6 @@ def checkpoint_bytes(arch, bf16: bool) -> Tuple[float, str]:
 def check_disk(cfg, arch) -> List[Check]:
     """Free space for the checkpoints of ``--save`` (fail when one does not fit a filesystem that
     is known to be the run's: ``--save`` or its parent exists) and for HF exports (warn)."""
-    from ..driver import checkpoint_dirs as checkpoints
-
     out = []
     ck = cfg.checkpoint
     if ck.save:
@@ -563,8 +549,6 @@ def check_disk(cfg, arch) -> List[Check]:
 def run_checks(cfg, arch, dry_run: bool = True) -> Checks:
     """Every check (``dry_run``) or the cheap ones a real run does before Ray (the trainer
     loads and checks ``--prompt-data`` and the output directories itself, before Ray)."""
-    from ..reward.plugins import reward_needs_label
-
     checks = Checks()
     add = checks.append
     tok_check, tok = load_tokenizer(cfg, arch, dry_run)
@@ -598,8 +582,6 @@ def run_checks(cfg, arch, dry_run: bool = True) -> Checks:
         add(check_torch_dist(cfg, arch, "--ref-load", cfg.model.ref_load))
     checks.extend(check_disk(cfg, arch))
     if dry_run:
-        from ..driver.run_dir import prepare_outputs
-
         try:
             checks.outputs_lines = prepare_outputs(cfg, dry_run=True).lines
             add(Check("outputs", OK, "", "--run-dir" + (" and --save" if cfg.checkpoint.save else "")
@@ -612,10 +594,6 @@ def run_checks(cfg, arch, dry_run: bool = True) -> Checks:
 def dry_run(cfg, arch, hf_config_source: str = "", on_gpu: Optional[bool] = None) -> Checks:
     """``--dry-run``: print the plan with one line per check, then the ``[outputs]`` lines;
     raise :class:`PreflightError` (one line) when a check failed. Starts nothing."""
-    from .plan import dry_run_report
-
-    from ..errors import user_error_types
-
     checks = run_checks(cfg, arch, dry_run=True)
     try:
         text = dry_run_report(cfg, arch, hf_config_source, on_gpu=on_gpu, checks=checks)

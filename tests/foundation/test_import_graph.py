@@ -1,0 +1,160 @@
+"""The package's import graph: no cycle among the modules' top-level imports, every module
+imports in a fresh process (in sorted and in reversed order), and the light entry points import
+nothing heavy (ray, sglang, transformer_engine, megatron.core, transformers, matplotlib)."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PKG = ROOT / "megatron_dapo"
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict:
+    return {_module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def _top_level_imports(tree: ast.Module):
+    """Import statements executed when the module is imported: module level, also inside
+    module-level ``try`` / ``if`` / ``with`` (not ``if TYPE_CHECKING``), never in a function or class."""
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If):
+            test = ast.unparse(node.test)
+            if "TYPE_CHECKING" not in test:
+                todo[:0] = node.body + node.orelse
+        elif isinstance(node, ast.Try):
+            todo[:0] = node.body + node.orelse + node.finalbody + [h for x in node.handlers for h in x.body]
+        elif isinstance(node, ast.With):
+            todo[:0] = node.body
+
+
+def import_graph() -> dict:
+    """``module -> {project modules its top-level imports load}`` (``from P import name`` loads
+    ``P`` and, when ``P.name`` is a module, that too)."""
+    mods = _modules()
+    graph = {}
+    for name, path in mods.items():
+        is_pkg = path.name == "__init__.py"
+        base = name.split(".") if is_pkg else name.split(".")[:-1]
+        deps = set()
+        for node in _top_level_imports(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+                subs = []
+            else:
+                if node.level:
+                    anchor = base[: len(base) - (node.level - 1)]
+                    target = ".".join(anchor + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                targets = [target]
+                subs = [f"{target}.{a.name}" for a in node.names]
+            for t in targets + subs:
+                if t in mods and t != name:
+                    deps.add(t)
+        graph[name] = deps
+    return graph
+
+
+def _cycles(graph: dict) -> list:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_graph_check_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_inside_the_package():
+    graph = import_graph()
+    assert len(graph) > 50 and graph["megatron_dapo.config.validate"] >= {"megatron_dapo.config.schema"}
+    cycles = _cycles(graph)
+    # a package's __init__ re-exporting its submodules is no cycle unless a submodule imports
+    # the package back; every component found is a real cycle of top-level imports
+    assert cycles == [], "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def _importable() -> list:
+    """Every module that imports on this (CPU) machine: the GPU-only engine adapter imports sglang lazily too."""
+    return sorted(m for m in _modules() if not m.endswith("__main__"))
+
+
+@pytest.mark.parametrize("order", ["sorted", "reversed"])
+def test_every_module_imports_in_a_fresh_process(order):
+    mods = _importable() if order == "sorted" else _importable()[::-1]
+    code = (
+        "import importlib, sys\n"
+        f"for m in {mods!r}:\n"
+        "    importlib.import_module(m)\n"
+        "print(len(sys.modules))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+HEAVY = ("ray", "sglang", "transformer_engine", "megatron.core", "transformers", "matplotlib")
+
+
+@pytest.mark.parametrize("entry,allowed", [
+    ("megatron_dapo", ()),
+    ("megatron_dapo.config", ()),
+    ("megatron_dapo.reward", ()),
+    ("megatron_dapo.rollout.engines", ()),
+    ("megatron_dapo.config.registries", ()),
+    ("megatron_dapo.diagnostics", ()),
+    ("megatron_dapo.train", ()),
+])
+def test_entry_points_import_nothing_heavy(entry, allowed):
+    code = (
+        f"import sys, {entry}\n"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules and m not in {allowed!r}))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "[]", f"import {entry} imported {r.stdout.strip()}"
