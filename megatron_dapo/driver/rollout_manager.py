@@ -450,7 +450,10 @@ def extend_sample(s: Sample, out, step: int, max_len: int, versions: bool = True
     ids, lps = list(out.output_ids)[:room], list(out.logprobs)[:room]
     if ids:  # --routing-replay: the fed positions of prompt + response (all but the last token)
         routed = getattr(out, "routed_experts", None)
-        if s.response_ids:  # a continuation: the prefix keeps the routing it was generated under
+        if s.response_ids and s.routed_experts is not None:
+            # a continuation: the prefix keeps the routing it was generated under (a prefix
+            # returned without routing, e.g. an abort that skipped it, takes the continuation's
+            # rows of it: the engine recomputed them under the newer weights)
             routed = extend_routing(s.routed_experts, routed)
         keep = len(s.prompt_ids) + len(s.response_ids) + len(ids) - 1
         s.routed_experts = None if routed is None else routed[:keep]

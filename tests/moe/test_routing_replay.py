@@ -105,6 +105,12 @@ def test_partial_rollout_carry_over_and_state_dict(tmp_path):
     back.load_state_dict(torch.load(tmp_path / "st.pt", weights_only=False))
     assert torch.equal(back.pending[0].samples[0].routed_experts, r)
     assert back.pending[0].samples[0].to_worker()["routed_experts"] is not None
+    # a prefix that came back without routing takes the continuation's rows of it
+    s2 = _sample(prompt)
+    extend_sample(s2, dataclasses_replace(first, finish_reason="abort", routed_experts=None), step=1, max_len=8)
+    assert s2.routed_experts is None
+    extend_sample(s2, cont, step=2, max_len=8)
+    assert torch.equal(s2.routed_experts, cont.routed_experts)
 
 
 def dataclasses_replace(o, **kw):
