@@ -202,6 +202,7 @@ def collect_stats(model, groups=None) -> Optional[dict]:
     for r in routers:
         st[r.layer] += r.stats
         r.reset_stats()
+        r.recorded_topk_idx = None  # (device memory held across the rollout otherwise)
     if dist.is_initialized():
         from ..distributed import collective_device
 
