@@ -27,7 +27,8 @@ class RewardMode:
     response (+1 / -1; end-of-sequence text is the mode's to strip); ``equivalent(gold, pred)
     -> bool`` compares two bare answers; ``warmup()``, when given, runs once in each scorer
     worker before its first timed item (imports, caches). A mode takes no config: what it
-    needs arrives with the sample.
+    needs arrives with the sample. Register a mode in this module: the scorer's workers are
+    spawned processes and know the modes that importing it registers.
     """
 
     score: Callable[..., RewardResult]
