@@ -93,19 +93,23 @@ class ReplayRouter(RouterReplay):
 
     @torch.no_grad()
     def _observe(self, scores, own, used, target) -> None:
-        real = torch.ones(own.shape[0], dtype=torch.bool, device=own.device) if target is None else target[:, 0] != PAD
+        """Accumulate this call's sums on the scores' device (no host synchronisation)."""
+        if self.stats.device != scores.device:
+            self.stats = self.stats.to(scores.device)
+        if target is None:
+            real = torch.ones(own.shape[0], dtype=torch.float64, device=own.device)
+        else:
+            real = (target[:, 0] != PAD).to(torch.float64)
         st = torch.zeros_like(self.stats)
         if target is not None and not torch.is_grad_enabled():  # the old-logprob pass: rollout weights
-            have = (target >= 0).all(-1)
-            if bool(have.any()):
-                st[0] = float(topk_agreement(own[have], target[have]).sum())
-                st[1] = float(have.sum())
-        if bool(real.any()):
-            s = scores[real].float()
-            probs = s if self.pre_softmax else torch.softmax(s, dim=-1)
-            st[2] = float(router_entropy(probs).sum())
-            st[3] = float(real.sum())
-            st[4:] = torch.bincount(used[real].reshape(-1).cpu(), minlength=self.num_experts)[: self.num_experts].double()
+            have = (target >= 0).all(-1).to(torch.float64)
+            st[0] = (topk_agreement(own, target.clamp_min(-1)).to(torch.float64) * have).sum()
+            st[1] = have.sum()
+        s = scores.float()
+        probs = s if self.pre_softmax else torch.softmax(s, dim=-1)
+        st[2] = (router_entropy(probs).to(torch.float64) * real).sum()
+        st[3] = real.sum()
+        st[4:] = st[4:].index_add(0, used.reshape(-1), real.unsqueeze(1).expand(used.shape).reshape(-1))
         self.stats += st
 
 
@@ -200,7 +204,7 @@ def collect_stats(model, groups=None) -> Optional[dict]:
     E = routers[0].num_experts
     st = torch.zeros(n_layers, 4 + E, dtype=torch.float64)
     for r in routers:
-        st[r.layer] += r.stats
+        st[r.layer] += r.stats.cpu()
         r.reset_stats()
         r.recorded_topk_idx = None  # (device memory held across the rollout otherwise)
     if dist.is_initialized():
