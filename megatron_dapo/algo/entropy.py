@@ -68,9 +68,10 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int = DEFAULT_ENTROPY_
     once, never a second full-size float tensor (a 152k vocabulary x 20k tokens in float32
     would be 12 GB). Differentiable: the backward pass recomputes the softmax chunk by
     chunk instead of saving it, and only the gradient of the logits (full size by
-    nature, in the logits' dtype) is allocated. Logged as ``entropy`` (masked mean over
-    response tokens); used in the loss only when ``--entropy-coef > 0``. The
-    tensor-parallel (vocab-split) version belongs to the trainer.
+    nature, in the logits' dtype) is allocated. The reference of the equation: the
+    trainer computes the same quantity fused with the token logprobs over its vocab-parallel
+    shards (``training.logprobs.chunked_logprobs_entropy``, tested against it and against HF);
+    logged as ``entropy``, in the loss only when ``--entropy-coef > 0``.
 
     Args:
         logits: ``[..., vocab]`` floating tensor (bf16/fp16/fp32/fp64).

@@ -185,40 +185,6 @@ def token_logprobs(
     return -vocab_parallel_cross_entropy(lg, target).transpose(0, 1)
 
 
-def vocab_parallel_entropy(
-    logits: torch.Tensor, true_vocab: Optional[int] = None, chunk_size: int = 1024, temperature: float = 1.0
-) -> torch.Tensor:
-    """Entropy of the softmax over vocab-parallel logits, H = logsumexp(z) - sum_v p_v z_v,
-    with z = logits / ``temperature`` (the sampling distribution).
-
-    ``logits`` [..., V/tp]: this TP rank's shard. The max, the partition function and the
-    expectation of z are all-reduced over the TP group, so the full vocabulary is never
-    gathered; rows are processed in chunks of ``chunk_size`` so no second full-size float
-    tensor is materialised. Differentiable.
-    """
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
-
-    if true_vocab is not None:
-        logits = mask_vocab_padding(logits, true_vocab)
-    lead = logits.shape[:-1]
-    flat = logits.reshape(-1, logits.shape[-1])
-    tp_group = ps.get_tensor_model_parallel_group()
-    outs = []
-    for i in range(0, flat.shape[0], chunk_size):
-        z = tempered(flat[i : i + chunk_size].float(), temperature)
-        zmax = z.detach().max(dim=-1, keepdim=True).values
-        if dist.get_world_size(tp_group) > 1:
-            dist.all_reduce(zmax, op=dist.ReduceOp.MAX, group=tp_group)
-        ez = torch.exp(z - zmax)
-        sum_ez = reduce_from_tensor_model_parallel_region(ez.sum(-1))
-        zfin = torch.where(torch.isfinite(z), z, torch.zeros_like(z))
-        sum_ez_z = reduce_from_tensor_model_parallel_region((ez * zfin).sum(-1))
-        outs.append(torch.log(sum_ez) + zmax.squeeze(-1) - sum_ez_z / sum_ez)
-    return torch.cat(outs).reshape(lead)
-
-
 def gather_vocab(logits: torch.Tensor) -> torch.Tensor:
     """All-gather vocab-parallel logits over TP (tests and probes only; never in training)."""
     from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region

@@ -129,6 +129,7 @@ def test_packed_attention_equals_per_sequence_causal_attention():
 
 
 def test_chunked_logprobs_entropy_match_reference_and_chunking():
+    from megatron_dapo.algo import entropy_from_logits
     from megatron_dapo.training.logprobs import chunked_logprobs_entropy
 
     torch.manual_seed(1)
@@ -142,6 +143,8 @@ def test_chunked_logprobs_entropy_match_reference_and_chunking():
     for chunk in (1, 4, 1000):
         lp, ent = chunked_logprobs_entropy(x, y, 45, 0.6, chunk_size=chunk, tp_rank=0)
         assert (lp - ref_lp).abs().max() < 1e-5 and (ent - ref_ent).abs().max() < 1e-5
+        # the same quantity as the pure function of the equation (algo/entropy.py)
+        assert (ent - entropy_from_logits(z.detach(), chunk_size=chunk)).abs().max() < 1e-5
         g = torch.autograd.grad((lp * w1).sum() + (ent * w2).sum(), x)[0]
         assert (g - ref_g).abs().max() < 1e-5
         assert g[..., 45:].abs().max() == 0  # padded vocabulary gets no gradient
