@@ -172,12 +172,11 @@ class Trainer:
         samples = assign_advantages(roll.groups, a)
         offpolicy = cfg.rollout.partial_rollout_offpolicy if cfg.rollout.partial_rollout else None
         samples, untrainable = training_samples(samples, optimizer_steps(cfg), self.trainers.dp_size, offpolicy)
-        extra = [s for g in self.manager.surplus for s in g.samples if s.old_logprobs is None]
         # 3. engines release their memory, the trainer onloads
         self.hybrid.to_train(engines)
         # 4. old-policy logprobs by megatron (not the engine's), and the KL reference's
         t = time.perf_counter()
-        need = [s for s in samples if s.old_logprobs is None] + extra
+        need = [s for s in samples if s.old_logprobs is None] + roll.carried_need_logprobs
         self.trainers.logprobs(need, model="policy")
         if a.kl_coef > 0:  # frozen reference policy (--ref-load or the initial weights)
             self.trainers.logprobs([s for s in need if s.ref_logprobs is None], model="ref")

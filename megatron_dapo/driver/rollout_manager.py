@@ -83,6 +83,9 @@ class RolloutResult:
     aborted_samples: int = 0  # samples stopped unfinished when the batch was full
     submitted_prompts: int = 0  # new prompts started this step
     untrainable_samples: int = 0  # samples of mixed groups not kept: every token older (offpolicy mask)
+    # the surplus groups' samples carried to a later step (--reuse-surplus-groups) whose old-policy
+    # logprobs are still to be computed, under this step's weights (the ones that generated them)
+    carried_need_logprobs: list = dataclasses.field(default_factory=list)
 
 
 class CarryOver:
@@ -226,6 +229,7 @@ class RolloutManager:
             kept, run.generated, math.ceil(run.new_prompts / self._window), run.kept, run.all_correct, run.all_wrong,
             run.reused, self.engines.clock() - t0 - run.t_verify, run.t_verify, run.resumed, run.dropped,
             len(self.carry.pending), run.discarded, run.aborted, run.new_prompts, run.untrainable,
+            [x for g in self.carry.surplus for x in g.samples if x.old_logprobs is None],
         )
 
     def _start(self, run: _Run) -> None:

@@ -117,9 +117,10 @@ def test_surplus_groups_reused_next_step_with_their_old_logprobs():
     mgr, pool, cfg = _mgr(pattern, ["--over-sampling-batch-size", "6", "--reuse-surplus-groups"])
     r1 = mgr.collect(1)
     assert len(r1.groups) == 4 and len(mgr.surplus) == 2
-    for g in mgr.surplus:  # the driver computes pi_old for them at the generating step
-        for s in g.samples:
-            s.old_logprobs = [-1.0] * len(s.response_ids)
+    # the result names the carried samples whose pi_old the driver computes at the generating step
+    assert r1.carried_need_logprobs == [s for g in mgr.surplus for s in g.samples]
+    for s in r1.carried_need_logprobs:
+        s.old_logprobs = [-1.0] * len(s.response_ids)
     carried = [g.prompt_index for g in mgr.surplus]
     state = mgr.state_dict()
     r2 = mgr.collect(2)
