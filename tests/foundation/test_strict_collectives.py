@@ -127,7 +127,6 @@ COLLECTIVE_MODULES = {
     "megatron_dapo/hybrid/weight_sync.py": "tests/hybrid/test_weight_sync.py, tests/hybrid/test_transport.py",
     "megatron_dapo/models/attention.py": "tests/foundation/test_models.py (CP attention)",
     "megatron_dapo/training/dapo_step.py": "tests/training, tests/e2e",
-    "megatron_dapo/training/forward.py": "tests/foundation/test_parallel_logits.py, tests/training",
     "megatron_dapo/training/logprobs.py": "tests/foundation/test_parallel_logits.py, tests/training",
     "megatron_dapo/training/routing_replay.py": "tests/moe/test_routing_replay.py (routing stats over TP/CP/PP)",
     "megatron_dapo/training/worker.py": "tests/e2e (barrier only)",
