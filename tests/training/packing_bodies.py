@@ -181,3 +181,51 @@ def minibatch_step(hf_cfg: dict, cp: int, packing: bool, shard: bool):
     full = {n: t.clone() for n, t in gather_full_weights(policy.model, policy.arch)}
     return {"params": full, "sums": out["sums"], "grad_norm": out["grad_norm"], "imbalance": out["dp_token_imbalance"],
             "tokens": out["global_tokens"]}
+
+
+def _pin_samples(vocab: int):
+    """Six samples of unequal lengths with every field the loss reads: old logprobs (set by the
+    caller), the engine's, a reference policy's, one overlong-filtered, one with a stale prefix."""
+    samples = _samples(vocab, n=6)
+    g = torch.Generator().manual_seed(11)
+    out = []
+    for i, s in enumerate(samples):
+        n = len(s["tokens"]) - s["prompt_len"]
+        out.append(dict(s, engine_logprobs=(-3.0 + 0.3 * torch.randn(n, generator=g)).tolist(),
+                        ref_logprobs=(-3.0 + 0.3 * torch.randn(n, generator=g)).tolist(),
+                        stale_len=3 if i == 1 else 0))
+    return out
+
+
+def pinned_step(hf_cfg: dict, packing: bool):
+    """Old logprobs, then one ``train_on_minibatch`` step (KL to a reference, --tis-mode
+    token-truncate, --partial-rollout-offpolicy correct, an entropy bonus) on one rank, from
+    the same random weights: what the pinned test compares across batching paths."""
+    from megatron_dapo.algo.config import AlgorithmConfig
+    from megatron_dapo.checkpoint.model_io import load_hf_weights
+    from megatron_dapo.distributed import init_parallel
+    from megatron_dapo.models import ModelBuildOptions
+    from megatron_dapo.training.dapo_step import compute_logprobs, train_on_minibatch
+    from megatron_dapo.training.setup import OptimizerOptions, build_policy
+    from tests.tiny import random_hf_model
+
+    init_parallel(1, 1, 1, seed=1234)
+    hf = random_hf_model(hf_cfg, seed=0)
+    sd = hf.state_dict()
+    policy = build_policy(hf_cfg, ModelBuildOptions(), OptimizerOptions(lr=1e-4, clip_grad=1.0))
+    load_hf_weights(policy.model, policy.arch, lambda n: sd[n], policy.padded_vocab)
+    policy.optimizer.reload_model_params()
+    V = policy.arch.vocab_size
+    samples = _pin_samples(V)
+    budget = 40 if packing else None
+    lps = compute_logprobs(policy, samples, V, 2, budget, temperature=0.9, packing=packing)
+    g = torch.Generator().manual_seed(9)
+    samples = [dict(s, old_logprobs=(torch.tensor(lp) + 0.05 * torch.randn(len(lp), generator=g)).tolist())
+               for s, lp in zip(samples, lps)]
+    algo = AlgorithmConfig(entropy_coef=0.01, kl_coef=0.05, tis_mode="token-truncate", tis_cap=1.5)
+    out = train_on_minibatch(policy, samples, algo, V, 2, budget, temperature=0.9, packing=packing,
+                             offpolicy="correct")
+    assert out["update_successful"]
+    sums = out["sums"]
+    return {"lps": lps, "means": {k: s / c for k, (s, c) in sums.items() if c}, "grad_norm": out["grad_norm"],
+            "num_microbatches": out["num_microbatches"], "tokens": out["global_tokens"]}
