@@ -50,7 +50,7 @@ EXTRAS = {
     # dependencies (llm, llama-cpp-python) compile a llama.cpp runtime we never use; we
     # only read the GGUF file it ships.
     "demo": ["gguf>=0.10", "accelerate>=1.0"],
-    "dev": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "packaging>=24"],
+    "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.100", "packaging>=24"],
 }
 
 setup(

@@ -1,11 +1,24 @@
 #!/usr/bin/env bash
 # Set up the virtualenv (scripts/setup_env.sh) and run the WHOLE test suite, slow tests included.
 # Extra arguments go to pytest (e.g. `-m "not slow"` for the fast subset).
+#
+# The suite runs on TEST_WORKERS pytest-xdist workers (default 2), each test file whole on one
+# worker (--dist loadfile: a file's module fixtures and its order are kept), the files with slow
+# tests handed out first (tests/conftest.py). Two workers on two cores: much of the suite waits
+# (process and Ray start-ups, rendezvous, subprocess timeouts), and the other worker fills that
+# time (docs/benchmarks.md, "Suite time"). TEST_WORKERS=0 runs in one process, in file order;
+# an explicit `-n N` or `-p no:xdist` among the arguments wins.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh || exit 1
 VENV=${VENV:-.venv}
-"$VENV/bin/python" -m pytest tests "$@"
+WORKERS=${TEST_WORKERS:-2}
+case "$WORKERS" in ''|*[!0-9]*) echo "[tests] TEST_WORKERS must be a whole number (0: no workers), got '$WORKERS'" >&2; exit 2;; esac
+xdist=()
+if [ "$WORKERS" -gt 0 ] && [[ " $* " != *" -n "* && " $* " != *" -n="* && " $* " != *"no:xdist"* ]]; then
+  xdist=(-n "$WORKERS" --dist loadfile --no-loadscope-reorder)
+fi
+"$VENV/bin/python" -m pytest tests "${xdist[@]}" "$@"
 rc=$?
 # pytest exits 5 when it collected no test: that is a failure of the suite, not a pass.
 if [ $rc -eq 5 ]; then echo "[tests] pytest collected no tests" >&2; exit 1; fi

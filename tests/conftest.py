@@ -83,8 +83,15 @@ def _untracked_paths() -> set:
     return paths
 
 
+def _is_xdist_worker(config) -> bool:
+    """True inside a pytest-xdist worker (scripts/run_tests.sh runs the suite on two): the
+    repository check is the controller's, which sees the whole session."""
+    return hasattr(config, "workerinput")
+
+
 def pytest_sessionstart(session):
-    session.config._repo_untracked_before = _untracked_paths()
+    if not _is_xdist_worker(session.config):
+        session.config._repo_untracked_before = _untracked_paths()
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -108,16 +115,26 @@ def pytest_addoption(parser):
                           "order): finds a test that passes only after another file's test set some state")
 
 
+def _file_of(item) -> str:
+    return item.nodeid.split("::")[0]
+
+
 def pytest_collection_modifyitems(session, config, items):
     seed = config.getoption("--shuffle-files")
     if seed is None:
+        if _is_xdist_worker(config):
+            # Under xdist (--dist loadfile) the controller hands out whole files in this order: the
+            # files with a slow test (a driver, Ray or a multi-rank run; marker `slow`) go first, so
+            # that the last files to run are short ones and both workers end together.
+            slow = {_file_of(item) for item in items if item.get_closest_marker("slow") is not None}
+            items.sort(key=lambda item: _file_of(item) not in slow)  # stable: the order within each part is kept
         return
     import random
 
-    files = list(dict.fromkeys(item.nodeid.split("::")[0] for item in items))
+    files = list(dict.fromkeys(_file_of(item) for item in items))
     random.Random(seed).shuffle(files)
     rank = {f: i for i, f in enumerate(files)}
-    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])  # stable: a file's own order is kept
+    items.sort(key=lambda item: rank[_file_of(item)])  # stable: a file's own order is kept
     tr = config.pluginmanager.get_plugin("terminalreporter")
     if tr is not None:
         tr.write_line(f"test files shuffled with seed {seed}: {' '.join(files[:5])} ...")
