@@ -49,6 +49,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from megatron_dapo.training.item import TrainItem  # noqa: E402
+
 CAP = 20480
 BUDGET = 22528
 
@@ -60,8 +62,8 @@ def draw_samples(n: int, median: float, sigma: float, seed: int, scale: int = 1)
         resp = min(CAP, max(1, int(rng.lognormvariate(0.0, sigma) * median)))
         prompt = rng.randint(100, 400)
         p, r = max(2, prompt // scale), max(1, resp // scale)
-        out.append({"tokens": [5] * (p + r), "prompt_len": p, "advantage": rng.choice([-1.0, 1.0]),
-                    "old_logprobs": [-1.0] * r})
+        out.append(TrainItem(tokens=[5] * (p + r), prompt_len=p, advantage=rng.choice([-1.0, 1.0]),
+                             old_logprobs=[-1.0] * r))
     return out
 
 
@@ -78,10 +80,10 @@ def accounting(args) -> dict:
     for k in range(args.minibatches):
         mb = draw_samples(gbs, args.median, args.sigma, seed=1000 + k)
         shards = dp_shards(mb, dp)
-        imb_kk.append(pk.imbalance([sum(len(x["tokens"]) for x in s) for s in shards]))
-        imb_count.append(pk.imbalance([sum(len(x["tokens"]) for x in mb[r::dp]) for r in range(dp)]))
+        imb_kk.append(pk.imbalance([sum(x.n_tokens for x in s) for s in shards]))
+        imb_count.append(pk.imbalance([sum(x.n_tokens for x in mb[r::dp]) for r in range(dp)]))
         for s in shards:
-            lens = [len(x["tokens"]) for x in s]
+            lens = [x.n_tokens for x in s]
             useful += sum(lens)
             pads = make_microbatches(s, 32, BUDGET)
             padded += sum(int(b["tokens"].numel()) for b in pads)
@@ -122,8 +124,8 @@ def throughput(args) -> dict:
     model, arch = _tiny_model()
     samples = draw_samples(64, args.median, args.sigma, seed=7, scale=args.scale)
     budget = BUDGET // args.scale
-    useful = sum(len(x["tokens"]) for x in samples)
-    g_tok = float(sum(len(x["tokens"]) - x["prompt_len"] for x in samples))
+    useful = sum(x.n_tokens for x in samples)
+    g_tok = float(sum(x.response_len for x in samples))
     loss_fn = dapo_loss_fn(AlgorithmConfig(), arch.vocab_size, g_tok, float(len(samples)))
     layouts = {"padded": lambda: make_microbatches(samples, 32, budget),
                "packed": lambda: make_packed_microbatches(model, samples, budget)[0]}

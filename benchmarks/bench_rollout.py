@@ -6,7 +6,7 @@ filtering), ``training_samples`` (samples without a trainable token left out) an
 the weights of ``algo.tis.loss_token_weights`` (under ``--partial-rollout-offpolicy mask`` a
 token generated under older weights has weight 0 and is not counted, under ``correct`` it is;
 an overlong-filtered response counts nothing), and the tokens kept in the loss are summed (by
-that rule, checked against ``training.token_weights.weigh_samples`` on a few samples a step).
+that rule, checked against ``training.token_weights.weigh_items`` on a few samples a step).
 Throughput = those tokens / generation time (virtual), and per GPU-second (engines x TP 8 GPUs).
 ``untrainable``: the share of the samples that had no trainable token: left out of kept groups,
 or in mixed groups the manager did not keep (every sample entirely stale under ``mask``).
@@ -88,6 +88,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import heapq
 import io
 import itertools
@@ -108,7 +109,7 @@ from megatron_dapo.driver.engine_pool import EnginePool, LocalTransport  # noqa:
 from megatron_dapo.driver.rollout_manager import RolloutManager  # noqa: E402
 from megatron_dapo.reward import RewardResult  # noqa: E402
 from megatron_dapo.rollout.base import Finished, GenerationOutput  # noqa: E402
-from megatron_dapo.training.token_weights import weigh_samples  # noqa: E402
+from megatron_dapo.training.token_weights import weigh_items  # noqa: E402
 
 SAMPLE_BASE = 1000  # a new sample's first token: SAMPLE_BASE + 2 * sample id + correct
 INF = float("inf")
@@ -378,11 +379,11 @@ KINDS = [
 
 
 def trainable_tokens(samples: list, algo, offpolicy, check: int = 4) -> int:
-    """The tokens the trainer keeps in the loss: ``weigh_samples``' ``loss_keep`` (the engine
+    """The tokens the trainer keeps in the loss: ``weigh_items``' ``weights.keep`` (the engine
     logprobs stand for the old ones: ratio 1, so no ``--tis-mode`` rejection). Counted by the
     rule of ``algo.tis.loss_token_weights`` (an overlong-filtered response: none; under
     ``--partial-rollout-offpolicy mask`` the first ``stale_len`` tokens: none; else every token),
-    and the first ``check`` samples (and every entirely stale one) through ``weigh_samples``
+    and the first ``check`` samples (and every entirely stale one) through ``weigh_items``
     itself, which must agree (the whole list through it costs minutes per run)."""
     def rule(s):
         n = len(s.response_ids)
@@ -391,13 +392,9 @@ def trainable_tokens(samples: list, algo, offpolicy, check: int = 4) -> int:
         return n - min(int(s.stale_len), n) if offpolicy == "mask" else n
 
     def weighed(batch):
-        items = []
-        for s in batch:
-            x = s.to_worker()
-            x["old_logprobs"] = list(s.engine_logprobs)
-            items.append(x)
-        return [int(float(y["loss_keep"].sum())) if "loss_keep" in y else 0
-                for y in weigh_samples(items, algo, offpolicy)]
+        items = [dataclasses.replace(s.to_item(), old_logprobs=list(s.engine_logprobs)) for s in batch]
+        return [int(float(y.weights.keep.sum())) if y.weights is not None else 0
+                for y in weigh_items(items, algo, offpolicy)]
 
     if algo.tis_mode not in ("none", "token-truncate"):  # a mask mode could reject: weigh every sample
         return sum(weighed(samples))

@@ -272,12 +272,13 @@ def probe(args, policy):
 
     from megatron_dapo.hybrid.probe import check_probe_stats, probe_stats
     from megatron_dapo.training.dapo_step import compute_logprobs
+    from megatron_dapo.training.item import TrainItem
 
     g = torch.Generator().manual_seed(1234)
     seqs = torch.randint(0, policy.arch.vocab_size, (2, 64), generator=g).tolist()
     t0 = time.perf_counter()
     # the weight-sync probe's megatron half, as PolicyWorker.probe_logprobs runs it
-    lp = compute_logprobs(policy, [{"tokens": s, "prompt_len": 1} for s in seqs], policy.arch.vocab_size, 2, None)
+    lp = compute_logprobs(policy, [TrainItem(tokens=s, prompt_len=1) for s in seqs], policy.arch.vocab_size, 2, None)
     sync_dev(torch)
     assert lp is not None and len(lp) == 2 and all(len(x) == 63 for x in lp)
     assert all(torch.isfinite(torch.tensor(x)).all() for x in lp)

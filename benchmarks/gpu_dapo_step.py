@@ -27,6 +27,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import replace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -75,6 +76,7 @@ def run(small: bool = False, port: int = 0, log=print, engine_kind: str = "hf", 
     from megatron_dapo.distributed import free_port, init_distributed
     from megatron_dapo.hybrid.phases import HybridStep, InProcessTrainer, LocalEngines
     from megatron_dapo.rollout.base import SamplingParams
+    from megatron_dapo.training.item import TrainItem
     from megatron_dapo.training.worker import PolicyWorker
 
     on_gpu = torch.cuda.is_available() and not small
@@ -132,16 +134,15 @@ def run(small: bool = False, port: int = 0, log=print, engine_kind: str = "hf", 
     samples = []
     for p, group in zip(prompts, outs):
         for o in group:
-            samples.append({"tokens": p + list(o.output_ids), "prompt_len": len(p)})
-    rewards = torch.tensor([float(sum(s["tokens"][-new:]) % 2) for s in samples]).view(prompts_n, G)
+            samples.append(TrainItem(tokens=p + list(o.output_ids), prompt_len=len(p)))
+    rewards = torch.tensor([float(s.tokens[-new:].sum()) % 2 for s in samples]).view(prompts_n, G)
     if bool((rewards.sum(1) % G == 0).all()):  # make every group mixed (any labels will do here)
         rewards[:, 0] = 1 - rewards[:, 0]
     adv = compute_group_advantages(rewards.view(-1), G)
     t0 = time.perf_counter()
     old = worker.compute_logprobs(samples)
     stage("old-logprob", t0, tokens=sum(len(x) for x in old))
-    for s, lp, a in zip(samples, old, adv.tolist()):
-        s.update(old_logprobs=lp, advantage=a)
+    samples = [replace(s, old_logprobs=lp, advantage=a) for s, lp, a in zip(samples, old, adv.tolist())]
 
     t0 = time.perf_counter()
     out = worker.train([samples])[0]
@@ -150,7 +151,7 @@ def run(small: bool = False, port: int = 0, log=print, engine_kind: str = "hf", 
         raise RuntimeError("the optimizer step was skipped (non-finite loss or gradient)")
 
     t0 = time.perf_counter()
-    info = hybrid.to_rollout(engines, probe=[samples[0]["tokens"]])
+    info = hybrid.to_rollout(engines, probe=[samples[0].tokens.tolist()])
     chk = hybrid.last_check  # the weight-sync check: exact checksums by HF name, then mean/p90 of the probe
     stage("sync+probe", t0, bytes=info["sync"].get("bytes"), probe=f"{info['probe_max_abs']:.3g}",
           checksums=chk.get("compared", "n/a"), mean=f"{chk.get('mean_abs', float('nan')):.3g}",
@@ -160,7 +161,7 @@ def run(small: bool = False, port: int = 0, log=print, engine_kind: str = "hf", 
     again = engine.generate(prompts, sp)
     stage("generate", t0, samples=sum(len(o) for o in again))
     t0 = time.perf_counter()
-    scored = engine.score([samples[0]["tokens"]], [samples[0]["prompt_len"]])
+    scored = engine.score([samples[0].tokens.tolist()], [samples[0].prompt_len])
     stage("score", t0, tokens=len(scored[0]))
     if engine_kind != "hf":
         engine.shutdown()

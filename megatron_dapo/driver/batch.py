@@ -13,6 +13,8 @@ import torch
 
 from ..algo import compute_advantages, overlong_filter_mask, overlong_penalty
 from ..algo.config import AlgorithmConfig
+from ..training.item import TrainItem
+from ..training.packing import karmarkar_karp
 
 
 @dataclasses.dataclass
@@ -54,19 +56,19 @@ class Sample:
     def truncated(self) -> bool:
         return self.finish_reason == "length"
 
-    def to_worker(self) -> dict:
-        """The part of a sample a trainer rank needs."""
-        return {
-            "tokens": list(self.prompt_ids) + list(self.response_ids),
-            "prompt_len": len(self.prompt_ids),
-            "advantage": float(self.advantage),
-            "train": bool(self.train),
-            "old_logprobs": self.old_logprobs,
-            "ref_logprobs": self.ref_logprobs,
-            "engine_logprobs": list(self.engine_logprobs),
-            "stale_len": int(self.stale_len),
-            "routed_experts": self.routed_experts,
-        }
+    def to_item(self) -> TrainItem:
+        """The part of a sample a trainer rank needs (sequences as tensors)."""
+        return TrainItem(
+            tokens=list(self.prompt_ids) + list(self.response_ids),
+            prompt_len=len(self.prompt_ids),
+            advantage=self.advantage,
+            train=self.train,
+            old_logprobs=self.old_logprobs,
+            ref_logprobs=self.ref_logprobs,
+            engine_logprobs=self.engine_logprobs,
+            stale_len=self.stale_len,
+            routed_experts=self.routed_experts,
+        )
 
 
 @dataclasses.dataclass
@@ -214,10 +216,8 @@ def dp_shards(minibatch: list, dp_size: int) -> list:
 
 
 def dp_partition(items: list, dp_size: int) -> list:
-    """Indices of ``items`` (worker dicts with ``tokens``) per DP rank, balancing tokens
-    (Karmarkar-Karp); with fewer items than ranks, one each in order (the rest get none)."""
-    from ..training.packing import karmarkar_karp
-
+    """Indices of ``items`` (``TrainItem``s) per DP rank, balancing tokens (Karmarkar-Karp);
+    with fewer items than ranks, one each in order (the rest get none)."""
     if len(items) < dp_size:
         return [[d] if d < len(items) else [] for d in range(dp_size)]
-    return karmarkar_karp([max(1, len(x["tokens"])) for x in items], dp_size)
+    return karmarkar_karp([max(1, x.n_tokens) for x in items], dp_size)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 
 import torch
 
@@ -45,7 +46,7 @@ def dump_train_batch(trainers, out_dir: str, step: int, minibatches: list, when:
     and the full weights around it."""
     out = {"weights": trainers.full_weights()}
     if when == "before":
-        out["samples"] = [s.to_worker() for mb in minibatches for s in mb]
+        out["samples"] = [s.to_item() for mb in minibatches for s in mb]
         out["minibatch_sizes"] = [len(mb) for mb in minibatches]
     os.makedirs(out_dir, exist_ok=True)
     torch.save(out, os.path.join(out_dir, f"step_{step:06d}_{when}.pt"))
@@ -53,6 +54,4 @@ def dump_train_batch(trainers, out_dir: str, step: int, minibatches: list, when:
 
 def crash_now() -> None:
     """--debug-crash-during-save-step: die like a killed job (no cleanup, no finally)."""
-    import signal
-
     os.kill(os.getpid(), signal.SIGKILL)

@@ -113,7 +113,7 @@ class TrainerGroup:
             raise ValueError(f"TrainerGroup.logprobs: model {model!r} is 'policy' or 'ref'")
         if not samples:
             return
-        items = [s.to_worker() for s in samples]
+        items = [s.to_item() for s in samples]
         parts = dp_partition(items, self.dp_size)
         shards = [[items[i] for i in part] for part in parts]
         if model == "policy":
@@ -130,7 +130,7 @@ class TrainerGroup:
         the step's metrics reduced over the DP reporters and optimizer steps
         (``reduce_train_outputs``: token-weighted means, grad norm, skipped steps, lr).
         ``progress``: a tqdm description, or None for no bar."""
-        shards_per_mb = [dp_shards([s.to_worker() for s in mb], self.dp_size) for mb in minibatches]
+        shards_per_mb = [dp_shards([s.to_item() for s in mb], self.dp_size) for mb in minibatches]
         outs = [[] for _ in self.actors]
         steps = range(len(shards_per_mb))
         if progress:

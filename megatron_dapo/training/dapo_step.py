@@ -1,8 +1,9 @@
 """The DAPO update on megatron-core: collate, old-policy logprobs, clipped token-level loss.
 
-Runs on every trainer rank (SPMD). Samples arrive as dicts (``Sample.to_worker``):
-``tokens`` (prompt + response ids), ``prompt_len``, ``advantage``, ``train`` (False =
-overlong-filtered), ``old_logprobs`` (response tokens), optional ``ref_logprobs``.
+Runs on every trainer rank (SPMD). Samples arrive as ``training.item.TrainItem``s
+(``Sample.to_item``): ``tokens`` (prompt + response ids), ``prompt_len``, ``advantage``,
+``train`` (False = overlong-filtered), ``old_logprobs`` (response tokens), optional
+``ref_logprobs`` and ``engine_logprobs``, ``stale_len``, ``routed_experts``.
 
 Loss normalisation: the token (or sequence) count of the WHOLE optimizer step is summed over
 this rank's micro-batches and all-reduced over the data-parallel group before the first
@@ -27,7 +28,7 @@ from .forward import forward_backward
 from .routing_replay import collect_stats
 from .logprobs import chunked_logprobs_entropy
 from .setup import Policy, optimizer_step, set_moe_aux_loss_scale
-from .token_weights import engine_logprobs_of, token_weights_into, weigh_samples
+from .token_weights import engine_logprobs_of, token_weights_into, weigh_items
 
 METRIC_KEYS = (
     "pg_loss",
@@ -58,7 +59,7 @@ def make_microbatches(
     """
     out, cur, longest = [], [], 0
     for s in samples:
-        n = len(s["tokens"])
+        n = s.n_tokens
         new_longest = max(longest, n)
         if cur and (len(cur) >= micro_batch_size or (max_tokens and new_longest * (len(cur) + 1) > max_tokens)):
             out.append(cur)
@@ -75,7 +76,7 @@ def collate(samples: list, pad_to_multiple: int = 1) -> dict:
 
     The sequence length is the longest sample rounded up to a multiple of ``pad_to_multiple``.
     """
-    b, s = len(samples), max(len(x["tokens"]) for x in samples)
+    b, s = len(samples), max(x.n_tokens for x in samples)
     s = -(-s // max(1, pad_to_multiple)) * max(1, pad_to_multiple)
     tokens = torch.zeros(b, s, dtype=torch.long)
     loss_mask = torch.zeros(b, s)
@@ -83,25 +84,25 @@ def collate(samples: list, pad_to_multiple: int = 1) -> dict:
     old = torch.zeros(b, s)
     ref = torch.zeros(b, s)
     adv = torch.zeros(b)
-    has_ref = all(x.get("ref_logprobs") is not None for x in samples)
+    has_ref = all(x.ref_logprobs is not None for x in samples)
     eng, stale = torch.zeros(b, s), torch.zeros(b, s)
     weight, trained, fresh, clipped = (torch.zeros(b, s) for _ in range(4))
     for i, x in enumerate(samples):
-        n, p = len(x["tokens"]), x["prompt_len"]
-        tokens[i, :n] = torch.tensor(x["tokens"])
+        n, p = x.n_tokens, x.prompt_len
+        tokens[i, :n] = x.tokens
         resp_mask[i, p:n] = 1
         token_weights_into(x, n - p, loss_mask[i, p:n], weight[i, p:n], trained[i, p:n], fresh[i, p:n],
                            clipped[i, p:n])
-        if x.get("old_logprobs") is not None:
-            old[i, p:n] = torch.tensor(x["old_logprobs"], dtype=torch.float32)
+        if x.old_logprobs is not None:
+            old[i, p:n] = x.old_logprobs
         # the engine's logprobs (ratio 1 where a sample has none) and the off-policy prefix
         eng[i, p:n] = engine_logprobs_of(x, old[i, p:n])
-        stale[i, p : p + min(int(x.get("stale_len", 0)), n - p)] = 1
+        stale[i, p : p + min(x.stale_len, n - p)] = 1
         if has_ref:
-            ref[i, p:n] = torch.tensor(x["ref_logprobs"], dtype=torch.float32)
-        adv[i] = x.get("advantage", 0.0)
+            ref[i, p:n] = x.ref_logprobs
+        adv[i] = x.advantage
     # logits are only needed from the first response token on: prompts are not scored
-    resp_start = max(1, min(x["prompt_len"] for x in samples))
+    resp_start = max(1, min(x.prompt_len for x in samples))
     out = {"tokens": tokens, "loss_mask": loss_mask, "resp_mask": resp_mask, "old_logprobs": old, "advantages": adv,
            "resp_start": resp_start, "engine_logprobs": eng, "stale": stale, "is_weight": weight,
            "trained": trained, "tis_fresh": fresh, "tis_clipped": clipped}
@@ -146,7 +147,7 @@ def make_packed_microbatches(model, samples: list, max_tokens: Optional[int]) ->
     tp, cp, sp = _parallel_sizes(model)
     mult = pk.pad_multiple(tp, cp, sp)
     cp_rank = ps.get_context_parallel_rank() if cp > 1 else 0
-    order = pk.pack_microbatches([len(x["tokens"]) for x in samples], max_tokens, mult)
+    order = pk.pack_microbatches([x.n_tokens for x in samples], max_tokens, mult)
     mbs = [pk.packed_microbatch([samples[i] for i in idx], mult, cp, cp_rank) for idx in order]
     return mbs, order
 
@@ -246,7 +247,7 @@ def compute_logprobs(
         st = mb["resp_start"]
         for i in range(mb["tokens"].shape[0]):
             x = samples[k]
-            n, p = len(x["tokens"]), x["prompt_len"]
+            n, p = x.n_tokens, x.prompt_len
             out.append(lp[i, p - st : n - st].tolist())
             k += 1
     return out
@@ -272,7 +273,7 @@ def _compute_logprobs_packed(model, samples: list, true_vocab: int, max_tokens, 
         full = pk.unzigzag(_gather_cp(lp), mb["seqlens_padded"])
         for i, a in zip(idx, mb["cu_seqlens"][:-1].tolist()):
             x = samples[i]
-            n, p = len(x["tokens"]), x["prompt_len"]
+            n, p = x.n_tokens, x.prompt_len
             out[i] = full[a + p - 1 : a + n - 1].tolist()
     return out
 
@@ -402,7 +403,7 @@ def train_on_minibatch(
     """
     from megatron.core import parallel_state as ps
 
-    samples = weigh_samples(samples, algo, offpolicy)
+    samples = weigh_items(samples, algo, offpolicy)
     packed = uses_packing(policy.model, packing)
     if packed:
         mbs, _ = make_packed_microbatches(policy.model, samples, max_tokens)
@@ -411,7 +412,7 @@ def train_on_minibatch(
         mbs = make_microbatches(samples, micro_batch_size, max_tokens, sequence_pad_multiple(policy.model))
         local = [sum(float(mb["loss_mask"][:, 1:].sum()) for mb in mbs),
                  sum(float((mb["loss_mask"][:, 1:].sum(1) > 0).sum()) for mb in mbs)]
-    my_tokens = float(sum(len(x["tokens"]) for x in samples))
+    my_tokens = float(sum(x.n_tokens for x in samples))
     # the WHOLE optimizer step's token and sequence counts, over all micro-batches and DP ranks,
     # and the DP ranks' token loads (sum and max) for the imbalance
     counts = dp_token_counts(local + [my_tokens, float(len(mbs))])

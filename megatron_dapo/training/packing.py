@@ -29,6 +29,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from .item import TrainItem
 from .token_weights import token_weights_into
 
 # ----------------------------------------------------------------------------- partitions
@@ -163,15 +164,15 @@ def cu_seqlens(lengths: Sequence[int]) -> torch.Tensor:
     return out
 
 
-def pack_samples(samples: Sequence[dict], multiple: int = 1) -> dict:
-    """One THD row of ``samples`` (dicts as in ``dapo_step``: ``tokens``, ``prompt_len``, ...).
+def pack_samples(samples: Sequence[TrainItem], multiple: int = 1) -> dict:
+    """One THD row of ``samples`` (``training.item.TrainItem``).
 
     Returns tensors of shape ``[1, T]`` (T = sum of padded lengths):
 
     * ``tokens``, ``position_ids`` (restarting at 0 per sequence), ``labels`` (the next token
       within the same sequence, 0 at a sequence's last position and on padding);
     * label-aligned fields: ``loss_mask`` (1 where the label is a trained response token, and
-      ``is_weight``, ``trained``, ``tis_fresh``, ``tis_clipped``: ``dapo_step.weigh_samples``),
+      ``is_weight``, ``trained``, ``tis_fresh``, ``tis_clipped``: ``token_weights.weigh_items``),
       ``resp_mask`` (1 where it is any response token), ``old_logprobs`` and
       ``ref_logprobs`` (of the label token), ``engine_logprobs`` (the rollout engine's, else
       the old ones), ``stale`` (1 on the ``stale_len`` leading response tokens generated
@@ -184,7 +185,7 @@ def pack_samples(samples: Sequence[dict], multiple: int = 1) -> dict:
         raise ValueError("pack_samples: no samples")
     if multiple < 1:
         raise ValueError(f"pack_samples: multiple must be >= 1, got {multiple}")
-    lens = [len(s["tokens"]) for s in samples]
+    lens = [s.n_tokens for s in samples]
     plens = [padded_len(n, multiple) for n in lens]
     T = sum(plens)
     tokens = torch.zeros(1, T, dtype=torch.long)
@@ -197,30 +198,26 @@ def pack_samples(samples: Sequence[dict], multiple: int = 1) -> dict:
     adv = torch.zeros(1, T)
     eng, stale = torch.zeros(1, T), torch.zeros(1, T)
     weight, trained, fresh, clipped = (torch.zeros(1, T) for _ in range(4))
-    has_ref = all(s.get("ref_logprobs") is not None for s in samples)
+    has_ref = all(s.ref_logprobs is not None for s in samples)
     off = 0
     for s, n, pn in zip(samples, lens, plens):
-        p = int(s["prompt_len"])
-        if not 1 <= p <= n:
-            raise ValueError(f"pack_samples: prompt_len {p} outside 1..{n} (len(tokens))")
-        ids = torch.as_tensor(s["tokens"], dtype=torch.long)
+        p = s.prompt_len
+        ids = s.tokens
         tokens[0, off : off + n] = ids
         labels[0, off : off + n - 1] = ids[1:]
         pos[0, off : off + pn] = torch.arange(pn)
         # label position t scores token t+1: response tokens p..n-1 sit at label positions p-1..n-2
-        resp_mask[0, off + p - 1 : off + n - 1] = 1
         a, b = off + p - 1, off + n - 1
+        resp_mask[0, a:b] = 1
         token_weights_into(s, n - p, loss_mask[0, a:b], weight[0, a:b], trained[0, a:b], fresh[0, a:b], clipped[0, a:b])
-        if s.get("old_logprobs") is not None:
-            old[0, off + p - 1 : off + n - 1] = torch.as_tensor(s["old_logprobs"], dtype=torch.float32)
+        if s.old_logprobs is not None:
+            old[0, a:b] = s.old_logprobs
         if has_ref:
-            ref[0, off + p - 1 : off + n - 1] = torch.as_tensor(s["ref_logprobs"], dtype=torch.float32)
-        e = s.get("engine_logprobs")  # the engine's logprobs (else the old ones: importance ratio 1)
-        eng[0, off + p - 1 : off + n - 1] = (
-            torch.as_tensor(e, dtype=torch.float32) if e is not None and len(e) == n - p else old[0, off + p - 1 : off + n - 1]
-        )
-        stale[0, off + p - 1 : off + p - 1 + min(int(s.get("stale_len", 0)), n - p)] = 1
-        adv[0, off : off + pn] = float(s.get("advantage", 0.0))
+            ref[0, a:b] = s.ref_logprobs
+        # the engine's logprobs (else the old ones: importance ratio 1)
+        eng[0, a:b] = s.engine_logprobs if s.engine_logprobs is not None else old[0, a:b]
+        stale[0, a : a + min(s.stale_len, n - p)] = 1
+        adv[0, off : off + pn] = s.advantage
         off += pn
     out = {
         "tokens": tokens, "labels": labels, "position_ids": pos, "loss_mask": loss_mask, "resp_mask": resp_mask,
@@ -230,26 +227,26 @@ def pack_samples(samples: Sequence[dict], multiple: int = 1) -> dict:
     }
     if has_ref:
         out["ref_logprobs"] = ref
-    if any(s.get("routed_experts") is not None for s in samples):  # routing replay: [1, T, layers, k]
+    if any(s.routed_experts is not None for s in samples):  # routing replay: [1, T, layers, k]
         rows = routing_rows(samples, plens)
         out["routed_experts"] = torch.cat([rows[i, :pn] for i, pn in enumerate(plens)]).unsqueeze(0)
     return out
 
 
-def routing_rows(samples: list, widths: list) -> Optional[torch.Tensor]:
-    """Routing replay: the samples' engine routing ``[n, widths[i], layers, top_k]`` int16, one
+def routing_rows(samples: Sequence[TrainItem], widths: list) -> Optional[torch.Tensor]:
+    """Routing replay: the items' engine routing ``[n, widths[i], layers, top_k]`` int16, one
     row per input position (``training/routing_replay.py``): the engine's experts where it gave
     them (prompt and response tokens; the last token has none), ``FREE`` (-1) on a sample's other
-    positions, ``PAD`` (-2) beyond its tokens. None when no sample has routing."""
-    have = [x.get("routed_experts") for x in samples if x.get("routed_experts") is not None]
+    positions, ``PAD`` (-2) beyond its tokens. None when no item has routing."""
+    have = [x.routed_experts for x in samples if x.routed_experts is not None]
     if not have:
         return None
     L, k = have[0].shape[1:]
     out = torch.full((len(samples), max(widths), L, k), -2, dtype=torch.int16)
     for i, x in enumerate(samples):
-        n = len(x["tokens"])
+        n = x.n_tokens
         out[i, :n] = -1
-        r = x.get("routed_experts")
+        r = x.routed_experts
         if r is not None:
             m = min(r.shape[0], n)
             out[i, :m] = torch.as_tensor(r[:m], dtype=torch.int16)
@@ -332,7 +329,7 @@ def to_grid(values: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, shape)
     return out.index_put((rows.to(v.device), cols.to(v.device)), v)
 
 
-def packed_microbatch(samples: Sequence[dict], multiple: int = 1, cp_size: int = 1, cp_rank: int = 0) -> dict:
+def packed_microbatch(samples: Sequence[TrainItem], multiple: int = 1, cp_size: int = 1, cp_rank: int = 0) -> dict:
     """One packed micro-batch of ``samples`` as CP rank ``cp_rank`` feeds it to the model.
 
     :func:`pack_samples` (``multiple`` from :func:`pad_multiple`), then :func:`split_for_cp`,

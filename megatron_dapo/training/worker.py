@@ -15,6 +15,7 @@ import torch
 
 from ..config.schema import DAPOConfig
 from ..models.provider import ModelBuildOptions, use_te_for
+from .item import TrainItem
 
 
 def _node_ip() -> Optional[str]:
@@ -207,7 +208,7 @@ class PolicyWorker:
         from .dapo_step import compute_logprobs
 
         o = self.cfg.optim
-        items = [{"tokens": list(s), "prompt_len": 1} for s in sequences]
+        items = [TrainItem(tokens=list(s), prompt_len=1) for s in sequences]
         return compute_logprobs(self.policy, items, self.arch.vocab_size, o.micro_batch_size, o.max_tokens_per_gpu,
                                 packing=o.use_packing)
 

@@ -1,6 +1,6 @@
 """One importance weight per token: every --tis-mode x --partial-rollout-offpolicy combination
 against a hand computation with rho != 1 (algo.tis.loss_token_weights), and the loss that the
-trainer builds from it (weigh_samples -> collate / pack -> dapo_loss_fn): a stale token never
+trainer builds from it (weigh_items -> collate / pack -> dapo_loss_fn): a stale token never
 gets the TIS weight on top of its off-policy weight, and a token that carries no gradient
 leaves the token-mean denominator."""
 
@@ -17,7 +17,8 @@ from megatron_dapo.algo import AlgorithmConfig, policy_loss
 from megatron_dapo.algo.tis import TIS_MODES, TIS_SEQ_CAP_DEFAULT, loss_token_weights
 from megatron_dapo.training import dapo_step, logprobs
 from megatron_dapo.training import packing as pk
-from megatron_dapo.training.token_weights import weigh_samples
+from megatron_dapo.training.item import TrainItem
+from megatron_dapo.training.token_weights import weigh_items
 
 C = 2.0
 # sample 0: two stale tokens (rho 3 and 0.6), then two fresh ones (rho 1.5 and 0.4);
@@ -113,16 +114,15 @@ def _samples():
     for i, (rho, k) in enumerate(zip(RHO, STALE)):
         toks = [1, 2] + [3 + (t + i) % 4 for t in range(len(rho))]
         old = [lp[i, 1 + t, toks[2 + t]].item() for t in range(len(rho))]
-        out.append({"tokens": toks, "prompt_len": 2, "advantage": (1.0, -0.5)[i], "train": True,
-                    "old_logprobs": old, "engine_logprobs": [o - math.log(r) for o, r in zip(old, rho)],
-                    "stale_len": k})
+        out.append(TrainItem(tokens=toks, prompt_len=2, advantage=(1.0, -0.5)[i], train=True, old_logprobs=old,
+                             engine_logprobs=[o - math.log(r) for o, r in zip(old, rho)], stale_len=k))
     return out
 
 
 @pytest.mark.parametrize("mode,offpolicy", list(itertools.product(TIS_MODES, OFFPOLICY)))
 def test_the_trainers_loss_is_the_hand_weighted_token_mean(mode, offpolicy):
     algo = AlgorithmConfig(tis_mode=mode, tis_cap=C, tis_seq_cap=2.0)
-    samples = weigh_samples(_samples(), algo, offpolicy)
+    samples = weigh_items(_samples(), algo, offpolicy)
     batch = dapo_step.collate(samples)
     n_tok = float(batch["loss_mask"].sum())
     logits = _logits(tuple(batch["tokens"].shape))
@@ -149,7 +149,7 @@ def test_the_trainers_loss_is_the_hand_weighted_token_mean(mode, offpolicy):
 
 def _packed_logits(samples, padded_logits):
     """The padded batch's logits laid out like a packed row (same logits per token)."""
-    rows = [padded_logits[i, : len(x["tokens"])] for i, x in enumerate(samples)]
+    rows = [padded_logits[i, : x.n_tokens] for i, x in enumerate(samples)]
     return torch.cat(rows, 0).unsqueeze(0)
 
 

@@ -137,8 +137,10 @@ def test_the_trainers_loss_runs_each_registered_loss_padded_and_packed(name, mon
     V = 7
     agg = (POLICY_LOSSES.get(name).aggregation or ("token-mean",))[0]
     algo = AlgorithmConfig(policy_loss=name, loss_agg_mode=agg)
-    samples = [{"tokens": [1, 2, 3, 4, 5], "prompt_len": 2, "advantage": 1.0, "old_logprobs": [-1.0, -2.0, -1.5]},
-               {"tokens": [2, 3, 6, 1], "prompt_len": 2, "advantage": -0.5, "old_logprobs": [-0.5, -2.5]}]
+    from megatron_dapo.training.item import TrainItem
+
+    samples = [TrainItem(tokens=[1, 2, 3, 4, 5], prompt_len=2, advantage=1.0, old_logprobs=[-1.0, -2.0, -1.5]),
+               TrainItem(tokens=[2, 3, 6, 1], prompt_len=2, advantage=-0.5, old_logprobs=[-0.5, -2.5])]
     batch = dapo_step.collate(samples)
     logits = torch.randn(2, 5, V, generator=torch.Generator().manual_seed(0), dtype=torch.float32).requires_grad_(True)
     loss, _ = dapo_step.dapo_loss_fn(algo, V, float(batch["loss_mask"].sum()), 2.0)(batch, logits)

@@ -23,9 +23,9 @@ class FakeRank:
         self.calls = []
         self.info_dict = {"rank": rank, "dp_rank": (rank // tp) % dp, "dp_size": dp,
                           "last_stage": rank // (tp * dp) == pp - 1, "pid": 1000 + rank, "node_ip": "10.0.0.1"}
-        lp = lambda items: [[rank + 0.5] * (len(x["tokens"]) - x["prompt_len"]) for x in items]  # noqa: E731
+        lp = lambda items: [[rank + 0.5] * x.response_len for x in items]  # noqa: E731
         out = lambda shards, inject_nan=False: [  # noqa: E731
-            {"sums": {"loss": (float(sum(len(x["tokens"]) for x in sh)), float(len(sh)))}, "ratio_max": 1.0 + rank,
+            {"sums": {"loss": (float(sum(x.n_tokens for x in sh)), float(len(sh)))}, "ratio_max": 1.0 + rank,
              "grad_norm": 0.5, "update_successful": not inject_nan, "lr": 1e-6} for sh in shards]
         for name, fn in {"compute_logprobs": lp, "compute_ref_logprobs": lp, "train": out,
                          "load": lambda d: None, "save": lambda d, m: None, "export_hf": lambda d: [],

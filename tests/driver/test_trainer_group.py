@@ -33,7 +33,7 @@ def test_logprobs_are_sharded_by_dp_rank_and_read_from_each_reporter():
     by_dp = {}
     for r in ranks:  # every rank of a DP rank got the same shard, one call each
         (shard,), = r.sent("compute_logprobs")
-        by_dp.setdefault(r.info_dict["dp_rank"], []).append([x["advantage"] for x in shard])
+        by_dp.setdefault(r.info_dict["dp_rank"], []).append([x.advantage for x in shard])
     for shards in by_dp.values():
         assert all(s == shards[0] for s in shards)
     assert sorted(t for s in by_dp.values() for t in s[0]) == list(range(6))  # each sample on one DP rank
@@ -65,7 +65,7 @@ def test_train_sends_each_rank_its_dp_shard_of_every_minibatch_and_reduces_the_o
         calls = r.sent("train")
         assert len(calls) == 2 and all(len(args[0]) == 1 for args in calls)
     for k, mb in enumerate(mbs):  # the TP peers of a DP rank train on the same shard; the shards cover mb
-        shards = [[x["advantage"] for x in r.sent("train")[k][0][0]] for r in ranks]
+        shards = [[x.advantage for x in r.sent("train")[k][0][0]] for r in ranks]
         assert shards[0] == shards[1] and shards[2] == shards[3]
         assert sorted(shards[0] + shards[2]) == sorted(s.advantage for s in mb)
     total_tokens = sum(len(s.response_ids) + 2 for s in samples)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from megatron_dapo.rollout.base import KV_CACHE, WEIGHTS
+from megatron_dapo.training.item import TrainItem
 
 
 def hf_config_obj(hf_cfg: dict):
@@ -296,11 +299,11 @@ def phase_order(hf_dir: str, steps: int = 2):
             _expect(EngineReleasedError, engine.update_weights, []),
             _expect(EngineReleasedError, engine.score, [[1, 2]], [1]),
         ))
-        sample = {"tokens": [5, 6, 7] + list(out.output_ids), "prompt_len": 3}
-        sample["old_logprobs"] = worker.compute_logprobs([sample])[0]
-        batch = [dict(sample, advantage=1.0), dict(sample, advantage=-0.5 - k)]
+        sample = TrainItem(tokens=[5, 6, 7] + list(out.output_ids), prompt_len=3)
+        sample.old_logprobs = torch.tensor(worker.compute_logprobs([sample])[0])
+        batch = [replace(sample, advantage=1.0), replace(sample, advantage=-0.5 - k)]
         res.setdefault("train", []).append(worker.train([batch])[0]["update_successful"])
-        res["probe"].append(hybrid.to_rollout(engines, probe=[sample["tokens"]])["probe_max_abs"])
+        res["probe"].append(hybrid.to_rollout(engines, probe=[sample.tokens.tolist()])["probe_max_abs"])
     res["events"] = list(hybrid.events)
     res["calls"] = list(engine.calls)
     return res

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 
@@ -28,7 +30,7 @@ def replay_logprobs(hf_cfg: dict, sd: dict, samples: list, ep: int, packing: boo
             rr.set_replay(model, on)
             lps = ds.compute_logprobs(model, samples, arch.vocab_size, len(samples), 256 if packing else None, packing=packing)
             if on and not packing:  # one padded micro-batch: the routers' last call saw all of it
-                want = rr.token_major(pk.routing_rows(samples, [max(len(x["tokens"]) for x in samples)] * len(samples)))
+                want = rr.token_major(pk.routing_rows(samples, [max(x.n_tokens for x in samples)] * len(samples)))
                 equal = True
                 for r in rr.replay_routers(model):
                     t = want[:, r.layer].long()
@@ -64,10 +66,9 @@ def replay_train_step(hf_cfg: dict, sd: dict, samples: list, recompute: bool, re
     policy.optimizer.reload_model_params()
     rr.install(policy.model)
     rr.set_replay(policy.model, replay)
-    mine = [dict(s, advantage=1.0 if i % 2 else -1.0) for i, s in enumerate(samples)][dist.get_rank()::2]
+    mine = [replace(s, advantage=1.0 if i % 2 else -1.0) for i, s in enumerate(samples)][dist.get_rank()::2]
     old = ds.compute_logprobs(policy, mine, policy.arch.vocab_size, 2)
-    for s, lp in zip(mine, old):
-        s["old_logprobs"] = lp
+    mine = [replace(s, old_logprobs=lp) for s, lp in zip(mine, old)]
     out = ds.train_on_minibatch(policy, mine, AlgorithmConfig(), policy.arch.vocab_size, 1)
     assert all(not r.replay_backward_list for r in rr.replay_routers(policy.model))  # every target consumed/cleared
     return {"grad_norm": out["grad_norm"], "routing": out["routing"]["stats"]} if dist.get_rank() == 0 else None

@@ -104,7 +104,7 @@ def test_partial_rollout_carry_over_and_state_dict(tmp_path):
     back = CarryOver()
     back.load_state_dict(torch.load(tmp_path / "st.pt", weights_only=False))
     assert torch.equal(back.pending[0].samples[0].routed_experts, r)
-    assert back.pending[0].samples[0].to_worker()["routed_experts"] is not None
+    assert back.pending[0].samples[0].to_item().routed_experts is not None
     # a prefix that came back without routing takes the continuation's rows of it
     s2 = _sample(prompt)
     extend_sample(s2, dataclasses_replace(first, finish_reason="abort", routed_experts=None), step=1, max_len=8)
@@ -137,15 +137,16 @@ def _perturbed_engine_samples(n=4, new=10):
     eng = HFEngine((engine.config, dict(engine.state_dict())), seed=1)
     prompts = [torch.randint(0, cfg["vocab_size"], (5 + i,), generator=g).tolist() for i in range(n)]
     outs = eng.generate(prompts, SamplingParams(max_new_tokens=new, seed=5, ignore_eos=True, return_routed_experts=True))
-    samples = [{"tokens": o.prompt_ids + o.output_ids, "prompt_len": len(o.prompt_ids), "advantage": 0.0,
-                "train": True, "old_logprobs": None, "ref_logprobs": None, "engine_logprobs": o.logprobs,
-                "stale_len": 0, "routed_experts": o.routed_experts} for (o,) in outs]
+    from megatron_dapo.training.item import TrainItem
+
+    samples = [TrainItem(tokens=o.prompt_ids + o.output_ids, prompt_len=len(o.prompt_ids), engine_logprobs=o.logprobs,
+                         routed_experts=o.routed_experts) for (o,) in outs]
     return samples, cfg, checkpoint_state_dict(trainer)
 
 
 def _gap(lps, samples):
-    return sum(abs(a - b) for x, s in zip(lps, samples) for a, b in zip(x, s["engine_logprobs"])) / sum(
-        len(s["engine_logprobs"]) for s in samples)
+    return sum(abs(a - b) for x, s in zip(lps, samples) for a, b in zip(x, s.engine_logprobs.tolist())) / sum(
+        len(s.engine_logprobs) for s in samples)
 
 
 import pytest  # noqa: E402
@@ -168,7 +169,7 @@ def test_replay_equals_recorded_routing_and_shrinks_gap(gloo, ep, packing, cp, p
     assert float(agree.min()) < 1.0  # the perturbed routers route some tokens differently
     assert gap_on < 0.5 * gap_off, (gap_on, gap_off)
     # loads count every real token's top-2 of both layers; entropy within (0, log 8]
-    n_tokens = sum(len(s["tokens"]) for s in samples)
+    n_tokens = sum(s.n_tokens for s in samples)
     assert torch.equal(st_on[:, 4:].sum(1), torch.full((2,), 2.0 * n_tokens, dtype=torch.float64))
     ent = st_on[:, 2] / st_on[:, 3]
     assert bool(((ent > 0) & (ent <= torch.log(torch.tensor(8.0)) + 1e-6)).all())
@@ -324,13 +325,14 @@ def test_routing_rows_follow_the_tokens_padded_packed_cp_and_sp():
     positions without engine routing, -2 on padding."""
     from megatron_dapo.training import dapo_step as ds
     from megatron_dapo.training import packing as pk
+    from megatron_dapo.training.item import TrainItem
     from megatron_dapo.training.routing_replay import token_major
 
     def sample(n, p):
         toks = list(range(10 * n, 10 * n + n))
         r = torch.tensor(toks[:-1], dtype=torch.int16).view(-1, 1, 1).expand(n - 1, 2, 2).clone()  # row t = token t
-        return {"tokens": toks, "prompt_len": p, "advantage": 1.0, "train": True, "old_logprobs": [0.0] * (n - p),
-                "ref_logprobs": None, "engine_logprobs": [0.0] * (n - p), "stale_len": 0, "routed_experts": r}
+        return TrainItem(tokens=toks, prompt_len=p, advantage=1.0, old_logprobs=[0.0] * (n - p),
+                         engine_logprobs=[0.0] * (n - p), routed_experts=r)
 
     def check(tokens, routed):
         have = routed[..., 0, 0] >= 0
@@ -349,6 +351,6 @@ def test_routing_rows_follow_the_tokens_padded_packed_cp_and_sp():
         pmb = pk.packed_microbatch(samples, multiple=4, cp_size=2, cp_rank=cp_rank)
         assert pmb["routed_experts"].shape[:2] == pmb["tokens"].shape
         check(pmb["tokens"], pmb["routed_experts"])
-    samples[1]["routed_experts"] = None  # a sample without routing routes freely
+    samples[1].routed_experts = None  # a sample without routing routes freely
     mb = ds.collate(samples)
     assert bool((mb["routed_experts"][1, :5] == -1).all())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from megatron_dapo.training.item import TrainItem
+
 
 def tempered_logprobs_vs_hf(hf_cfg: dict, tp: int, temperature: float):
     """compute_logprobs / entropy at ``temperature`` vs log_softmax(HF logits / T) (last stage)."""
@@ -17,7 +19,7 @@ def tempered_logprobs_vs_hf(hf_cfg: dict, tp: int, temperature: float):
     hf, model, arch, _ = build_from_hf(hf_cfg, tp, 1)
     g = torch.Generator().manual_seed(3)
     seqs = [torch.randint(0, arch.vocab_size, (n,), generator=g).tolist() for n in (9, 6)]
-    samples = [{"tokens": s, "prompt_len": 3} for s in seqs]
+    samples = [TrainItem(tokens=s, prompt_len=3) for s in seqs]
     got = compute_logprobs(model, samples, arch.vocab_size, micro_batch_size=2, temperature=temperature)
     ents = []
 
@@ -54,7 +56,7 @@ def sequence_parallel_padding(hf_cfg: dict, tp: int):
     plain = sequence_pad_multiple(model)
     unwrap(model).config.sequence_parallel = True
     sp = sequence_pad_multiple(model)
-    samples = [{"tokens": list(range(1, n + 1)), "prompt_len": 2} for n in (5, 7, 9)]
+    samples = [TrainItem(tokens=list(range(1, n + 1)), prompt_len=2) for n in (5, 7, 9)]
     lens = [mb["tokens"].shape[1] for mb in make_microbatches(samples, 2, None, sp)]
     return {"plain": plain, "sp": sp, "lens": lens}
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
+
+from megatron_dapo.training.item import TrainItem
 
 
 def _samples(vocab: int, n: int = 5, seed: int = 5):
@@ -12,8 +16,8 @@ def _samples(vocab: int, n: int = 5, seed: int = 5):
     out = []
     for i, L in enumerate(lens):
         toks = torch.randint(3, vocab, (L,), generator=g).tolist()
-        out.append({"tokens": toks, "prompt_len": 2 + i % 3, "advantage": float(torch.randn(1, generator=g)),
-                    "train": i != 2})
+        out.append(TrainItem(tokens=toks, prompt_len=2 + i % 3, advantage=float(torch.randn(1, generator=g)),
+                             train=i != 2))
     return out
 
 
@@ -43,8 +47,8 @@ def _logprobs_and_grads(model, arch, samples, packing: bool, max_tokens):
 
     lps = ds.compute_logprobs(model, samples, arch.vocab_size, 2, max_tokens, packing=packing)
     algo = AlgorithmConfig(entropy_coef=0.01)
-    g_tok = float(sum(len(s["tokens"]) - s["prompt_len"] for s in samples if s["train"]))
-    g_seq = float(sum(1 for s in samples if s["train"]))
+    g_tok = float(sum(s.response_len for s in samples if s.train))
+    g_seq = float(sum(1 for s in samples if s.train))
     if packing or ps.get_context_parallel_world_size() > 1:
         mbs, _ = ds.make_packed_microbatches(model, samples, max_tokens)
     else:
@@ -60,7 +64,7 @@ def _logprobs_and_grads(model, arch, samples, packing: bool, max_tokens):
 
 def _with_old(samples, lps, seed=9):
     g = torch.Generator().manual_seed(seed)
-    return [dict(s, old_logprobs=(torch.tensor(lp) + 0.05 * torch.randn(len(lp), generator=g)).tolist())
+    return [replace(s, old_logprobs=torch.tensor(lp) + 0.05 * torch.randn(len(lp), generator=g))
             for s, lp in zip(samples, lps)]
 
 
@@ -81,7 +85,7 @@ def packed_vs_padded(hf_cfg: dict, tp: int, pp: int):
     out = {"grad": _diff(g_pad, g_pack), "grad_scale": max(float(t.abs().max()) for t in g_pad.values()),
            "n_mb": (n_pad, n_pack), "lp": None}
     if ps.is_pipeline_last_stage():
-        assert [len(x) for x in lp_pad] == [len(s["tokens"]) - s["prompt_len"] for s in samples]
+        assert [len(x) for x in lp_pad] == [s.response_len for s in samples]
         out["lp"] = max(max(abs(a - b) for a, b in zip(x, y)) for x, y in zip(lp_pad, lp_pack))
     return out
 
@@ -118,7 +122,7 @@ def cp_vs_no_cp(hf_cfg: dict, tp: int, cp: int):
     gn_ref = float(torch.sqrt(sum((t.double() ** 2).sum() for t in g_ref.values())))
     gn_cp = float(torch.sqrt(sum((t.double() ** 2).sum() for t in g_cp.values())))
     return {"lp": lp, "grad": _diff(g_ref, g_cp), "grad_norm": (gn_ref, gn_cp), "n_mb": n_mb,
-            "lens": [len(x) for x in lp_cp] == [len(s["tokens"]) - s["prompt_len"] for s in samples]}
+            "lens": [len(x) for x in lp_cp] == [s.response_len for s in samples]}
 
 
 def chunked_logprobs_tp(seed: int = 0):
@@ -171,8 +175,7 @@ def minibatch_step(hf_cfg: dict, cp: int, packing: bool, shard: bool):
     policy.optimizer.reload_model_params()
     samples = _samples(policy.arch.vocab_size, n=6)
     g = torch.Generator().manual_seed(9)
-    samples = [dict(s, old_logprobs=(-3.0 + 0.3 * torch.randn(len(s["tokens"]) - s["prompt_len"], generator=g)).tolist())
-               for s in samples]
+    samples = [replace(s, old_logprobs=-3.0 + 0.3 * torch.randn(s.response_len, generator=g)) for s in samples]
     if shard:
         samples = dp_shards(samples, ps.get_data_parallel_world_size())[ps.get_data_parallel_rank()]
     out = train_on_minibatch(policy, samples, AlgorithmConfig(entropy_coef=0.01), policy.arch.vocab_size, 2, 48,
@@ -190,10 +193,9 @@ def _pin_samples(vocab: int):
     g = torch.Generator().manual_seed(11)
     out = []
     for i, s in enumerate(samples):
-        n = len(s["tokens"]) - s["prompt_len"]
-        out.append(dict(s, engine_logprobs=(-3.0 + 0.3 * torch.randn(n, generator=g)).tolist(),
-                        ref_logprobs=(-3.0 + 0.3 * torch.randn(n, generator=g)).tolist(),
-                        stale_len=3 if i == 1 else 0))
+        n = s.response_len
+        out.append(replace(s, engine_logprobs=-3.0 + 0.3 * torch.randn(n, generator=g),
+                           ref_logprobs=-3.0 + 0.3 * torch.randn(n, generator=g), stale_len=3 if i == 1 else 0))
     return out
 
 
@@ -220,7 +222,7 @@ def pinned_step(hf_cfg: dict, packing: bool):
     budget = 40 if packing else None
     lps = compute_logprobs(policy, samples, V, 2, budget, temperature=0.9, packing=packing)
     g = torch.Generator().manual_seed(9)
-    samples = [dict(s, old_logprobs=(torch.tensor(lp) + 0.05 * torch.randn(len(lp), generator=g)).tolist())
+    samples = [replace(s, old_logprobs=torch.tensor(lp) + 0.05 * torch.randn(len(lp), generator=g))
                for s, lp in zip(samples, lps)]
     algo = AlgorithmConfig(entropy_coef=0.01, kl_coef=0.05, tis_mode="token-truncate", tis_cap=1.5)
     out = train_on_minibatch(policy, samples, algo, V, 2, budget, temperature=0.9, packing=packing,

@@ -11,6 +11,8 @@ saving layout.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from tests.training.packing_bodies import _samples
@@ -42,8 +44,7 @@ def _minibatch(vocab: int, step: int) -> list:
     """Mini-batch ``step`` (the same at every layout): 6 samples with fixed old logprobs."""
     samples = _samples(vocab, n=6, seed=100 + step)
     g = torch.Generator().manual_seed(200 + step)
-    return [dict(s, old_logprobs=(-3.0 + 0.3 * torch.randn(len(s["tokens"]) - s["prompt_len"], generator=g)).tolist())
-            for s in samples]
+    return [replace(s, old_logprobs=-3.0 + 0.3 * torch.randn(s.response_len, generator=g)) for s in samples]
 
 
 def _train_step(policy, step: int) -> dict:

@@ -12,7 +12,8 @@ import torch
 from megatron_dapo.algo import AlgorithmConfig
 from megatron_dapo.training import dapo_step, logprobs
 from megatron_dapo.training import packing as pk
-from megatron_dapo.training.token_weights import weigh_samples
+from megatron_dapo.training.item import TrainItem
+from megatron_dapo.training.token_weights import weigh_items
 
 V = 7
 
@@ -29,19 +30,19 @@ def _logits(shape):
 
 
 def _samples():
-    a = {"tokens": [1, 2, 3, 4, 5, 6], "prompt_len": 2, "advantage": 1.0, "train": True}
-    b = {"tokens": [3, 1, 4, 1, 5], "prompt_len": 2, "advantage": -1.0, "train": True}
+    a = ([1, 2, 3, 4, 5, 6], 1.0)
+    b = ([3, 1, 4, 1, 5], -1.0)
     lp = torch.log_softmax(_logits((2, 6)), -1)  # the padded batch is [2, 6]
-    for i, x in enumerate((a, b)):
-        p, n = x["prompt_len"], len(x["tokens"])
+    out = []
+    for i, (toks, adv) in enumerate((a, b)):
         # old = the current policy's logprobs (ratio 1: no clipping), engine = old
-        x["old_logprobs"] = [lp[i, t - 1, x["tokens"][t]].item() for t in range(p, n)]
-        x["engine_logprobs"] = list(x["old_logprobs"])
-    return [a, b]
+        old = [lp[i, t - 1, toks[t]].item() for t in range(2, len(toks))]
+        out.append(TrainItem(tokens=toks, prompt_len=2, advantage=adv, old_logprobs=old, engine_logprobs=old))
+    return out
 
 
 def _loss_and_grad(samples, algo, offpolicy=None):
-    batch = dapo_step.collate(weigh_samples(samples, algo, offpolicy))
+    batch = dapo_step.collate(weigh_items(samples, algo, offpolicy))
     logits = _logits(tuple(batch["tokens"].shape)).requires_grad_(True)
     n_tok = float(batch["loss_mask"].sum())
     loss, stats = dapo_step.dapo_loss_fn(algo, V, n_tok, 2.0)(batch, logits)
@@ -53,7 +54,7 @@ def _loss_and_grad(samples, algo, offpolicy=None):
 def test_stale_tokens_masked_contribute_no_loss_and_no_gradient():
     algo = AlgorithmConfig()
     samples = _samples()
-    samples[0]["stale_len"] = 2  # response tokens 0, 1 of sample a (tokens 3, 4 at positions 2, 3)
+    samples[0].stale_len = 2  # response tokens 0, 1 of sample a (tokens 3, 4 at positions 2, 3)
     loss, grad, stats = _loss_and_grad(samples, algo, offpolicy="mask")
     assert grad[0, 1].item() == 0.0 and grad[0, 2].item() == 0.0  # score tokens 2 and 3
     assert grad[0, 3].item() > 0 and grad[1, 1].item() > 0
@@ -72,7 +73,7 @@ def test_stale_tokens_masked_contribute_no_loss_and_no_gradient():
 @pytest.mark.parametrize("mode", ["token-truncate", "token-mask"])
 def test_tis_weights_scale_the_token_losses(mode):
     samples = _samples()
-    samples[1]["engine_logprobs"][1] = samples[1]["old_logprobs"][1] - math.log(3.0)  # rho = 3 > C = 2
+    samples[1].engine_logprobs[1] = samples[1].old_logprobs[1] - math.log(3.0)  # rho = 3 > C = 2
     algo = AlgorithmConfig(tis_mode=mode, tis_cap=2.0)
     base, g_base, _ = _loss_and_grad(_samples(), AlgorithmConfig())
     loss, grad, stats = _loss_and_grad(samples, algo)
@@ -94,10 +95,10 @@ def test_tis_weights_scale_the_token_losses(mode):
 
 def test_packed_rows_carry_engine_logprobs_and_stale_prefix():
     samples = _samples()
-    samples[0]["stale_len"] = 3
-    samples[1]["engine_logprobs"] = None  # none: the old logprobs stand in (ratio 1)
+    samples[0].stale_len = 3
+    samples[1].engine_logprobs = None  # none: the old logprobs stand in (ratio 1)
     row = pk.pack_samples(samples)
     # sample a: response tokens at label positions 1..4; sample b at 6 + 1 .. 6 + 3
     assert row["stale"][0].tolist() == [0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0]
     assert torch.equal(row["engine_logprobs"][0, 7:10], row["old_logprobs"][0, 7:10])
-    assert row["engine_logprobs"][0, 1:5].tolist() == pytest.approx(samples[0]["engine_logprobs"])
+    assert row["engine_logprobs"][0, 1:5].tolist() == pytest.approx(samples[0].engine_logprobs.tolist())

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from megatron_dapo.training import packing as pk
+from megatron_dapo.training.item import TrainItem
 
 
 def _dapo_like_lengths(n, seed=0):
@@ -62,9 +63,8 @@ def test_pack_microbatches_respects_budget_and_is_near_minimal():
 
 
 def test_pack_samples_layout():
-    samples = [{"tokens": [5, 6, 7, 8, 9], "prompt_len": 2, "advantage": 1.5, "old_logprobs": [-1.0, -2.0, -3.0]},
-               {"tokens": [11, 12, 13], "prompt_len": 1, "advantage": -0.5, "train": False,
-                "old_logprobs": [-4.0, -5.0]}]
+    samples = [TrainItem(tokens=[5, 6, 7, 8, 9], prompt_len=2, advantage=1.5, old_logprobs=[-1.0, -2.0, -3.0]),
+               TrainItem(tokens=[11, 12, 13], prompt_len=1, advantage=-0.5, train=False, old_logprobs=[-4.0, -5.0])]
     b = pk.pack_samples(samples, multiple=4)
     assert b["seqlens_padded"] == [8, 4] and b["cu_seqlens"].tolist() == [0, 8, 12]
     assert b["tokens"][0].tolist() == [5, 6, 7, 8, 9, 0, 0, 0, 11, 12, 13, 0]
@@ -76,7 +76,7 @@ def test_pack_samples_layout():
     assert b["old_logprobs"][0, 1:4].tolist() == [-1.0, -2.0, -3.0] and b["old_logprobs"][0, 8:10].tolist() == [-4.0, -5.0]
     assert b["advantages"][0, 0] == 1.5 and b["advantages"][0, 9] == -0.5
     with pytest.raises(ValueError, match="prompt_len"):
-        pk.pack_samples([{"tokens": [1, 2], "prompt_len": 3}])
+        TrainItem(tokens=[1, 2], prompt_len=3)
 
 
 def test_pad_multiple():
@@ -101,8 +101,8 @@ def test_zigzag_split_matches_transformer_engine_order_and_inverts():
 
 
 def test_packed_microbatch_counts_and_grid():
-    samples = [{"tokens": list(range(1, 10)), "prompt_len": 3}, {"tokens": list(range(1, 6)), "prompt_len": 2,
-                                                                  "train": False}]
+    samples = [TrainItem(tokens=list(range(1, 10)), prompt_len=3), TrainItem(tokens=list(range(1, 6)), prompt_len=2,
+                                                                            train=False)]
     mb = pk.packed_microbatch(samples, multiple=4, cp_size=2, cp_rank=1)
     assert mb["tokens"].shape == (1, (12 + 8) // 2)
     assert mb["n_loss_tokens"] == 6 and mb["n_loss_seqs"] == 1  # whole sequences, not this rank's share
@@ -194,17 +194,18 @@ def test_dp_shards_balance_tokens_not_counts():
     from megatron_dapo.driver.batch import dp_shards
 
     lens = _dapo_like_lengths(64, seed=7)
-    mb = [{"tokens": [1] * n, "id": i} for i, n in enumerate(lens)]
+    mb = [TrainItem(tokens=[1] * n, prompt_len=1, advantage=i) for i, n in enumerate(lens)]  # advantage: an id
     shards = dp_shards(mb, 4)
-    assert sorted(x["id"] for s in shards for x in s) == list(range(64))
-    assert all(s and [x["id"] for x in s] == sorted(x["id"] for x in s) for s in shards)
-    loads = [sum(len(x["tokens"]) for x in s) for s in shards]
+    assert sorted(x.advantage for s in shards for x in s) == list(range(64))
+    assert all(s and [x.advantage for x in s] == sorted(x.advantage for x in s) for s in shards)
+    loads = [sum(x.n_tokens for x in s) for s in shards]
     assert pk.imbalance(loads) < 1.01
     # splitting by counts (16 each, in arrival order) is far worse on this mix
     naive = [sum(lens[r * 16 : (r + 1) * 16]) for r in range(4)]
     assert pk.imbalance(loads) < pk.imbalance(naive)
     # one long sample: the other ranks share the rest, every rank keeps at least one
-    shards = dp_shards([{"tokens": [1] * 1000}] + [{"tokens": [1] * 10} for _ in range(7)], 4)
+    long_one = TrainItem(tokens=[1] * 1000, prompt_len=1)
+    shards = dp_shards([long_one] + [TrainItem(tokens=[1] * 10, prompt_len=1) for _ in range(7)], 4)
     assert sorted(len(s) for s in shards) == [1, 2, 2, 3]
     with pytest.raises(ValueError, match="smaller than DP size"):
         dp_shards(mb[:3], 4)

@@ -72,7 +72,9 @@ def test_dp_token_counts_are_created_on_the_collective_device(monkeypatch):
 
 
 def test_collate_pads_to_a_multiple():
-    samples = [{"tokens": [1, 2, 3, 4, 5], "prompt_len": 2}, {"tokens": [1, 2, 3], "prompt_len": 1}]
+    from megatron_dapo.training.item import TrainItem
+
+    samples = [TrainItem(tokens=[1, 2, 3, 4, 5], prompt_len=2), TrainItem(tokens=[1, 2, 3], prompt_len=1)]
     assert dapo_step.collate(samples)["tokens"].shape == (2, 5)
     b = dapo_step.collate(samples, pad_to_multiple=4)
     assert b["tokens"].shape == (2, 8)
