@@ -19,6 +19,6 @@ if __name__ == "__main__":
     except ImportError:  # not installed: run from a checkout
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-    from megatron_dapo.ablation.cli import main
+    from megatron_dapo.ablation.cli import main  # after the sys.path line above
 
     sys.exit(main())

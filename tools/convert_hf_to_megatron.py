@@ -19,6 +19,9 @@ import os
 import sys
 import time
 
+import torch.distributed as dist
+from safetensors import safe_open
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
@@ -37,8 +40,6 @@ def source_dtype(hf_dir: str) -> str:
     """The dtype of the floating-point tensors of the HF checkpoint in ``hf_dir``, from the
     safetensors headers (no tensor is read). A checkpoint that mixes dtypes gets the widest one
     present (fp32; bf16 and fp16 together also give fp32), so that nothing is rounded."""
-    from safetensors import safe_open
-
     weights = HFWeights(hf_dir)
     found = {}
     for fname in sorted(set(weights.weight_map.values())):
@@ -93,8 +94,6 @@ def _convert(args) -> int:
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
     )
-    import torch.distributed as dist
-
     if dist.get_rank() == 0:
         a = meta["arch"]
         print(

@@ -16,6 +16,8 @@ import os
 import sys
 import time
 
+import torch.distributed as dist
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
@@ -56,8 +58,6 @@ def _convert(args) -> int:
         tokenizer_dir=args.tokenizer,
         max_shard_bytes=int(args.max_shard_size_gb * 1024**3),
     )
-    import torch.distributed as dist
-
     if dist.get_rank() == 0:
         print(f"wrote {args.save}: {', '.join(files)} in {time.time() - t0:.1f}s")
     return 0

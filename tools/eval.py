@@ -16,12 +16,16 @@ names the tokenizer directory, --hf-config optionally the config).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
 import sys
 import tempfile
 import time
+
+import torch
+import torch.distributed as dist
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
@@ -113,8 +117,6 @@ def model_kind(path: str) -> str:
 
 
 def _load_tool(name: str):
-    import importlib.util
-
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
     spec = importlib.util.spec_from_file_location(f"_tools_{name}", path)
     mod = importlib.util.module_from_spec(spec)
@@ -130,8 +132,6 @@ def hf_model_dir(args):
         return
     if args.tokenizer is None:
         raise SystemExit(f"--model {args.model} is a torch_dist checkpoint: pass --tokenizer DIR")
-    import torch.distributed as dist
-
     was_initialized = dist.is_available() and dist.is_initialized()
     tmp = tempfile.mkdtemp(prefix="eval_hf_")
     try:
@@ -166,8 +166,6 @@ def _generation_eos_ids(model_dir: str) -> list:
 
 
 def build_engine(args, model_dir: str, tokenizer):
-    import torch
-
     engine = resolve_engine_kind(args.engine, torch.cuda.is_available())
     if engine == "hf":
         from megatron_dapo.rollout.hf_engine import HFEngine  # transformers: only for the HF engine

@@ -16,6 +16,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -49,6 +50,7 @@ def is_complete(out: str) -> bool:
 
 def prepare(out: str, force: bool = False) -> str:
     """Write the HF directory ``out`` (skipped when already complete). Returns ``out``."""
+    # torch and transformers take seconds to import: only when the directory is (re)written
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -84,8 +86,6 @@ def prepare(out: str, force: bool = False) -> str:
     with open(os.path.join(tmp, MARKER), "w") as f:
         json.dump({"format_version": FORMAT_VERSION, "source": src, "files": files}, f, indent=1)
     if os.path.exists(out):
-        import shutil
-
         shutil.rmtree(out)
     os.replace(tmp, out)
     return out

@@ -18,6 +18,7 @@ from typing import Optional
 import ray
 import torch
 
+from ..hybrid.weight_sync import CHECKSUM_TAP, EngineCalls, EngineProtocol
 from ..rollout.engines import engine_kind
 
 
@@ -31,7 +32,7 @@ class PolicyActor:
     def __init__(self, rank, world_size, master_addr, master_port, cfg, hf_config_path, num_threads=None):
         os.environ.setdefault("OMP_NUM_THREADS", str(num_threads or 1))
         _threads(num_threads)
-        from ..training.worker import PolicyWorker
+        from ..training.worker import PolicyWorker  # megatron-core: only inside the trainer's actor process
 
         self.w = PolicyWorker(rank, world_size, master_addr, master_port, cfg, hf_config_path)
 
@@ -102,8 +103,6 @@ class PolicyActor:
     def weight_checksums(self, arm: bool):
         """The weight-sync check (hybrid/probe.py): ``arm`` makes this rank's next sync record
         per-tensor checksums of what it hands over; otherwise returns that record (or None)."""
-        from ..hybrid.weight_sync import CHECKSUM_TAP
-
         return CHECKSUM_TAP.arm() if arm else CHECKSUM_TAP.take()
 
 
@@ -116,8 +115,6 @@ def feeder_args(rank: int, gpus_per_engine: int, engine_handles, engine_kind: st
     buffer ring and SGLang's serializer and CUDA reductions in every feeder process); only the
     group's first rank gets the calls into the engine (``make_calls(handle, kind)``, default
     :func:`engine_calls`)."""
-    from ..hybrid.weight_sync import EngineProtocol
-
     k = int(gpus_per_engine)
     handle = engine_handles[rank // k]
     make_calls = make_calls or engine_calls
@@ -137,8 +134,6 @@ def engine_calls(handle, engine_kind: str):
     Only small control messages go through Ray: the payloads (a few KB of handles and names)
     are inlined in the call, the tensors stay in the feeders' memory. When a bucket may be
     reused is the engine's ``EngineProtocol`` (every feeder has it: :func:`feeder_args`)."""
-    from ..hybrid.weight_sync import EngineCalls
-
     return EngineCalls(
         send=lambda payloads: handle.update_weights_from_payloads.remote(payloads),
         resolve=ray.get,

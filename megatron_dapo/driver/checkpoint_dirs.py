@@ -190,8 +190,6 @@ def write_dir_atomically(directory: str, write) -> str:
     """``write(tmp)`` fills ``<directory>.tmp``, which then replaces ``directory`` by a rename:
     a crash never leaves a half-written ``directory`` (an HF export of the run's own). Returns
     ``directory``."""
-    import shutil
-
     tmp = directory.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     write(tmp)

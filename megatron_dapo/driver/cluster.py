@@ -3,6 +3,9 @@
 ``Cluster`` places one ``PolicyActor`` per trainer rank and creates ``EngineActor``s on the
 same (colocated) bundles; the ranks are reached through ``trainers`` (a ``TrainerGroup``,
 driver/trainer_group.py) and the weight sync (``sync``). Nothing here knows the DAPO loop.
+
+Ray is imported inside the methods: ``import megatron_dapo.train`` (which imports this module)
+imports no Ray (tests/foundation/test_import_graph.py).
 """
 
 from __future__ import annotations
@@ -10,7 +13,10 @@ from __future__ import annotations
 import torch
 
 from ..config import world_size
+from ..launch.placement import (PlacementError, bundle_placements, create_placement_group, engine_gpu_plan,
+                               on_bundle, ranks_to_bundles, start_ray)
 from ..rollout.engines import engine_kind, resolve_engine_kind
+from ..rollout.payload import remove_shared_memory_files, remove_stale_shared_memory_files
 from .trainer_group import TrainerGroup
 
 
@@ -33,10 +39,7 @@ class Cluster:
     """
 
     def __init__(self, cfg, hf_dir: str, tokenizer_dir: str, build_trainers: bool = True):
-        import ray
-
-        from ..launch.placement import bundle_placements, create_placement_group, engine_gpu_plan, ranks_to_bundles, start_ray
-        from ..rollout.payload import remove_stale_shared_memory_files
+        import ray  # lazy: see the module docstring
 
         self.cfg = cfg
         self.hf_dir, self.tokenizer_dir = hf_dir, tokenizer_dir
@@ -65,7 +68,7 @@ class Cluster:
             self.build_trainers()
 
     def _strategy(self, rank: int):
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # lazy: Ray
 
         return PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=self.bundle_of[rank])
 
@@ -73,8 +76,6 @@ class Cluster:
         """(MASTER_ADDR, MASTER_PORT) of the trainers' process group: chosen ON rank 0's node (a
         tiny task on its bundle), where rank 0's TCPStore listens; 127.0.0.1 when every rank
         is on one node. The driver may sit on any node (or a node without ranks)."""
-        from ..launch.placement import on_bundle
-
         where = on_bundle(self.pg, self.bundle_of[0], gpus=0.01 if self.gpus else 0)
         one_node = len({p["node_id"] for p in self.placements}) == 1
         return ("127.0.0.1" if one_node else where["node_ip"]), where["port"]
@@ -82,10 +83,9 @@ class Cluster:
     def build_trainers(self, timeout_s=None) -> None:
         """One PolicyActor per rank (model, optimizer, process groups); waits until all are up
         (``timeout_s``: at most that long, else ``ray.exceptions.GetTimeoutError``)."""
-        import ray
+        import ray  # lazy: Ray
 
-        from .actors import PolicyActor
-        from ..launch.placement import PlacementError
+        from .actors import PolicyActor  # imports Ray at its top
 
         cfg, gpus = self.cfg, self.gpus
         self.master_addr, self.master_port = self.rendezvous()
@@ -106,7 +106,7 @@ class Cluster:
     def make_engine(self, i: int):
         """Launch engine ``i`` (an EngineActor on the bundles of its feeding ranks); a restarted
         engine ``i`` replaces the old one in :meth:`sync`."""
-        from .actors import EngineActor
+        from .actors import EngineActor  # imports Ray at its top
 
         r, gpus = self.cfg.rollout, self.gpus
         kw, opts = engine_options(self.cfg, self.engine_kind, i, self.engine_plan[i]["base_gpu_id"], self.tokenizer_dir)
@@ -122,7 +122,7 @@ class Cluster:
         return float(spec.get("CPU", 1))
 
     def sync(self, engine_handles) -> dict:
-        import ray
+        import ray  # lazy: Ray
 
         handles = list(getattr(engine_handles, "members", engine_handles))  # RemoteEngines or handles
         # Every rank feeds the engine on its own GPUs (docs/hybrid.md, "who feeds whom"); the
@@ -152,9 +152,7 @@ class Cluster:
     def shutdown(self, engine_handles=()):
         """Kill the engine and trainer actors, then unlink the trainer processes' shared-memory
         bucket buffers on this node (CPU weight sync; a killed actor's files would outlive it)."""
-        import ray
-
-        from ..rollout.payload import remove_shared_memory_files
+        import ray  # lazy: Ray
 
         for a in list(self.actors) + list(engine_handles):
             try:
@@ -172,7 +170,7 @@ class Cluster:
         """The hybrid step's checksum check (hybrid/probe.py): ``arm`` makes every rank's next
         sync record per-tensor checksums; otherwise ``{"trainer": per-rank records, "engines":
         per-engine checksums}`` of ``engines`` (RemoteEngines or handles), in the dtypes sent."""
-        import ray
+        import ray  # lazy: Ray
 
         outs = ray.get([a.weight_checksums.remote(arm) for a in self.actors])
         if arm:
@@ -190,22 +188,22 @@ class RemoteEngines:
         self.members = list(handles)
 
     def release_memory(self, tags) -> None:
-        import ray
+        import ray  # lazy: Ray
 
         ray.get([h.release_memory.remote(list(tags)) for h in self.members])
 
     def resume_memory(self, tags) -> None:
-        import ray
+        import ray  # lazy: Ray
 
         ray.get([h.resume_memory.remote(list(tags)) for h in self.members])
 
     def score(self, sequences, prompt_lens) -> list:
-        import ray
+        import ray  # lazy: Ray
 
         return ray.get([h.score.remote(sequences, prompt_lens) for h in self.members])
 
     def check_weights(self, action: str) -> list:
-        import ray
+        import ray  # lazy: Ray
 
         return ray.get([h.check_weights.remote(action) for h in self.members])
 
@@ -217,11 +215,11 @@ class RemoteEngine:
         self.handle = handle
 
     def generate(self, prompts, params):
-        import ray
+        import ray  # lazy: Ray
 
         return ray.get(self.handle.generate.remote(prompts, params))
 
     def score(self, sequences, prompt_lens):
-        import ray
+        import ray  # lazy: Ray
 
         return ray.get(self.handle.score.remote(sequences, prompt_lens))

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
+import signal
 import time
 from typing import Callable, Dict, List, Optional
 
@@ -71,7 +73,7 @@ class RayTransport:
     """EngineActor handles (megatron_dapo.driver.actors)."""
 
     def __init__(self):
-        from ray.exceptions import GetTimeoutError, RayActorError
+        from ray.exceptions import GetTimeoutError, RayActorError  # Ray: not at import time (train.py imports this module)
 
         self.dead = (RayActorError, GetTimeoutError)
 
@@ -79,7 +81,7 @@ class RayTransport:
         return getattr(handle, method).remote(*args)
 
     def ready(self, futures: list, timeout_s: float) -> list:
-        import ray
+        import ray  # lazy: Ray
 
         if not futures:
             return []
@@ -90,12 +92,12 @@ class RayTransport:
         return first
 
     def get(self, future, timeout_s: Optional[float] = None):
-        import ray
+        import ray  # lazy: Ray
 
         return ray.get(future, timeout=timeout_s)
 
     def kill(self, handle) -> None:
-        import ray
+        import ray  # lazy: Ray
 
         try:
             ray.kill(handle, no_restart=True)
@@ -103,10 +105,7 @@ class RayTransport:
             pass
 
     def kill_process(self, handle) -> None:
-        import os
-        import signal
-
-        import ray
+        import ray  # lazy: Ray
 
         os.kill(ray.get(handle.pid.remote()), signal.SIGKILL)
 

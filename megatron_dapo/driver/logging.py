@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
+import time
 from typing import Optional
 
 REQUIRED_KEYS = (
@@ -36,7 +38,7 @@ class MetricsLogger:
         self._tb = None
         if wandb_mode != "disabled":
             try:
-                import wandb
+                import wandb  # optional, only with --wandb-mode other than disabled
 
                 os.environ.setdefault("WANDB_SILENT", "true")
                 self._wandb = wandb.init(
@@ -47,7 +49,7 @@ class MetricsLogger:
             except Exception as e:  # logging must never stop a run
                 print(f"[megatron-dapo] wandb disabled: {e}")
         if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # optional (tensorboard), only with --tensorboard
 
             self._tb = SummaryWriter(os.path.join(run_dir, "tensorboard"))
 
@@ -68,9 +70,6 @@ class MetricsLogger:
                     pass
         if len(keep) == total:
             return None
-        import shutil
-        import time
-
         aside = os.path.join(os.path.dirname(self.path), f"aside-{time.strftime('%Y%m%d-%H%M%S')}")
         while os.path.exists(aside):
             aside += "-1"

@@ -15,7 +15,7 @@ PANELS = [
 
 
 def plot_training_curves(metrics_path: str, out_png: str) -> str:
-    import matplotlib
+    import matplotlib  # heavy (~0.5 s) and only for the plots: not at import time
 
     matplotlib.use("Agg", force=False)
     from matplotlib.figure import Figure

@@ -49,6 +49,7 @@ import time
 from typing import Optional
 
 import torch
+from tqdm.auto import tqdm
 
 from ..algo import dynamic_sampling_mask
 from ..reward.api import RewardInput
@@ -476,8 +477,6 @@ class _bars:
     def __init__(self, enabled: bool, step: int, total_groups: int):
         self.gen = self.ver = None
         if enabled:
-            from tqdm.auto import tqdm
-
             self.gen = tqdm(total=total_groups, desc=f"step {step} generate (mixed groups)", leave=False, unit="group")
             self.ver = tqdm(desc=f"step {step} verify", leave=False, unit="resp")
 

@@ -21,6 +21,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+import torch
+
 from ..config import ConfigError
 from . import checkpoint_dirs as checkpoints
 
@@ -66,8 +68,6 @@ def prepare_outputs(cfg, dry_run: bool = False) -> Outputs:
     """Check (and with ``--start-over`` clear by moving aside) the run directory and ``--save``
     for this run; read the resumed checkpoint's trainer state. Raises :class:`ConfigError`
     naming the flag, the path and the choices. ``dry_run``: check and report, move nothing."""
-    import torch
-
     run_dir, save, start_over = cfg.logging.run_dir, cfg.checkpoint.save, cfg.checkpoint.start_over
     out = Outputs(run_id="")
     if cfg.checkpoint.load:

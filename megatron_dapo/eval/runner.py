@@ -42,6 +42,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
+from tqdm.auto import tqdm
+
 from megatron_dapo.data.dataset import DataError, read_rows, render_prompt
 from megatron_dapo.eval.metrics import summarize
 from megatron_dapo.models.hf_config import generation_eos_ids
@@ -439,8 +441,6 @@ def evaluate(
         samples_f = open(os.path.join(out_dir, "samples.jsonl"), "w")
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
         bar = tqdm(total=sum(sizes), desc=f"eval {name}", unit="sample", dynamic_ncols=True)
     per_problem: list[list[dict]] = [[] for _ in problems]
     n_correct = n_done = gen_tokens = 0

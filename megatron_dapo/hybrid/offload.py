@@ -205,7 +205,7 @@ class TrainerOffloader:
             raise RuntimeError("TrainerOffloader.offload(): already offloaded")
         t0 = time.perf_counter()
         if self.backend == "torch_memory_saver":
-            from torch_memory_saver import torch_memory_saver
+            from torch_memory_saver import torch_memory_saver  # optional (GPU backend only)
 
             torch_memory_saver.pause(self.tag)
             self.is_offloaded = True
@@ -252,7 +252,7 @@ class TrainerOffloader:
             raise RuntimeError("TrainerOffloader.onload(): not offloaded")
         t0 = time.perf_counter()
         if self.backend == "torch_memory_saver":
-            from torch_memory_saver import torch_memory_saver
+            from torch_memory_saver import torch_memory_saver  # optional (GPU backend only)
 
             torch_memory_saver.resume(self.tag)
             self.is_offloaded = False

@@ -179,7 +179,7 @@ class WeightSync:
         pp_group=None,
         mp_group=None,
     ):
-        from megatron.core import parallel_state as ps
+        from megatron.core import parallel_state as ps  # megatron-core: train.py imports this module, stays light
 
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
@@ -269,7 +269,7 @@ class WeightSync:
             per_stage[0] = meta
         etp = 1
         if self.moe:
-            from megatron.core import parallel_state as ps
+            from megatron.core import parallel_state as ps  # megatron-core: as above
 
             etp = ps.get_expert_tensor_parallel_world_size()
             self._expert_coords = [None] * self.expert_group_size

@@ -23,6 +23,7 @@ Tested with Ray 2.60 (see docs/slurm.md for the pin); Ray is imported inside fun
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import math
 import os
 import sys
@@ -45,7 +46,7 @@ def start_ray(address: Optional[str] = None, num_cpus: Optional[float] = None, *
     cluster (Ray refuses it when joining one). Dashboard off, worker logs not forwarded to
     the driver.
     """
-    import ray
+    import ray  # Ray only inside the functions: launch/ imports nothing heavy (launch/__init__.py)
 
     if ray.is_initialized():
         return {"address": _gcs_address(), "reused": True, "resources": ray.cluster_resources()}
@@ -74,7 +75,7 @@ def start_ray(address: Optional[str] = None, num_cpus: Optional[float] = None, *
 
 
 def _gcs_address() -> Optional[str]:
-    import ray
+    import ray  # lazy: Ray
 
     try:
         return ray.get_runtime_context().gcs_address
@@ -83,7 +84,7 @@ def _gcs_address() -> Optional[str]:
 
 
 def alive_nodes() -> List[dict]:
-    import ray
+    import ray  # lazy: Ray
 
     return [n for n in ray.nodes() if n.get("Alive", n.get("alive"))]
 
@@ -168,7 +169,7 @@ def create_placement_group(
     within ``timeout_s`` or can never be placed; the message names the request and the
     cluster's alive nodes.
     """
-    import ray
+    import ray  # lazy: Ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
     if strategy not in STRATEGIES:
@@ -209,7 +210,7 @@ def create_placement_group(
 
 def bundle_node_ids(pg) -> List[str]:
     """Node id of each bundle, in bundle order."""
-    from ray.util.placement_group import placement_group_table
+    from ray.util.placement_group import placement_group_table  # lazy: Ray
 
     table = placement_group_table(pg)
     b2n = table["bundles_to_node_id"]
@@ -219,7 +220,7 @@ def bundle_node_ids(pg) -> List[str]:
 def _where(with_port: bool = False) -> dict:
     """What a task placed on a bundle sees: its node (id, IP), the GPU ids Ray gave it
     (physical ids on that node) and, ``with_port``, a rendezvous port free on that node."""
-    import ray
+    import ray  # lazy: Ray
 
     from ..distributed import free_port  # torch: this module stays torch-free (its __main__ runs in Slurm scripts)
 
@@ -233,7 +234,7 @@ def _where(with_port: bool = False) -> dict:
 def on_bundle(pg, bundle: int, gpus: float = 0.0, timeout_s: float = 300.0) -> dict:
     """Run :func:`_where` on ``bundle`` of ``pg`` (a tiny task: no CPU, ``gpus`` GPU, so that
     it gets the bundle's GPU ids while actors hold most of the bundle)."""
-    import ray
+    import ray  # lazy: Ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     task = ray.remote(_where).options(num_cpus=0, num_gpus=gpus, scheduling_strategy=PlacementGroupSchedulingStrategy(
@@ -245,7 +246,7 @@ def bundle_placements(pg, gpus_per_bundle: float, timeout_s: float = 300.0) -> L
     """``{"node_id", "node_ip", "gpu_ids"}`` of every bundle, in bundle order (one tiny task per
     bundle, all at once). A GPU bundle keeps its GPU ids for its lifetime: the actors placed on
     it later see the same ids."""
-    import ray
+    import ray  # lazy: Ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     gpus = 0.01 if gpus_per_bundle else 0
@@ -257,8 +258,6 @@ def bundle_placements(pg, gpus_per_bundle: float, timeout_s: float = 300.0) -> L
 
 def _address_key(addr: str):
     """Sort key of a node address: IP addresses numerically (10.0.0.9 before 10.0.0.10), then names."""
-    import ipaddress
-
     try:
         ip = ipaddress.ip_address(addr)
         return (0, ip.version, int(ip), "")
@@ -386,7 +385,7 @@ def _main(argv=None) -> int:
             start_ray(address=args.address)
             break
         except Exception as e:  # ConnectionError, or a timeout inside ray.init
-            import ray
+            import ray  # lazy: Ray
 
             ray.shutdown()
             if time.monotonic() >= deadline:

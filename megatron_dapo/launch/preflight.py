@@ -32,6 +32,8 @@ import shutil
 from collections import Counter
 from typing import Callable, List, Optional, Tuple
 
+import torch
+
 from ..checkpoint import dist_ckpt
 from ..checkpoint.dist_ckpt import CheckpointError, check_metadata, read_metadata
 from ..config import ConfigError
@@ -161,7 +163,7 @@ def load_tokenizer(cfg, arch, dry_run: bool) -> Tuple[Check, object]:
         return Check(name, FAIL, path, f"no tokenizer files ({', '.join(TOKENIZER_FILES)}) in {flag}; pass "
                      "--tokenizer DIR with the model's tokenizer"), None
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # transformers: ~2.5 s, only when a tokenizer is checked
 
         tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as e:  # noqa: BLE001 - any library error: one line naming the flag
@@ -471,8 +473,6 @@ def check_load(cfg, arch, dataset=None, dry_run: bool = True) -> Check:
                       "optimizer is left to dist_checkpointing (resuming at another layout is not tested here)")
     detail = f"{os.path.basename(resolved)}: torch_dist, architecture matches the model, {layout}"
     if dataset is not None:
-        import torch
-
         try:
             state = torch.load(os.path.join(resolved, checkpoints.STATE_FILE), weights_only=False)
             check_fingerprint(state.get("data_fingerprint"), dataset.fingerprint, cfg.data.allow_data_change,

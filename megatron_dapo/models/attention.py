@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 
 import torch
+import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
@@ -94,8 +95,6 @@ class _AllGather(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, t, group):
-        import torch.distributed as dist
-
         ctx.group = group
         parts = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
         dist.all_gather(parts, t, group=group)
@@ -103,8 +102,6 @@ class _AllGather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        import torch.distributed as dist
-
         grad = grad.contiguous()
         dist.all_reduce(grad, group=ctx.group)
         return grad[dist.get_rank(ctx.group)], None

@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from .. import platform
 from .hf_config import ModelArch, padded_vocab_size, parse_hf_config
 
 
@@ -72,7 +73,7 @@ def _moe_config(arch: ModelArch, opts: ModelBuildOptions) -> dict:
     first (``moe_router_pre_softmax``)."""
     if not arch.is_moe:
         return {}
-    from megatron.core import parallel_state as ps
+    from megatron.core import parallel_state as ps  # megatron-core: imported when a model is built (models/__init__)
 
     m = opts.moe
     if arch.moe_router_topk == 1 and arch.moe_norm_topk_prob:
@@ -97,7 +98,7 @@ def _moe_config(arch: ModelArch, opts: ModelBuildOptions) -> dict:
 
 def transformer_config_from_arch(arch: ModelArch, opts: ModelBuildOptions):
     """The megatron-core ``TransformerConfig`` of an HF architecture under the current parallel state."""
-    from megatron.core import parallel_state as ps
+    from megatron.core import parallel_state as ps  # megatron-core: imported when a model is built
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     tp = ps.get_tensor_model_parallel_world_size()
@@ -157,7 +158,7 @@ def use_te_for(transformer_impl: str) -> Optional[bool]:
     return None if transformer_impl == "transformer_engine" else False
 
 
-def _import_te() -> None:
+def _import_te() -> None:  # TE: CUDA only, optional; whether it imports is the question asked
     import transformer_engine  # noqa: F401
     import transformer_engine.pytorch  # noqa: F401
 
@@ -206,7 +207,7 @@ def layer_spec(use_te: Optional[bool] = None, arch: Optional[ModelArch] = None, 
     experts: grouped GEMM (``TEGroupedMLP``) under TE, megatron's ``SequentialMLP`` of local
     linear layers otherwise; ``config.moe_grouped_gemm`` decides).
     """
-    from megatron.core.models.gpt import gpt_layer_specs as specs
+    from megatron.core.models.gpt import gpt_layer_specs as specs  # megatron-core: when a model is built
 
     qk = bool(arch is not None and arch.qk_layernorm)
     experts = arch.num_experts if arch is not None and arch.is_moe else None
@@ -214,11 +215,9 @@ def layer_spec(use_te: Optional[bool] = None, arch: Optional[ModelArch] = None, 
     if resolve_use_te(use_te):
         return specs.get_gpt_layer_with_transformer_engine_spec(
             num_experts=experts, moe_grouped_gemm=grouped, qk_layernorm=qk)
-    from .attention import PackedDotProductAttention
+    from .attention import PackedDotProductAttention  # imports megatron-core at its top
 
     if experts:
-        from .. import platform
-
         platform.apply_moe_cpu_patches()
     spec = specs.get_gpt_layer_local_spec(num_experts=experts, moe_grouped_gemm=grouped, qk_layernorm=qk,
                                           normalization="RMSNorm")
@@ -232,7 +231,7 @@ def build_gpt_model(hf_config, opts: Optional[ModelBuildOptions] = None, *, pre_
     ``hf_config`` is an HF checkpoint directory, a config.json path, a dict or a ModelArch.
     Returns ``(model, arch, transformer_config)``.
     """
-    from megatron.core import parallel_state as ps
+    from megatron.core import parallel_state as ps  # megatron-core: when a model is built
     from megatron.core.models.gpt.gpt_model import GPTModel
 
     opts = opts or ModelBuildOptions()

@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name):
+def __getattr__(name):  # lazy on purpose: importing the package loads neither engine's module
     if name == "HFEngine":
         from megatron_dapo.rollout.hf_engine import HFEngine
 

@@ -58,7 +58,9 @@ from megatron_dapo.rollout.base import (
     check_weight_action,
     derive_seed,
 )
+from megatron_dapo.rollout.checksum import dtype_of, itemsize, tensor_checksum
 from megatron_dapo.rollout.continuous import ContinuousBatcher
+from megatron_dapo.rollout.payload import load_payload, reconstruct_bucket
 from megatron_dapo.rollout.routing import RoutingRecorder
 
 
@@ -87,7 +89,7 @@ class HFEngine(RolloutEngine):
         max_running: int = 128,
     ) -> None:
         super().__init__()
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM  # transformers: ~2.5 s to import, only when an engine is built
 
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
@@ -207,8 +209,6 @@ class HFEngine(RolloutEngine):
     def weight_checksums(self, dtypes: Optional[Dict[str, str]] = None) -> Dict[str, Optional[tuple]]:
         """Checksums of the engine's current tensors by canonical HF name (see
         ``RolloutEngine.weight_checksums``)."""
-        from megatron_dapo.rollout.checksum import dtype_of, itemsize, tensor_checksum
-
         self._check_not_released(WEIGHTS, "weight_checksums")
         out: Dict[str, Optional[tuple]] = {}
         for name in self.expected_weight_names():
@@ -310,8 +310,6 @@ class HFEngine(RolloutEngine):
         probe. The copies are done when this returns: the feeders may then reuse their
         buffers. The mapped buffers are kept (not their contents) until the update finishes,
         so that the next bucket in the same buffer maps nothing new."""
-        from megatron_dapo.rollout.payload import load_payload, reconstruct_bucket
-
         if not payloads:
             raise WeightUpdateError("update_weights_from_payloads: no payloads")
         decoded = [load_payload(p) for p in payloads]
@@ -342,7 +340,7 @@ class HFEngine(RolloutEngine):
 
     @torch.no_grad()
     def generate(self, prompts: List[List[int]], params: SamplingParams) -> List[List[GenerationOutput]]:
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # transformers: ~2.5 s to import
 
         self._check_ready("generate")
         params.validate()

@@ -41,9 +41,11 @@ import secrets
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
+import torch.multiprocessing as torch_mp  # registers torch's tensor reductions with ForkingPickler
 
 from .engines import engine_kind as engine_kind_spec
 
@@ -118,10 +120,6 @@ def reconstruct_bucket(flat: torch.Tensor, metadata) -> List[Tuple[str, torch.Te
 
 @functools.lru_cache(maxsize=None)
 def _forking_pickler():
-    from multiprocessing.reduction import ForkingPickler
-
-    import torch.multiprocessing  # noqa: F401  (registers torch's reductions with ForkingPickler)
-
     class _Pickler(ForkingPickler):
         def reducer_override(self, obj):
             """A view of one of this process's :func:`shared_cpu_buffer` files pickles as its
@@ -210,8 +208,6 @@ class _PayloadUnpickler(pickle.Unpickler):
 
 def load_payload(payload) -> Tuple[torch.Tensor, list]:
     """A payload (base64 str or raw bytes) -> (flat tensor mapped from the sender, metadata)."""
-    import torch.multiprocessing  # noqa: F401  (the rebuild functions live there)
-
     data = base64.b64decode(payload) if isinstance(payload, str) else bytes(payload)
     obj = _PayloadUnpickler(io.BytesIO(data)).load()
     if not isinstance(obj, dict) or set(obj) != {"flattened_tensor", "metadata"}:
@@ -228,10 +224,8 @@ def load_payload(payload) -> Tuple[torch.Tensor, list]:
 def use_shared_memory_files() -> None:
     """Make CPU tensors pickle as named shared-memory files (any process of the node can open
     them), not as file descriptors (only a child process can receive those). Process-wide."""
-    import torch.multiprocessing as tmp
-
-    if tmp.get_sharing_strategy() != "file_system":
-        tmp.set_sharing_strategy("file_system")
+    if torch_mp.get_sharing_strategy() != "file_system":
+        torch_mp.set_sharing_strategy("file_system")
 
 
 SHM_DIR = "/dev/shm"
@@ -349,7 +343,7 @@ def remove_stale_shared_memory_files() -> int:
 def sglang_codec():
     """(serializer, metadata class) of the pinned SGLang, for payloads SGLang will accept; also
     patches this process's CUDA reductions the way SGLang's receiving side expects."""
-    from sglang.srt.utils.common import MultiprocessingSerializer
+    from sglang.srt.utils.common import MultiprocessingSerializer  # sglang: GPU feeders only
     from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
     from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
 

@@ -602,7 +602,7 @@ def diff_rank_checksums(before: Dict[str, Dict[str, str]], after: Dict[str, Dict
 
 def _import_sglang():
     try:
-        import sglang  # noqa: F401
+        import sglang  # noqa: F401  (sglang: GPU only, imported when an engine starts)
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError(INSTALL_HINT) from e
     return sglang
@@ -650,7 +650,7 @@ class SGLangEngine(RolloutEngine):
         _set_logprob_env(logprobs_mode)
         _set_graph_saver_env(enable_memory_saver, bool(server_args.get("disable_cuda_graph", False)))
         sglang = _import_sglang()
-        from sglang.srt.utils.common import MultiprocessingSerializer
+        from sglang.srt.utils.common import MultiprocessingSerializer  # sglang: GPU only, as above
         from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
         from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
 
@@ -936,7 +936,7 @@ class SGLangEngine(RolloutEngine):
 
     def _weight_checker(self, action: str):
         """One call of SGLang's weight checker on the target model; the per-rank answers."""
-        from sglang.srt.managers.io_struct import CheckWeightsReqInput
+        from sglang.srt.managers.io_struct import CheckWeightsReqInput  # sglang: GPU only
 
         req = CheckWeightsReqInput(action=action, allow_quant_error=False, skip_tensor_list=None, selector="target")
         tm = self._engine.tokenizer_manager
