@@ -146,8 +146,8 @@ def run(small: bool = False, port: int = 0, log=print, engine_kind: str = "hf", 
 
     t0 = time.perf_counter()
     out = worker.train([samples])[0]
-    stage("train", t0, ok=out["update_successful"], grad_norm=f"{out['grad_norm']:.4g}")
-    if not out["update_successful"]:
+    stage("train", t0, ok=out.update_successful, grad_norm=f"{out.grad_norm:.4g}")
+    if not out.update_successful:
         raise RuntimeError("the optimizer step was skipped (non-finite loss or gradient)")
 
     t0 = time.perf_counter()
@@ -166,7 +166,7 @@ def run(small: bool = False, port: int = 0, log=print, engine_kind: str = "hf", 
     if engine_kind != "hf":
         engine.shutdown()
     return {"stages": stages, "probe": info["probe_max_abs"], "tolerance": hybrid.tolerance,
-            "events": list(hybrid.events), "update_successful": out["update_successful"]}
+            "events": list(hybrid.events), "update_successful": out.update_successful}
 
 
 def main(argv=None) -> int:

@@ -1,52 +1,12 @@
-"""One rollout step's metrics: the DP reduction of the trainer ranks' outputs and the
-assembly of the metrics.jsonl row (the keys are the contract of docs/metrics.md)."""
+"""One rollout step's metrics: the assembly of the metrics.jsonl row (the keys are the contract
+of docs/metrics.md); the trainer ranks' ``StepStats`` are reduced by ``training/stats.reduce_step_stats``."""
 
 from __future__ import annotations
-
-import math
-
-from ..algo.routing_metrics import layer_metrics
 
 
 def mean(xs) -> float:
     xs = list(xs)
     return float(sum(xs) / len(xs)) if xs else 0.0
-
-
-def reduce_train_outputs(outs: list, reporters: dict) -> dict:
-    """Reduce ``outs[rank] = [per optimizer step output]`` of the worker's ``train`` over the
-    DP reporters (last PP stage, TP rank 0 of each DP rank) and the optimizer steps.
-
-    ``sums`` are (sum, count) pairs, so the means are token-weighted over the whole step.
-    Returns the metrics and the number of skipped (non-finite) optimizer steps.
-    """
-    sums, ratio_max = {}, 0.0
-    for r in reporters.values():
-        for step_out in outs[r]:
-            for k, (s, c) in step_out["sums"].items():
-                acc = sums.setdefault(k, [0.0, 0.0])
-                acc[0] += s
-                acc[1] += c
-            ratio_max = max(ratio_max, step_out["ratio_max"])
-    norms = [o["grad_norm"] for o in outs[0]]
-    skipped = sum(0 if o["update_successful"] else 1 for o in outs[0])
-    m = {k: (v[0] / v[1] if v[1] else 0.0) for k, v in sums.items()}
-    finite = [n for n in norms if n is not None and math.isfinite(n)]
-    m.update({
-        "ratio_max": ratio_max,
-        "grad_norm": mean(finite) if finite else float("nan"),
-        "optimizer_steps": len(norms),
-        "skipped_optimizer_steps": skipped,
-        "lr": outs[0][-1]["lr"] if outs[0] else 0.0,
-        # max over mean of the DP ranks' tokens, worst optimizer step (the same on every rank)
-        "dp_token_imbalance": max((o.get("dp_token_imbalance", 1.0) for o in outs[0]), default=1.0),
-    })
-    # --routing-replay: per-layer routing agreement / load imbalance / router entropy, summed over
-    # the DP reporters and the step's optimizer steps (algo/routing_metrics.py)
-    routing = [o["routing"]["stats"] for r in reporters.values() for o in outs[r] if o.get("routing")]
-    if routing:
-        m.update(layer_metrics(sum(routing[1:], routing[0].clone())))
-    return m
 
 
 def step_metrics(step: int, roll, samples: list, train_metrics: dict, hybrid_info: dict, *, repetition_rate,

@@ -4,7 +4,7 @@ Every method runs on all ranks at once and returns when all have finished; the g
 what the driver used to do by hand around those calls: sharding over data-parallel ranks
 (balanced by tokens, ``driver/batch.py``), picking the rank whose result stands for each DP
 rank (last pipeline stage, TP rank 0), and reducing the outputs of a training step
-(``driver/metrics.reduce_train_outputs``). A user error raised on a rank (a ``CheckpointError``
+(``training/stats.reduce_step_stats``: ``StepStats`` -> the logged metrics). A user error raised on a rank (a ``CheckpointError``
 of ``load``, ...) comes out as that error, not as Ray's wrapper around its traceback.
 
 The hybrid step's trainer protocol (``hybrid/phases.py``: ``onload``, ``offload``,
@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Callable, Optional, Sequence
 
 from .batch import dp_partition, dp_shards
-from .metrics import reduce_train_outputs
+from ..training.stats import reduce_step_stats
 
 
 def _ray_get(futures):
@@ -128,7 +128,7 @@ class TrainerGroup:
     def train(self, minibatches: list, inject_nan: bool = False, progress: Optional[str] = None) -> dict:
         """One optimizer step per mini-batch (each split over the DP ranks balanced by tokens);
         the step's metrics reduced over the DP reporters and optimizer steps
-        (``reduce_train_outputs``: token-weighted means, grad norm, skipped steps, lr).
+        (``reduce_step_stats``: token-weighted means, grad norm, skipped steps, lr).
         ``progress``: a tqdm description, or None for no bar."""
         shards_per_mb = [dp_shards([s.to_item() for s in mb], self.dp_size) for mb in minibatches]
         outs = [[] for _ in self.actors]
@@ -141,7 +141,7 @@ class TrainerGroup:
             mine = self._per_dp_rank(shards_per_mb[k])
             for r, o in enumerate(self._all(lambda a, r: a.train.remote([mine[r]], inject_nan))):
                 outs[r].extend(o)
-        return reduce_train_outputs(outs, self.reporters)
+        return reduce_step_stats(outs, self.reporters)
 
     # -- the hybrid step's trainer protocol (hybrid/phases.py) ------------------------------------
     def onload(self) -> None:

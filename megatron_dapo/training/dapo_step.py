@@ -28,23 +28,8 @@ from .forward import forward_backward
 from .routing_replay import collect_stats
 from .logprobs import chunked_logprobs_entropy
 from .setup import Policy, optimizer_step, set_moe_aux_loss_scale
+from .stats import LossStats, StepStats
 from .token_weights import engine_logprobs_of, token_weights_into, weigh_items
-
-METRIC_KEYS = (
-    "pg_loss",
-    "entropy",
-    "clip_frac_low",
-    "clip_frac_high",
-    "dual_clip_frac",
-    "approx_kl",
-    "ratio_mean",
-    "kl",
-    "tis_weight_mean",
-    "tis_clip_frac",
-    "mismatch_kl",
-    "offpolicy_token_frac",
-)
-
 
 def make_microbatches(
     samples: list, micro_batch_size: int, max_tokens: Optional[int] = None, pad_to_multiple: int = 1
@@ -167,7 +152,7 @@ def _gather_cp(t: torch.Tensor) -> list:
     return [p.cpu() for p in parts]
 
 
-def _cp_reduce_stats(sums: dict, rmax: float) -> tuple:
+def _cp_reduce_stats(stats: LossStats) -> LossStats:
     """Sum the (sum, count) metric pairs and max the ratio over the CP group (each CP rank saw
     its share of every sequence)."""
     from megatron.core import parallel_state as ps
@@ -176,15 +161,13 @@ def _cp_reduce_stats(sums: dict, rmax: float) -> tuple:
 
     g = ps.get_context_parallel_group()
     if dist.get_world_size(g) == 1:
-        return sums, rmax
+        return stats
     dev = collective_device(g)
-    keys = list(sums)
-    t = torch.tensor([v for k in keys for v in sums[k]], dtype=torch.float64, device=dev)
+    t = torch.tensor(stats.to_list(), dtype=torch.float64, device=dev)
     dist.all_reduce(t, group=g)
-    m = torch.tensor([rmax], dtype=torch.float64, device=dev)
+    m = torch.tensor([stats.ratio_max], dtype=torch.float64, device=dev)
     dist.all_reduce(m, op=dist.ReduceOp.MAX, group=g)
-    t = t.cpu().tolist()
-    return {k: [t[2 * i], t[2 * i + 1]] for i, k in enumerate(keys)}, float(m)
+    return LossStats.from_list(t.cpu().tolist(), float(m))
 
 
 def dp_token_counts(values, group=None, op=dist.ReduceOp.SUM) -> torch.Tensor:
@@ -359,23 +342,21 @@ def dapo_loss_fn(
             loss = loss * float("nan")
         n_mask = mask.sum()
         n_resp = resp.sum()
-        stats = {
-            # (sum, count) pairs: reduced over micro-batches and DP ranks by the caller
-            "pg_loss": ((per_tok.detach() * mask).sum(), n_mask),
-            "entropy": ((ent.detach() * resp).sum(), n_resp),
-            "clip_frac_low": (m["clip_frac_low"].detach() * n_mask, n_mask),
-            "clip_frac_high": (m["clip_frac_high"].detach() * n_mask, n_mask),
-            "dual_clip_frac": (m["dual_clip_frac"].detach() * n_mask, n_mask),
-            "approx_kl": (m["approx_kl"].detach() * n_mask, n_mask),
-            "ratio_mean": (m["ratio_mean"].detach() * n_mask, n_mask),
-            "kl": (kl_sum, n_mask),
-            "tis_weight_mean": (w_fresh, n_fresh),
-            "tis_clip_frac": (clipped, n_fresh),
-            "mismatch_kl": (kl_fresh, n_fresh),
-            # stale tokens of trained samples, over those samples' tokens (masked ones included)
-            "offpolicy_token_frac": (((stale != 0) & trained).sum(), trained.sum()),
-            "ratio_max": (m["ratio_max"].detach(), None),
-        }
+        stats = LossStats(  # (sum, count) pairs: reduced over micro-batches and DP ranks by the caller
+            pg_loss=((per_tok.detach() * mask).sum(), n_mask),
+            entropy=((ent.detach() * resp).sum(), n_resp),
+            clip_frac_low=(m["clip_frac_low"].detach() * n_mask, n_mask),
+            clip_frac_high=(m["clip_frac_high"].detach() * n_mask, n_mask),
+            dual_clip_frac=(m["dual_clip_frac"].detach() * n_mask, n_mask),
+            approx_kl=(m["approx_kl"].detach() * n_mask, n_mask),
+            ratio_mean=(m["ratio_mean"].detach() * n_mask, n_mask),
+            kl=(kl_sum, n_mask),
+            tis_weight_mean=(w_fresh, n_fresh),
+            tis_clip_frac=(clipped, n_fresh),
+            mismatch_kl=(kl_fresh, n_fresh),
+            offpolicy_token_frac=(((stale != 0) & trained).sum(), trained.sum()),
+            ratio_max=m["ratio_max"].detach(),
+        )
         return loss, stats
 
     return loss_fn
@@ -392,8 +373,8 @@ def train_on_minibatch(
     temperature: float = 1.0,
     packing: bool = False,
     offpolicy: Optional[str] = None,
-) -> dict:
-    """One optimizer step on this DP rank's shard of a mini-batch; returns reduced metrics.
+) -> StepStats:
+    """One optimizer step on this DP rank's shard of a mini-batch; returns its stats.
 
     ``packing``: packed (THD) micro-batches up to ``max_tokens`` (always with CP > 1). The
     step's token and sequence counts come from whole sequences (every CP rank of a DP rank
@@ -428,27 +409,15 @@ def train_on_minibatch(
     ok, grad_norm = optimizer_step(policy.optimizer, policy.optimizer.config.clip_grad)
     if ok:
         policy.scheduler.step(increment=1)
-    sums = {k: [0.0, 0.0] for k in METRIC_KEYS}
-    rmax = 0.0
+    total = LossStats()
     if ps.is_pipeline_last_stage():
         for st in stats:
-            for k in METRIC_KEYS:
-                s, c = st[k]
-                sums[k][0] += float(s)
-                sums[k][1] += float(c)
-            rmax = max(rmax, float(st["ratio_max"][0]))
-        sums, rmax = _cp_reduce_stats(sums, rmax)
-    return {
-        "sums": sums,
-        "ratio_max": rmax,
-        "grad_norm": grad_norm,
-        "update_successful": ok,
-        "global_tokens": g_tok,
-        "lr": float(policy.optimizer.param_groups[0]["lr"]),
-        "num_microbatches": len(mbs),
-        "dp_token_imbalance": imbalance,
-        "packed": packed,
+            total = total + st.floats()
+        total = _cp_reduce_stats(total)
+    return StepStats(
+        loss=total, grad_norm=grad_norm, update_successful=ok, lr=float(policy.optimizer.param_groups[0]["lr"]),
+        global_tokens=g_tok, num_microbatches=len(mbs), dp_token_imbalance=imbalance,
         # routing replay: per-layer routing sums of this step's forwards (and the old-logprob
         # pass before it), over this DP rank's TP/CP/PP ranks (training/routing_replay.py)
-        "routing": collect_stats(policy.model),
-    }
+        routing=collect_stats(policy.model),
+    )

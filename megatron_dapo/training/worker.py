@@ -213,7 +213,7 @@ class PolicyWorker:
                                 packing=o.use_packing)
 
     def train(self, shards: list, inject_nan: bool = False) -> list:
-        """``shards[k]`` is this rank's DP shard of mini-batch k: one optimizer step each."""
+        """``shards[k]`` is this rank's DP shard of mini-batch k: one optimizer step each (a ``StepStats`` each)."""
         from .dapo_step import train_on_minibatch
 
         o = self.cfg.optim

@@ -135,10 +135,10 @@ def test_the_trainers_loss_is_the_hand_weighted_token_mean(mode, offpolicy):
     expect = sum(-a * wt for (w, k), a in zip(hand, adv) for wt, kk in zip(w, k) if kk) / kept
     assert loss.item() == pytest.approx(expect, abs=1e-5)
     # the logged weight and clip fraction are over the fresh tokens only
-    s, c = stats["tis_weight_mean"]
+    s, c = stats.tis_weight_mean
     n_fresh = sum(len(r) - (k if offpolicy else 0) for r, k in zip(RHO, STALE))
     assert float(c) == n_fresh
-    s_off, c_off = stats["offpolicy_token_frac"]
+    s_off, c_off = stats.offpolicy_token_frac
     assert (float(s_off), float(c_off)) == (2.0, 7.0)  # the stale tokens of trained samples, weighted or not
     # packed (THD) micro-batches give the same loss
     packed = pk.packed_microbatch(samples)

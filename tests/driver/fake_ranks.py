@@ -4,6 +4,8 @@ is built with ``get=list``)."""
 
 from __future__ import annotations
 
+from megatron_dapo.training.stats import LossStats, StepStats
+
 
 class _Method:
     def __init__(self, rank, name, fn):
@@ -25,8 +27,8 @@ class FakeRank:
                           "last_stage": rank // (tp * dp) == pp - 1, "pid": 1000 + rank, "node_ip": "10.0.0.1"}
         lp = lambda items: [[rank + 0.5] * x.response_len for x in items]  # noqa: E731
         out = lambda shards, inject_nan=False: [  # noqa: E731
-            {"sums": {"loss": (float(sum(x.n_tokens for x in sh)), float(len(sh)))}, "ratio_max": 1.0 + rank,
-             "grad_norm": 0.5, "update_successful": not inject_nan, "lr": 1e-6} for sh in shards]
+            StepStats(loss=LossStats(pg_loss=(float(sum(x.n_tokens for x in sh)), float(len(sh))), ratio_max=1.0 + rank),
+                      grad_norm=0.5, update_successful=not inject_nan, lr=1e-6) for sh in shards]
         for name, fn in {"compute_logprobs": lp, "compute_ref_logprobs": lp, "train": out,
                          "load": lambda d: None, "save": lambda d, m: None, "export_hf": lambda d: [],
                          "load_initial_weights": lambda: "hf", "build_reference": lambda: "ref",

@@ -70,7 +70,7 @@ def test_train_sends_each_rank_its_dp_shard_of_every_minibatch_and_reduces_the_o
         assert sorted(shards[0] + shards[2]) == sorted(s.advantage for s in mb)
     total_tokens = sum(len(s.response_ids) + 2 for s in samples)
     # the reporters' (ranks 0 and 2) sums, token-weighted over both optimizer steps
-    assert m["loss"] == pytest.approx(total_tokens / len(samples))
+    assert m["pg_loss"] == pytest.approx(total_tokens / len(samples))
     assert m["optimizer_steps"] == 2 and m["skipped_optimizer_steps"] == 0 and m["ratio_max"] == 3.0
     assert group.train(mbs, inject_nan=True)["skipped_optimizer_steps"] == 2
 

@@ -302,7 +302,7 @@ def phase_order(hf_dir: str, steps: int = 2):
         sample = TrainItem(tokens=[5, 6, 7] + list(out.output_ids), prompt_len=3)
         sample.old_logprobs = torch.tensor(worker.compute_logprobs([sample])[0])
         batch = [replace(sample, advantage=1.0), replace(sample, advantage=-0.5 - k)]
-        res.setdefault("train", []).append(worker.train([batch])[0]["update_successful"])
+        res.setdefault("train", []).append(worker.train([batch])[0].update_successful)
         res["probe"].append(hybrid.to_rollout(engines, probe=[sample.tokens.tolist()])["probe_max_abs"])
     res["events"] = list(hybrid.events)
     res["calls"] = list(engine.calls)

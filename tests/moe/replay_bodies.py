@@ -71,4 +71,4 @@ def replay_train_step(hf_cfg: dict, sd: dict, samples: list, recompute: bool, re
     mine = [replace(s, old_logprobs=lp) for s, lp in zip(mine, old)]
     out = ds.train_on_minibatch(policy, mine, AlgorithmConfig(), policy.arch.vocab_size, 1)
     assert all(not r.replay_backward_list for r in rr.replay_routers(policy.model))  # every target consumed/cleared
-    return {"grad_norm": out["grad_norm"], "routing": out["routing"]["stats"]} if dist.get_rank() == 0 else None
+    return {"grad_norm": out.grad_norm, "routing": out.routing["stats"]} if dist.get_rank() == 0 else None

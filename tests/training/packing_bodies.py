@@ -180,10 +180,10 @@ def minibatch_step(hf_cfg: dict, cp: int, packing: bool, shard: bool):
         samples = dp_shards(samples, ps.get_data_parallel_world_size())[ps.get_data_parallel_rank()]
     out = train_on_minibatch(policy, samples, AlgorithmConfig(entropy_coef=0.01), policy.arch.vocab_size, 2, 48,
                              packing=packing)
-    assert out["update_successful"] and out["packed"] == (packing or cp > 1)
+    assert out.update_successful
     full = {n: t.clone() for n, t in gather_full_weights(policy.model, policy.arch)}
-    return {"params": full, "sums": out["sums"], "grad_norm": out["grad_norm"], "imbalance": out["dp_token_imbalance"],
-            "tokens": out["global_tokens"]}
+    return {"params": full, "sums": loss_sums(out), "grad_norm": out.grad_norm, "imbalance": out.dp_token_imbalance,
+            "tokens": out.global_tokens}
 
 
 def _pin_samples(vocab: int):
@@ -227,7 +227,11 @@ def pinned_step(hf_cfg: dict, packing: bool):
     algo = AlgorithmConfig(entropy_coef=0.01, kl_coef=0.05, tis_mode="token-truncate", tis_cap=1.5)
     out = train_on_minibatch(policy, samples, algo, V, 2, budget, temperature=0.9, packing=packing,
                              offpolicy="correct")
-    assert out["update_successful"]
-    sums = out["sums"]
-    return {"lps": lps, "means": {k: s / c for k, (s, c) in sums.items() if c}, "grad_norm": out["grad_norm"],
-            "num_microbatches": out["num_microbatches"], "tokens": out["global_tokens"]}
+    assert out.update_successful
+    return {"lps": lps, "means": {k: s / c for k, (s, c) in loss_sums(out).items() if c}, "grad_norm": out.grad_norm,
+            "num_microbatches": out.num_microbatches, "tokens": out.global_tokens}
+
+
+def loss_sums(out) -> dict:
+    """A ``StepStats``' loss metric pairs by name: ``{name: (sum, count)}``."""
+    return {k: getattr(out.loss, k) for k in out.loss.pair_names()}

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import torch
 
-from tests.training.packing_bodies import _samples
+from tests.training.packing_bodies import _samples, loss_sums
 
 # micro-batch size 2 (padded); with CP packed micro-batches of at most MAX_TOKENS tokens. The
 # loss is normalised over the whole step, so the grouping changes only the rounding.
@@ -59,7 +59,7 @@ def _train_step(policy, step: int) -> dict:
     cp = ps.get_context_parallel_world_size() > 1  # CP: packed micro-batches, which need a token budget
     out = train_on_minibatch(policy, shard, AlgorithmConfig(entropy_coef=0.01), policy.arch.vocab_size, MBS,
                              MAX_TOKENS if cp else None, packing=cp)
-    assert out["update_successful"], out
+    assert out.update_successful, out
     return out
 
 
@@ -113,7 +113,7 @@ def resume_and_step(hf_cfg: dict, layout: dict, ckpt_dir: str, step: int = 2, lo
                for n, t in gather_full_weights(policy.model, policy.arch)}
     keep = ps.get_data_parallel_rank() == 0 and ps.get_tensor_model_parallel_rank() == 0 \
         and ps.get_context_parallel_rank() == 0
-    return {"reporter": _is_reporter(), "sums": out["sums"], "grad_norm": out["grad_norm"], "lr": out["lr"],
+    return {"reporter": _is_reporter(), "sums": loss_sums(out), "grad_norm": out.grad_norm, "lr": out.lr,
             "weights": weights if keep else None}
 
 
@@ -147,5 +147,5 @@ def train_straight(hf_cfg: dict, layout: dict, steps: int = 3) -> dict:
                for n, t in gather_full_weights(policy.model, policy.arch)}
     keep = ps.get_data_parallel_rank() == 0 and ps.get_tensor_model_parallel_rank() == 0 \
         and ps.get_context_parallel_rank() == 0
-    return {"reporter": _is_reporter(), "sums": out["sums"], "grad_norm": out["grad_norm"], "lr": out["lr"],
+    return {"reporter": _is_reporter(), "sums": loss_sums(out), "grad_norm": out.grad_norm, "lr": out.lr,
             "weights": weights if keep else None}

@@ -58,10 +58,10 @@ def test_stale_tokens_masked_contribute_no_loss_and_no_gradient():
     loss, grad, stats = _loss_and_grad(samples, algo, offpolicy="mask")
     assert grad[0, 1].item() == 0.0 and grad[0, 2].item() == 0.0  # score tokens 2 and 3
     assert grad[0, 3].item() > 0 and grad[1, 1].item() > 0
-    s, c = stats["offpolicy_token_frac"]
+    s, c = stats.offpolicy_token_frac
     assert (float(s), float(c)) == (2.0, 7.0)
     # the mismatch metrics cover the tokens of the current weights only
-    assert float(stats["mismatch_kl"][1]) == 5.0 and float(stats["tis_weight_mean"][1]) == 5.0
+    assert float(stats.mismatch_kl[1]) == 5.0 and float(stats.tis_weight_mean[1]) == 5.0
     # the same batch without the stale tokens' losses: removing them changes the loss only there
     fresh, _, _ = _loss_and_grad(_samples(), algo)
     assert not torch.isclose(loss, fresh)
@@ -87,9 +87,9 @@ def test_tis_weights_scale_the_token_losses(mode):
     # a rejected token leaves the token-mean denominator (7 -> 6 tokens); a truncated one stays
     scale = 7.0 / 6.0 if mode == "token-mask" else 1.0
     assert torch.allclose(grad[others], scale * g_base[others])
-    s, c = stats["tis_clip_frac"]
+    s, c = stats.tis_clip_frac
     assert float(s) == pytest.approx(1.0) and float(c) == 7.0
-    s, c = stats["mismatch_kl"]
+    s, c = stats.mismatch_kl
     assert float(s) == pytest.approx(3 - 1 - math.log(3.0), rel=1e-5)
 
 
