@@ -44,7 +44,14 @@ from megatron_dapo.eval.runner import (  # noqa: E402
 from megatron_dapo.models.hf_config import generation_eos_ids  # noqa: E402
 from megatron_dapo.reward import BatchScorer  # noqa: E402
 from megatron_dapo.reward.api import REWARD_MODES  # noqa: E402
-from megatron_dapo.rollout.engines import engine_choices, resolve_engine_kind  # noqa: E402
+from megatron_dapo.rollout.engines import (  # noqa: E402
+    ENGINE_KINDS,
+    STANDALONE_DTYPES,
+    StandaloneOptions,
+    engine_choices,
+    engine_kind,
+    resolve_engine_kind,
+)
 
 MEGATRON_METADATA = "megatron_dapo_checkpoint.json"  # megatron_dapo.checkpoint.dist_ckpt.METADATA_FILE
 HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -66,8 +73,10 @@ def parse_args(argv=None):
                    help="longer prompts are left-truncated")
     p.add_argument("--context-length", type=int, default=None,
                    help="model context (default: max_position_embeddings of config.json)")
+    kinds = [(name, spec) for name, spec in ENGINE_KINDS.items() if spec.standalone is not None]
     p.add_argument("--engine", choices=engine_choices(), default="auto",
-                   help="hf: transformers on CPU; sglang: GPU; auto: sglang when CUDA is available")
+                   help="; ".join(f"{name}: {spec.doc.split(' (')[0].split(';')[0].rstrip('.')}" for name, spec in kinds)
+                   + "; auto: the first of them made for this machine (GPU when CUDA is available)")
     p.add_argument("--reward-mode", choices=REWARD_MODES.names(), default="dapo")
     p.add_argument("--prompt-style", choices=PROMPT_STYLES, default="chat")
     p.add_argument("--stop", action="append", default=None, help="extra stop string (repeatable)")
@@ -79,9 +88,11 @@ def parse_args(argv=None):
                         "one call per problem, slow on GPU)")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N problems")
     p.add_argument("--batch-size", type=int, default=None,
-                   help="samples per generate call (default: 32 with hf, all with sglang)")
-    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default=None,
-                   help="engine dtype (default: fp32 for hf, bf16 for sglang)")
+                   help="samples per generate call (default: " + ", ".join(
+                       f"{spec.standalone.batch_size or 'all'} with {name}" for name, spec in kinds) + ")")
+    p.add_argument("--dtype", choices=STANDALONE_DTYPES, default=None,
+                   help="engine dtype (default: " + ", ".join(
+                       f"{spec.standalone.dtype} for {name}" for name, spec in kinds) + ")")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model directory)")
     p.add_argument("--hf-config", default=None, help="HF config for converting a torch_dist checkpoint")
     p.add_argument("--reward-workers", type=int, default=None, help="reward worker processes (default min(4, cpus))")
@@ -166,24 +177,21 @@ def _generation_eos_ids(model_dir: str) -> list:
 
 
 def build_engine(args, model_dir: str, tokenizer):
-    engine = resolve_engine_kind(args.engine, torch.cuda.is_available())
-    if engine == "hf":
-        from megatron_dapo.rollout.hf_engine import HFEngine  # transformers: only for the HF engine
+    """``(kind, engine)``: the ``--engine`` kind (``auto`` resolved for this machine) serving
+    ``model_dir``'s own weights, as its registered ``standalone`` builds it
+    (megatron_dapo/rollout/engines.py: ENGINE_KINDS); the engine class is imported only here."""
+    kind = resolve_engine_kind(args.engine, torch.cuda.is_available())
+    spec = engine_kind(kind).standalone
+    if spec is None:
+        raise ConfigError(f"--engine {kind}: this engine kind cannot serve a checkpoint by itself; "
+                          f"choose one of {', '.join(n for n, s in ENGINE_KINDS.items() if s.standalone)}")
+    opts = StandaloneOptions(dtype=args.dtype or spec.dtype, seed=args.seed, tp=args.tp, mem_fraction=args.mem_fraction)
+    return kind, spec.build(model_dir, tokenizer, opts)
 
-        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype or "fp32"]
-        return "hf", HFEngine(model_dir, tokenizer=tokenizer, dtype=dtype, seed=args.seed)
-    from megatron_dapo.rollout.sglang_engine import SGLangEngine  # sglang: GPU only
 
-    dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[args.dtype or "bf16"]
-    return "sglang", SGLangEngine(
-        model_dir,
-        tp_size=args.tp,
-        mem_fraction_static=args.mem_fraction,
-        enable_memory_saver=False,
-        dtype=dtype,
-        random_seed=args.seed,
-        load_format="auto",  # the checkpoint's own weights (the adapter's default, "dummy", waits for a sync)
-    )
+def default_batch_size(kind: str):
+    """Samples per generate call without ``--batch-size``: the kind's (None: all at once)."""
+    return engine_kind(kind).standalone.batch_size
 
 
 def main(argv=None) -> int:
@@ -243,7 +251,7 @@ def _main(args) -> int:
                 out_dir=out,
                 progress=not args.no_progress,
                 limit=args.limit,
-                batch_size=args.batch_size if args.batch_size is not None else (32 if kind == "hf" else None),
+                batch_size=args.batch_size if args.batch_size is not None else default_batch_size(kind),
                 context_length=args.context_length or _context_length(model_dir),
             )
         finally:

@@ -21,6 +21,34 @@ from ..registry import Registry
 
 AUTO = "auto"
 
+#: ``--dtype`` names of a standalone engine (tools/eval.py).
+STANDALONE_DTYPES = ("fp32", "bf16", "fp16")
+
+
+@dataclasses.dataclass(frozen=True)
+class StandaloneOptions:
+    """What a standalone engine is built with: ``dtype`` (one of :data:`STANDALONE_DTYPES`),
+    ``seed`` (None: unseeded), ``tp`` (GPUs of the engine), ``mem_fraction`` (of the GPU's
+    memory for weights and KV cache); a kind reads the options it has."""
+
+    dtype: str = "fp32"
+    seed: Optional[int] = None
+    tp: int = 1
+    mem_fraction: float = 0.85
+
+
+@dataclasses.dataclass(frozen=True)
+class Standalone:
+    """How a kind serves a checkpoint by itself, without a trainer (``tools/eval.py``).
+
+    ``build(model_dir, tokenizer, opts: StandaloneOptions) -> engine`` loads the checkpoint's
+    own weights. ``dtype``: the default ``--dtype``. ``batch_size``: samples per generate call
+    by default (None: all at once)."""
+
+    build: Callable[..., Any]
+    dtype: str = "fp32"
+    batch_size: Optional[int] = None
+
 
 @dataclasses.dataclass(frozen=True)
 class EngineKind:
@@ -35,7 +63,8 @@ class EngineKind:
     CPU machine; ``auto`` picks the first kind whose ``needs_gpu`` matches the machine.
     ``lag``: buckets the engine may still read after acknowledging one (sizes the feeders'
     buffer ring, ``lag + 2``). ``weight_naming``: ``"transformers"`` (fused experts) or
-    ``"checkpoint"`` names. ``title``: the name the dry-run plan prints.
+    ``"checkpoint"`` names. ``title``: the name the dry-run plan prints. ``standalone``: how
+    the kind evaluates a checkpoint by itself (:class:`Standalone`; None: it cannot).
     """
 
     engine_class: str
@@ -47,6 +76,7 @@ class EngineKind:
     lag: int = 0
     weight_naming: str = "checkpoint"
     title: str = ""
+    standalone: Optional[Standalone] = None
 
     def load_class(self):
         module, name = self.engine_class.split(":")
@@ -96,6 +126,13 @@ def _hf_build(model_dir: str, tokenizer_dir: Optional[str] = None, **kwargs):
     return engine_cls(AutoConfig.from_pretrained(model_dir), tokenizer=tok, **kwargs), tok
 
 
+def _hf_standalone(model_dir: str, tokenizer, opts: StandaloneOptions):
+    import torch  # this module imports only the standard library
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[opts.dtype]
+    return ENGINE_KINDS.get("hf").load_class()(model_dir, tokenizer=tokenizer, dtype=dtype, seed=opts.seed)
+
+
 def _hf_codec():
     from .payload import BucketEntry, default_serializer  # payload.codec_for imports this module
 
@@ -126,6 +163,15 @@ def _sglang_build(model_dir: str, tokenizer_dir: Optional[str] = None, **kwargs)
     return ENGINE_KINDS.get("sglang").load_class()(model_dir, **kwargs), None
 
 
+def _sglang_standalone(model_dir: str, tokenizer, opts: StandaloneOptions):
+    """The checkpoint's own weights (load_format "auto"; the adapter's default, "dummy", waits
+    for a sync), no memory saver (nothing else shares the GPUs); SGLang loads its own tokenizer."""
+    return ENGINE_KINDS.get("sglang").load_class()(
+        model_dir, tp_size=opts.tp, mem_fraction_static=opts.mem_fraction, enable_memory_saver=False,
+        dtype={"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[opts.dtype], random_seed=opts.seed,
+        load_format="auto")
+
+
 def _sglang_codec():
     from .payload import sglang_codec  # imports sglang: GPU feeders only
 
@@ -135,9 +181,10 @@ def _sglang_codec():
 ENGINE_KINDS.register("hf", EngineKind(
     "megatron_dapo.rollout.hf_engine:HFEngine",
     "HF transformers engine on the CPU (continuous batching); the weight sync copies before it returns.",
-    _hf_options, _hf_build, _hf_codec, needs_gpu=False, lag=0, weight_naming="transformers", title="HF"))
+    _hf_options, _hf_build, _hf_codec, needs_gpu=False, lag=0, weight_naming="transformers", title="HF",
+    standalone=Standalone(_hf_standalone, dtype="fp32", batch_size=32)))
 ENGINE_KINDS.register("sglang", EngineKind(
     "megatron_dapo.rollout.sglang_engine:SGLangEngine",
     "SGLang on the GPU (TP over --rollout-num-gpus-per-engine GPUs, memory saver, CUDA IPC weight payloads).",
     _sglang_options, _sglang_build, _sglang_codec, needs_gpu=True, lag=1, weight_naming="checkpoint",
-    title="SGLang"))
+    title="SGLang", standalone=Standalone(_sglang_standalone, dtype="bf16", batch_size=None)))
