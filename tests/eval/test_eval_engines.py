@@ -88,3 +88,17 @@ def test_tools_eval_names_no_engine_kind():
         src = inspect.getsource(fn)
         for name in ENGINE_KINDS.names():
             assert f'"{name}"' not in src and f"'{name}'" not in src, f"{fn.__name__} names the kind {name!r}"
+
+
+def test_the_sglang_standalone_gets_the_arguments_tools_eval_gave_it(monkeypatch):
+    """On the CPU: the SGLang class replaced by a recorder (the arguments tools/eval.py passed before the registry)."""
+    import megatron_dapo.rollout.sglang_engine as se
+
+    calls = []
+    monkeypatch.setattr(se, "SGLangEngine", lambda *a, **k: calls.append((a, k)) or "sglang-engine")
+    ev = _load_eval_tool()
+    args = ev.parse_args(["--model", "/m", "--data", "/d", "--engine", "sglang", "--seed", "5", "--tp", "4",
+                          "--mem-fraction", "0.6"])
+    assert ev.build_engine(args, "/model-dir", "tok") == ("sglang", "sglang-engine")
+    assert calls == [(("/model-dir",), dict(tp_size=4, mem_fraction_static=0.6, enable_memory_saver=False,
+                                            dtype="bfloat16", random_seed=5, load_format="auto"))]
