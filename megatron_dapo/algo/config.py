@@ -121,9 +121,9 @@ class AlgorithmConfig:
     )
     dynamic_sampling_metric: str = _f(
         "acc",
-        "Per-sample metric whose within-group std must be > 0 for a group to be kept: 'acc' (raw "
-        "correctness, the DAPO rule), 'score' (the verifier's score) or 'reward' (score + overlong "
-        "penalty). 'acc' is strongly recommended: filtering on the length-shaped reward destroys the policy.",
+        "Per-sample metric whose within-group std must be > 0 for a group to be kept (the registry "
+        "algo/dynamic_sampling.DYNAMIC_SAMPLING_METRICS; docs/design.md lists each). 'acc' (raw correctness, "
+        "the DAPO rule) is strongly recommended: filtering on the length-shaped reward destroys the policy.",
         "--dynamic-sampling-metric",
         choices=DYNAMIC_SAMPLING_METRICS,
     )

@@ -2,16 +2,41 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 
 from ._checks import as_tensor, check_1d_nonempty, check_group_size
+from .registry import Registry
 
-#: Per-sample metrics that ``--dynamic-sampling-metric`` may name: ``acc`` (raw correctness,
-#: the DAPO rule), ``score`` (the verifier's score), ``reward`` (score + soft overlong penalty).
-#: The rollout manager reads the sample field of that name.
-DYNAMIC_SAMPLING_METRICS = ("acc", "score", "reward")
+#: ``--dynamic-sampling-metric``: name -> ``fn(samples) -> [G] float64 tensor or None``, the
+#: per-sample values of one group whose within-group std must be > 0 for the group to be kept
+#: (the ``metric`` of :func:`dynamic_sampling_mask`); None keeps the DAPO rule on raw
+#: correctness. ``samples`` are the group's responses after verification (``acc``, ``score``,
+#: ``reward`` attributes: ``driver/batch.Sample``); the rollout manager calls the entry.
+DYNAMIC_SAMPLING_METRICS = Registry("dynamic sampling metric", flag="--dynamic-sampling-metric")
+
+
+def _values(samples: Sequence, name: str) -> torch.Tensor:
+    return torch.tensor([float(getattr(s, name)) for s in samples], dtype=torch.float64)
+
+
+@DYNAMIC_SAMPLING_METRICS.register("acc")
+def acc_metric(samples: Sequence) -> Optional[torch.Tensor]:
+    """Raw correctness, the DAPO rule (paper Eq. 11), the default: a group is kept iff its responses are neither all correct nor all wrong."""
+    return None
+
+
+@DYNAMIC_SAMPLING_METRICS.register("score")
+def score_metric(samples: Sequence) -> Optional[torch.Tensor]:
+    """The verifier's score: a group is kept iff its scores are not all equal."""
+    return _values(samples, "score")
+
+
+@DYNAMIC_SAMPLING_METRICS.register("reward")
+def reward_metric(samples: Sequence) -> Optional[torch.Tensor]:
+    """Score + soft overlong penalty (Eq. 13): a group is kept iff its rewards are not all equal (filtering on the length-shaped reward is known to collapse the policy)."""
+    return _values(samples, "reward")
 
 
 class DynamicSamplingResult(NamedTuple):

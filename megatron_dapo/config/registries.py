@@ -13,6 +13,7 @@ import argparse
 from typing import List, Tuple
 
 from ..algo.advantages import ADVANTAGE_ESTIMATORS
+from ..algo.dynamic_sampling import DYNAMIC_SAMPLING_METRICS
 from ..algo.kl import KL_ESTIMATORS
 from ..algo.policy_losses import POLICY_LOSSES
 from ..algo.tis import TIS_MODES
@@ -31,6 +32,7 @@ def registries() -> Tuple[Tuple[str, Registry, str], ...]:
         ("--policy-loss", POLICY_LOSSES, "algo/policy_losses.py"),
         ("--kl-estimator", KL_ESTIMATORS, "algo/kl.py"),
         ("--tis-mode", TIS_MODES, "algo/tis.py"),
+        ("--dynamic-sampling-metric", DYNAMIC_SAMPLING_METRICS, "algo/dynamic_sampling.py"),
         ("--reward-mode", REWARD_MODES, "reward/api.py"),
         ("--rollout-engine", ENGINE_KINDS, "rollout/engines.py"),
     )

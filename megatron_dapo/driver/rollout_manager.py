@@ -51,7 +51,7 @@ from typing import Optional
 import torch
 from tqdm.auto import tqdm
 
-from ..algo import dynamic_sampling_mask
+from ..algo import DYNAMIC_SAMPLING_METRICS, dynamic_sampling_mask
 from ..reward.api import RewardInput
 from ..rollout.base import Request, SamplingParams, derive_seed
 from ..rollout.routing import extend_routing
@@ -415,10 +415,7 @@ class RolloutManager:
     # ----------------------------------------------------------------- verifying ----
     def _metric(self, g: Group) -> Optional[torch.Tensor]:
         """The per-sample values of ``--dynamic-sampling-metric`` (None for ``acc``: the DAPO rule)."""
-        name = self.cfg.algo.dynamic_sampling_metric
-        if name == "acc":
-            return None
-        return torch.tensor([float(getattr(s, name)) for s in g.samples], dtype=torch.float64)
+        return DYNAMIC_SAMPLING_METRICS.get(self.cfg.algo.dynamic_sampling_metric)(g.samples)
 
     def reward_input(self, s: Sample) -> RewardInput:
         """The record the reward sees: the response and its prompt's text, label, data source and metadata."""
