@@ -11,12 +11,15 @@ Measured in the same run:
 
 1. Token accounting of the 32B layout (``examples/run_qwen32b.sh``): mini-batches of 512
    responses over DP 16 (token-balanced shards), micro-batches up to 22,528 tokens.
-   Padded: today's micro-batching (``dapo_step.make_microbatches``, right padding to the
-   longest, at most --micro-batch-size 32 rows). Packed: ``packing.pack_microbatches``, each
+   Padded: the right padding to the longest of earlier versions (at most --micro-batch-size
+   32 rows; computed here, :func:`padded_microbatches`: the trainer no longer pads).
+   Packed: ``packing.pack_microbatches``, each
    sequence padded to TP 8 (sequence parallel). Reports tokens computed / useful tokens and
    micro-batch counts, and the DP token imbalance (max / mean per rank) of the
    Karmarkar-Karp shards vs a count split.
-2. Training tokens/s of both layouts on a tiny Qwen2-shaped model (one process, CPU, fp32):
+2. Training tokens/s of the trainer's two groupings (both THD since #26.2: consecutive
+   samples, at most --micro-batch-size 32, the default; token-budget packing, --use-packing)
+   on a tiny Qwen2-shaped model (one process, CPU, fp32):
    the same lengths scaled down by ``--scale`` (64), one DAPO loss forward+backward over all
    micro-batches of a 64-response mini-batch, median of ``--repeats``; tokens/s counts useful
    tokens.
@@ -70,8 +73,6 @@ def draw_samples(n: int, median: float, sigma: float, seed: int, scale: int = 1)
 def accounting(args) -> dict:
     from megatron_dapo.driver.batch import dp_shards
     from megatron_dapo.training import packing as pk
-    from megatron_dapo.training.dapo_step import make_microbatches
-
     dp, gbs = 16, 512
     useful = padded = packed = 0
     n_pad = n_pack = 0
@@ -85,14 +86,30 @@ def accounting(args) -> dict:
         for s in shards:
             lens = [x.n_tokens for x in s]
             useful += sum(lens)
-            pads = make_microbatches(s, 32, BUDGET)
-            padded += sum(int(b["tokens"].numel()) for b in pads)
+            pads = padded_microbatches(lens, 32, BUDGET)
+            padded += sum(len(b) * max(lens[i] for i in b) for b in pads)
             n_pad += len(pads)
             parts = pk.pack_microbatches(lens, BUDGET, mult)
             packed += sum(pk.padded_len(lens[i], mult) for p in parts for i in p)
             n_pack += len(parts)
     return {"useful": useful, "padded": padded, "packed": packed, "mb_padded": n_pad, "mb_packed": n_pack,
             "imb_kk": max(imb_kk), "imb_count": max(imb_count)}
+
+
+def padded_microbatches(lengths: list, rows: int, max_tokens: int) -> list:
+    """The right-padded micro-batches of earlier versions (the accounting baseline): consecutive
+    samples, at most ``rows`` each and at most ``max_tokens`` padded tokens (rows x longest)."""
+    out, cur, longest = [], [], 0
+    for i, n in enumerate(lengths):
+        new_longest = max(longest, n)
+        if cur and (len(cur) >= rows or new_longest * (len(cur) + 1) > max_tokens):
+            out.append(cur)
+            cur, new_longest = [], n
+        cur.append(i)
+        longest = new_longest
+    if cur:
+        out.append(cur)
+    return out
 
 
 def _tiny_model():
@@ -117,7 +134,7 @@ def throughput(args) -> dict:
     import torch
 
     from megatron_dapo.algo.config import AlgorithmConfig
-    from megatron_dapo.training.dapo_step import dapo_loss_fn, make_microbatches, make_packed_microbatches
+    from megatron_dapo.training.dapo_step import dapo_loss_fn, make_microbatches
     from megatron_dapo.training.forward import forward_backward
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
@@ -127,8 +144,10 @@ def throughput(args) -> dict:
     useful = sum(x.n_tokens for x in samples)
     g_tok = float(sum(x.response_len for x in samples))
     loss_fn = dapo_loss_fn(AlgorithmConfig(), arch.vocab_size, g_tok, float(len(samples)))
-    layouts = {"padded": lambda: make_microbatches(samples, 32, budget),
-               "packed": lambda: make_packed_microbatches(model, samples, budget)[0]}
+    # both THD (the one batching path): consecutive samples, at most --micro-batch-size 32 (the
+    # default grouping) vs token-budget packing (--use-packing)
+    layouts = {"consecutive": lambda: make_microbatches(model, samples, 32, budget)[0],
+               "packed": lambda: make_microbatches(model, samples, 32, budget, packing=True)[0]}
     times = {k: [] for k in layouts}
     for _ in range(args.repeats):
         for name, build in layouts.items():  # interleaved, so drift hits both alike
@@ -250,8 +269,8 @@ def main() -> int:
 
     tput = throughput(args)
     print(f"tiny model, lengths / {args.scale}, {tput['useful_small']} useful tokens per mini-batch: "
-          f"padded {tput['padded']:.0f} tokens/s, packed {tput['packed']:.0f} tokens/s, "
-          f"packed/padded {tput['packed'] / tput['padded']:.2f}x")
+          f"consecutive (THD, --micro-batch-size 32) {tput['consecutive']:.0f} tokens/s, packed {tput['packed']:.0f} "
+          f"tokens/s, packed/consecutive {tput['packed'] / tput['consecutive']:.2f}x")
     print(f"padded/useful tokens: {acc['padded'] / acc['useful']:.2f}")
     print(f"packed/useful tokens: {acc['packed'] / acc['useful']:.2f}")
     return 0

@@ -75,14 +75,14 @@ class OptimConfig:
     adam_beta2: float = _f(0.999, "AdamW beta2.")
     adam_eps: float = _f(1e-8, "AdamW epsilon.")
     micro_batch_size: int = _f(
-        1, "Responses per padded micro-batch (upper bound when --max-tokens-per-gpu also limits them); packed "
-        "micro-batches (--use-packing) are bounded by --max-tokens-per-gpu only.")
+        1, "Responses per micro-batch (consecutive responses; upper bound when --max-tokens-per-gpu also limits "
+        "them); with --use-packing micro-batches are bounded by --max-tokens-per-gpu only.")
     global_batch_size: int = _f(512, "Responses per optimizer step (all DP ranks).")
     max_tokens_per_gpu: Optional[int] = _f(None, "Token budget of one micro-batch; micro-batches are packed to it.")
     use_packing: bool = _f(
-        False, "Pack responses without padding (THD, cu_seqlens) into the fewest micro-batches of at most "
-        "--max-tokens-per-gpu tokens, balanced by tokens; each sequence padded only to what TP/CP need. Always on with "
-        "--context-parallel-size > 1.")
+        False, "Group responses into the fewest micro-batches of at most --max-tokens-per-gpu tokens, balanced by "
+        "tokens, instead of consecutive groups of --micro-batch-size (micro-batches are THD either way: each "
+        "sequence padded only to what TP/CP need). Always on with --context-parallel-size > 1.")
     seed: int = _f(1234, "Random seed.")
     max_skipped_steps: int = _f(3, "Stop after this many consecutive skipped (non-finite) optimizer steps.")
 

@@ -29,7 +29,7 @@ the safe side):
   vocabulary entry of the TP shard) plus the float32 temporaries of the chunked logprob and
   entropy stage, 16 bytes per vocabulary entry for ``LOGPROB_CHUNK`` tokens at a time
   (``training.logprobs``: no float32 [tokens x vocab] tensor). The token budget is the same
-  for padded and packed micro-batches (--use-packing only removes the padding's compute);
+  for both groupings of the THD micro-batches (--use-packing only changes which responses share one);
   CP divides it. :func:`longest_fitting_sequence` inverts the model: the longest single
   sequence whose training step fits a GPU with a margin, so the report says whether CP is
   needed for the configured response length.
@@ -814,7 +814,7 @@ def dry_run_report(
         )
     packed = o.use_packing or plan.cp > 1
     add(
-        f"micro-batches: {'packed (THD, no padding; each sequence padded to the multiple TP/CP need)' if packed else 'padded to their longest sample (--use-packing packs them)'}"
+        f"micro-batches: {'packed (THD, no padding; each sequence padded to the multiple TP/CP need)' if packed else 'THD, consecutive responses, at most --micro-batch-size each (--use-packing packs them by tokens)'}"
         f", up to {m.tokens_per_gpu} tokens; DP shards balanced by tokens (Karmarkar-Karp)"
     )
     for name, cap in GPU_CAPACITY_GB.items():

@@ -1,4 +1,4 @@
-"""The DAPO update on megatron-core: collate, old-policy logprobs, clipped token-level loss.
+"""The DAPO update on megatron-core: THD micro-batches, old-policy logprobs, clipped token-level loss.
 
 Runs on every trainer rank (SPMD). Samples arrive as ``training.item.TrainItem``s
 (``Sample.to_item``): ``tokens`` (prompt + response ids), ``prompt_len``, ``advantage``,
@@ -29,83 +29,7 @@ from .routing_replay import collect_stats
 from .logprobs import chunked_logprobs_entropy
 from .setup import Policy, optimizer_step, set_moe_aux_loss_scale
 from .stats import LossStats, StepStats
-from .token_weights import engine_logprobs_of, token_weights_into, weigh_items
-
-def make_microbatches(
-    samples: list, micro_batch_size: int, max_tokens: Optional[int] = None, pad_to_multiple: int = 1
-) -> list:
-    """Group consecutive samples into padded micro-batches.
-
-    At most ``micro_batch_size`` samples each; with ``max_tokens``, also at most that many
-    padded tokens (``rows x longest``). A sample longer than the budget goes alone.
-    ``pad_to_multiple``: every micro-batch's sequence length is padded up to a multiple of it
-    (the TP size with --sequence-parallel, which splits the sequence over TP ranks).
-    Deterministic, so every PP stage of a DP rank builds the same micro-batches.
-    """
-    out, cur, longest = [], [], 0
-    for s in samples:
-        n = s.n_tokens
-        new_longest = max(longest, n)
-        if cur and (len(cur) >= micro_batch_size or (max_tokens and new_longest * (len(cur) + 1) > max_tokens)):
-            out.append(cur)
-            cur, new_longest = [], n
-        cur.append(s)
-        longest = new_longest
-    if cur:
-        out.append(cur)
-    return [collate(mb, pad_to_multiple) for mb in out]
-
-
-def collate(samples: list, pad_to_multiple: int = 1) -> dict:
-    """Right-padded tensors; ``loss_mask[:, t]`` is 1 where token t is a trained response token.
-
-    The sequence length is the longest sample rounded up to a multiple of ``pad_to_multiple``.
-    """
-    b, s = len(samples), max(x.n_tokens for x in samples)
-    s = -(-s // max(1, pad_to_multiple)) * max(1, pad_to_multiple)
-    tokens = torch.zeros(b, s, dtype=torch.long)
-    loss_mask = torch.zeros(b, s)
-    resp_mask = torch.zeros(b, s)
-    old = torch.zeros(b, s)
-    ref = torch.zeros(b, s)
-    adv = torch.zeros(b)
-    has_ref = all(x.ref_logprobs is not None for x in samples)
-    eng, stale = torch.zeros(b, s), torch.zeros(b, s)
-    weight, trained, fresh, clipped = (torch.zeros(b, s) for _ in range(4))
-    for i, x in enumerate(samples):
-        n, p = x.n_tokens, x.prompt_len
-        tokens[i, :n] = x.tokens
-        resp_mask[i, p:n] = 1
-        token_weights_into(x, n - p, loss_mask[i, p:n], weight[i, p:n], trained[i, p:n], fresh[i, p:n],
-                           clipped[i, p:n])
-        if x.old_logprobs is not None:
-            old[i, p:n] = x.old_logprobs
-        # the engine's logprobs (ratio 1 where a sample has none) and the off-policy prefix
-        eng[i, p:n] = engine_logprobs_of(x, old[i, p:n])
-        stale[i, p : p + min(x.stale_len, n - p)] = 1
-        if has_ref:
-            ref[i, p:n] = x.ref_logprobs
-        adv[i] = x.advantage
-    # logits are only needed from the first response token on: prompts are not scored
-    resp_start = max(1, min(x.prompt_len for x in samples))
-    out = {"tokens": tokens, "loss_mask": loss_mask, "resp_mask": resp_mask, "old_logprobs": old, "advantages": adv,
-           "resp_start": resp_start, "engine_logprobs": eng, "stale": stale, "is_weight": weight,
-           "trained": trained, "tis_fresh": fresh, "tis_clipped": clipped}
-    if has_ref:
-        out["ref_logprobs"] = ref
-    routed = pk.routing_rows(samples, [s] * b)
-    if routed is not None:
-        out["routed_experts"] = routed
-    return out
-
-
-def sequence_pad_multiple(model) -> int:
-    """The multiple every micro-batch's sequence length must have: the TP size when the model
-    splits sequences over TP ranks (``config.sequence_parallel``, --sequence-parallel), else 1."""
-    from ..checkpoint.model_io import unwrap
-
-    cfg = unwrap(model).config
-    return int(cfg.tensor_model_parallel_size) if getattr(cfg, "sequence_parallel", False) else 1
+from .token_weights import weigh_items
 
 
 def _parallel_sizes(model):
@@ -116,23 +40,38 @@ def _parallel_sizes(model):
         getattr(cfg, "sequence_parallel", False))
 
 
-def make_packed_microbatches(model, samples: list, max_tokens: Optional[int]) -> tuple:
-    """Packed (THD) micro-batches of ``samples`` for this rank (``training.packing``).
+def pad_multiple_of(model) -> int:
+    """The multiple every packed sequence of ``model``'s micro-batches is padded to
+    (``packing.pad_multiple``: TP under --sequence-parallel, 2 x CP)."""
+    return pk.pad_multiple(*_parallel_sizes(model))
 
-    Samples go to the fewest micro-batches of at most ``max_tokens`` packed tokens (each
-    sequence padded only to what TP/CP need), balanced by tokens; with CP each micro-batch is
-    this CP rank's zigzag share. Returns ``(microbatches, order)``: ``order[k]`` lists the
-    sample indices packed into micro-batch ``k``. Deterministic for every PP stage and CP rank
-    of a DP rank.
+
+def make_microbatches(model, samples: list, micro_batch_size: int, max_tokens: Optional[int] = None,
+                      packing: bool = False) -> tuple:
+    """THD micro-batches of ``samples`` (``training.item.TrainItem``) for this rank: each one row
+    ``[1, T]`` with ``cu_seqlens`` (``packing.packed_microbatch``), each sequence padded only to
+    what TP/CP need; with CP, this CP rank's zigzag share.
+
+    Which samples share a micro-batch: with ``packing`` (--use-packing) or CP > 1, the fewest
+    micro-batches of at most ``max_tokens`` tokens, balanced by tokens
+    (``packing.pack_microbatches``); otherwise consecutive samples, at most
+    ``micro_batch_size`` (--micro-batch-size) and, with ``max_tokens``, at most that many
+    tokens each (``packing.consecutive_microbatches``: what the right-padded micro-batches of
+    earlier versions held). Returns ``(microbatches, order)``: ``order[k]`` lists the sample
+    indices of micro-batch ``k``. Deterministic for every PP stage and CP rank of a DP rank.
     """
     from megatron.core import parallel_state as ps
 
-    if not max_tokens:
-        raise ValueError("packed micro-batches need a token budget: set --max-tokens-per-gpu")
     tp, cp, sp = _parallel_sizes(model)
     mult = pk.pad_multiple(tp, cp, sp)
     cp_rank = ps.get_context_parallel_rank() if cp > 1 else 0
-    order = pk.pack_microbatches([x.n_tokens for x in samples], max_tokens, mult)
+    lens = [x.n_tokens for x in samples]
+    if packing or cp > 1:
+        if not max_tokens:
+            raise ValueError("packed micro-batches need a token budget: set --max-tokens-per-gpu")
+        order = pk.pack_microbatches(lens, max_tokens, mult)
+    else:
+        order = pk.consecutive_microbatches(lens, micro_batch_size, max_tokens, mult)
     mbs = [pk.packed_microbatch([samples[i] for i in idx], mult, cp, cp_rank) for idx in order]
     return mbs, order
 
@@ -187,12 +126,6 @@ def dp_token_counts(values, group=None, op=dist.ReduceOp.SUM) -> torch.Tensor:
     return t
 
 
-def uses_packing(model, packing: bool) -> bool:
-    """Packed micro-batches when asked (--use-packing) and always with context parallelism
-    (CP splits packed sequences; there is no padded CP path)."""
-    return bool(packing) or _parallel_sizes(model)[1] > 1
-
-
 @torch.no_grad()
 def compute_logprobs(
     policy_or_model, samples: list, true_vocab: int, micro_batch_size: int, max_tokens=None, temperature: float = 1.0,
@@ -201,50 +134,21 @@ def compute_logprobs(
     """Per-sample logprobs of the response tokens under the current weights (forward only),
     from ``softmax(logits / temperature)`` (the rollout's sampling distribution).
 
-    ``packing``: packed (THD) micro-batches up to ``max_tokens`` tokens (see
-    :func:`make_packed_microbatches`); with CP the ranks' shares are gathered back.
+    The micro-batches of :func:`make_microbatches`; with CP the ranks' shares are gathered back.
     Returns a list (one list of floats per sample) on the last PP stage, None elsewhere.
     """
     from megatron.core import parallel_state as ps
 
     model = policy_or_model.model if isinstance(policy_or_model, Policy) else policy_or_model
     model.eval()
-    if uses_packing(model, packing):
-        return _compute_logprobs_packed(model, samples, true_vocab, max_tokens, temperature)
-    mbs = make_microbatches(samples, micro_batch_size, max_tokens, sequence_pad_multiple(model))
+    mbs, order = make_microbatches(model, samples, micro_batch_size, max_tokens, packing)
     got = []
 
     def loss_fn(batch, logits):
-        st = batch["resp_start"]
-        lp, _ = chunked_logprobs_entropy(logits[:, st - 1 : -1], batch["tokens"][:, st:], true_vocab, temperature,
+        a, b = batch["resp_span"]  # label positions of response tokens (the prompts are not scored)
+        lp, _ = chunked_logprobs_entropy(logits[0, a:b], batch["labels"][0, a:b], true_vocab, temperature,
                                          with_entropy=False)
-        got.append(lp.detach().float().cpu())  # tokens st..end
-        return torch.zeros((), dtype=torch.float32, device=logits.device), {}
-
-    forward_backward(model, mbs, loss_fn, forward_only=True)
-    model.train()
-    if not ps.is_pipeline_last_stage():
-        return None
-    out, k = [], 0
-    for mb, lp in zip(mbs, got):
-        st = mb["resp_start"]
-        for i in range(mb["tokens"].shape[0]):
-            x = samples[k]
-            n, p = x.n_tokens, x.prompt_len
-            out.append(lp[i, p - st : n - st].tolist())
-            k += 1
-    return out
-
-
-def _compute_logprobs_packed(model, samples: list, true_vocab: int, max_tokens, temperature: float):
-    from megatron.core import parallel_state as ps
-
-    mbs, order = make_packed_microbatches(model, samples, max_tokens)
-    got = []
-
-    def loss_fn(batch, logits):
-        lp, _ = chunked_logprobs_entropy(logits[0], batch["labels"][0], true_vocab, temperature, with_entropy=False)
-        got.append(lp.detach().float().cpu())  # [T / cp]: label position t scores token t+1
+        got.append((a, lp.detach().float().cpu()))  # label position t scores token t+1
         return torch.zeros((), dtype=torch.float32, device=logits.device), {}
 
     forward_backward(model, mbs, loss_fn, forward_only=True)
@@ -252,12 +156,13 @@ def _compute_logprobs_packed(model, samples: list, true_vocab: int, max_tokens, 
     if not ps.is_pipeline_last_stage():
         return None
     out = [None] * len(samples)
-    for mb, idx, lp in zip(mbs, order, got):
-        full = pk.unzigzag(_gather_cp(lp), mb["seqlens_padded"])
-        for i, a in zip(idx, mb["cu_seqlens"][:-1].tolist()):
+    for mb, idx, (a, lp) in zip(mbs, order, got):
+        local = lp.new_zeros(mb["tokens"].shape[1])
+        local[a : a + lp.shape[0]] = lp
+        full = pk.unzigzag(_gather_cp(local), mb["seqlens_padded"])
+        for i, start in zip(idx, mb["cu_seqlens"][:-1].tolist()):
             x = samples[i]
-            n, p = x.n_tokens, x.prompt_len
-            out[i] = full[a + p - 1 : a + n - 1].tolist()
+            out[i] = full[start + x.prompt_len - 1 : start + x.n_tokens - 1].tolist()
     return out
 
 
@@ -267,29 +172,24 @@ TOKEN_FIELDS = ("loss_mask", "resp_mask", "old_logprobs", "ref_logprobs", "engin
 
 
 def _loss_inputs(batch: dict, logits: torch.Tensor, true_vocab: int, temperature: float) -> dict:
-    """Logprobs, entropy and the per-token fields of a micro-batch as ``[sequences, tokens]``.
+    """Logprobs, entropy and the per-token fields of a micro-batch as ``[sequences, tokens]``:
+    this CP rank's tokens scattered into one row per sequence (``packing.to_grid``). Logprobs and
+    entropy are computed over the span of the row that holds response tokens (``resp_span``), in
+    chunks (``training.logprobs``): no float32 [tokens x vocab] tensor is built."""
+    a, b = batch["resp_span"]
+    lp_span, ent_span = chunked_logprobs_entropy(logits[0, a:b], batch["labels"][0, a:b], true_vocab, temperature)
+    T = logits.shape[1]
+    lp = torch.nn.functional.pad(lp_span, (a, T - b))
+    ent = torch.nn.functional.pad(ent_span, (a, T - b))
+    rows, cols, shape = batch["grid_rows"], batch["grid_cols"], batch["grid_shape"]
 
-    Padded micro-batches: the response columns (from ``resp_start``). Packed ones: this CP
-    rank's tokens scattered into one row per sequence (``packing.to_grid``). The vocabulary
-    work is chunked (``training.logprobs``): no float32 [tokens x vocab] tensor is built."""
-    if "cu_seqlens" in batch:
-        lp, ent = chunked_logprobs_entropy(logits[0], batch["labels"][0], true_vocab, temperature)
-        rows, cols, shape = batch["grid_rows"], batch["grid_cols"], batch["grid_shape"]
+    def grid(v):
+        return pk.to_grid(v, rows, cols, shape)
 
-        def grid(v):
-            return pk.to_grid(v, rows, cols, shape)
-
-        out = {"lp": grid(lp), "ent": grid(ent), "adv": grid(batch["advantages"])}
-        for k in TOKEN_FIELDS:
-            if k in batch:
-                out[k] = grid(batch[k])
-        return out
-    st = batch["resp_start"]  # score tokens st..end only (the prompts carry no loss)
-    lp, ent = chunked_logprobs_entropy(logits[:, st - 1 : -1], batch["tokens"][:, st:], true_vocab, temperature)
-    out = {"lp": lp, "ent": ent, "adv": batch["advantages"]}
+    out = {"lp": grid(lp), "ent": grid(ent), "adv": grid(batch["advantages"])}
     for k in TOKEN_FIELDS:
         if k in batch:
-            out[k] = batch[k][:, st:]
+            out[k] = grid(batch[k])
     return out
 
 
@@ -299,23 +199,22 @@ def dapo_loss_fn(
     """The per-micro-batch loss: the --policy-loss surrogate (algo.POLICY_LOSSES), aggregated over the whole step.
 
     Logprobs and entropy come from ``logits / temperature`` (the rollout temperature), like the
-    old logprobs they are compared with. Padded and packed (THD, any CP) micro-batches alike.
+    old logprobs they are compared with. THD micro-batches, any CP.
     Each token's loss is multiplied by its importance weight ``is_weight`` and counted where
-    ``loss_mask`` is 1, both set per sample by :func:`weigh_samples` (``--tis-mode`` on the
+    ``loss_mask`` is 1, both set per sample by ``token_weights.weigh_items`` (``--tis-mode`` on the
     fresh tokens, ``--partial-rollout-offpolicy`` on the stale ones)."""
 
     spec = POLICY_LOSSES.get(algo.policy_loss)
 
     def loss_fn(batch, logits):
-        if batch.get("cp_size", 1) > 1 and spec.whole_sequences:
+        if batch["cp_size"] > 1 and spec.whole_sequences:
             raise ValueError(f"--policy-loss {algo.policy_loss} needs whole sequences per rank: not with CP > 1")
-        if batch.get("cp_size", 1) > 1 and algo.loss_agg_mode == "seq-mean-token-mean":
+        if batch["cp_size"] > 1 and algo.loss_agg_mode == "seq-mean-token-mean":
             raise ValueError("--loss-agg-mode seq-mean-token-mean needs whole sequences per rank: not with CP > 1")
         x = _loss_inputs(batch, logits, true_vocab, temperature)
         lp, mask, old = x["lp"], x["loss_mask"], x["old_logprobs"]
         per_tok, m = spec(lp, old, x["adv"], mask, algo)
-        eng = x.get("engine_logprobs", old)
-        stale = x.get("stale", torch.zeros_like(mask))
+        eng, stale = x["engine_logprobs"], x["stale"]
         w = x["is_weight"]
         # the logged mismatch is the engine/trainer one: over the tokens of the current weights
         fresh = x["tis_fresh"] != 0
@@ -376,7 +275,7 @@ def train_on_minibatch(
 ) -> StepStats:
     """One optimizer step on this DP rank's shard of a mini-batch; returns its stats.
 
-    ``packing``: packed (THD) micro-batches up to ``max_tokens`` (always with CP > 1). The
+    Micro-batches: :func:`make_microbatches` (``packing``: token-budget packing). The
     step's token and sequence counts come from whole sequences (every CP rank of a DP rank
     has the same) and are summed over DP only; each CP rank's metric sums cover its share of
     the tokens and are summed over the CP group. ``dp_token_imbalance``: max over mean of the
@@ -385,14 +284,8 @@ def train_on_minibatch(
     from megatron.core import parallel_state as ps
 
     samples = weigh_items(samples, algo, offpolicy)
-    packed = uses_packing(policy.model, packing)
-    if packed:
-        mbs, _ = make_packed_microbatches(policy.model, samples, max_tokens)
-        local = [sum(mb["n_loss_tokens"] for mb in mbs), sum(mb["n_loss_seqs"] for mb in mbs)]
-    else:
-        mbs = make_microbatches(samples, micro_batch_size, max_tokens, sequence_pad_multiple(policy.model))
-        local = [sum(float(mb["loss_mask"][:, 1:].sum()) for mb in mbs),
-                 sum(float((mb["loss_mask"][:, 1:].sum(1) > 0).sum()) for mb in mbs)]
+    mbs, _ = make_microbatches(policy.model, samples, micro_batch_size, max_tokens, packing)
+    local = [sum(mb["n_loss_tokens"] for mb in mbs), sum(mb["n_loss_seqs"] for mb in mbs)]
     my_tokens = float(sum(x.n_tokens for x in samples))
     # the WHOLE optimizer step's token and sequence counts, over all micro-batches and DP ranks,
     # and the DP ranks' token loads (sum and max) for the imbalance

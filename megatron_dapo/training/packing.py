@@ -7,7 +7,8 @@ Pure functions of lengths, lists and tensors: no process groups, no megatron sta
   imbalance ``max / mean`` of their weights. The trainer uses it for the samples of a
   mini-batch over data-parallel ranks and for the samples of one rank over micro-batches.
 * :func:`pack_microbatches` chooses the fewest micro-batches whose packed (padded) tokens
-  fit ``max_tokens``, balanced by tokens.
+  fit ``max_tokens``, balanced by tokens (--use-packing, CP); :func:`consecutive_microbatches`
+  groups consecutive samples, at most --micro-batch-size each (the default).
 * :func:`pack_samples` lays samples out as one THD row (``[1, T]``) with ``cu_seqlens``:
   each sequence is padded only to ``multiple`` tokens (:func:`pad_multiple`: what TP with
   sequence parallelism and 2 x CP need), positions restart at 0 for every sequence, and the
@@ -153,6 +154,27 @@ def pack_microbatches(
             m += 1
         out += [sorted(rest[j] for j in p) for p in parts if p]
     out.sort(key=lambda p: (-sum(cost[i] for i in p), p[0]))
+    return out
+
+
+def consecutive_microbatches(
+    lengths: Sequence[int], max_seqs: int, max_tokens: Optional[int] = None, multiple: int = 1
+) -> list:
+    """Group consecutive sample indices, in order: at most ``max_seqs`` samples per micro-batch
+    and, with ``max_tokens``, at most that many packed tokens (each length padded to
+    ``multiple``); a sample over the budget goes alone. Deterministic."""
+    if max_seqs < 1:
+        raise ValueError(f"consecutive_microbatches: max_seqs must be >= 1, got {max_seqs}")
+    out, cur, tokens = [], [], 0
+    for i, n in enumerate(lengths):
+        c = padded_len(int(n), multiple)
+        if cur and (len(cur) >= max_seqs or (max_tokens and tokens + c > max_tokens)):
+            out.append(cur)
+            cur, tokens = [], 0
+        cur.append(i)
+        tokens += c
+    if cur:
+        out.append(cur)
     return out
 
 
@@ -333,8 +355,10 @@ def packed_microbatch(samples: Sequence[TrainItem], multiple: int = 1, cp_size: 
     """One packed micro-batch of ``samples`` as CP rank ``cp_rank`` feeds it to the model.
 
     :func:`pack_samples` (``multiple`` from :func:`pad_multiple`), then :func:`split_for_cp`,
-    plus ``grid_rows``/``grid_cols``/``grid_shape`` (:func:`grid_index`), ``cp_size`` and
-    the step's counts of the WHOLE (unsplit) pack: ``n_loss_tokens``, ``n_loss_seqs``.
+    plus ``grid_rows``/``grid_cols``/``grid_shape`` (:func:`grid_index`), ``cp_size``,
+    ``resp_span`` (the first and one past the last local position whose label is a response
+    token: the only logits the loss and the logprobs read) and the step's counts of the WHOLE
+    (unsplit) pack: ``n_loss_tokens``, ``n_loss_seqs``.
     """
     if cp_size > 1 and multiple % (2 * cp_size):
         raise ValueError(f"packed_microbatch: multiple {multiple} must be a multiple of 2 * CP = {2 * cp_size}")
@@ -343,6 +367,8 @@ def packed_microbatch(samples: Sequence[TrainItem], multiple: int = 1, cp_size: 
     seq_tokens = [float(lm[a:b].sum()) for a, b in zip(full["cu_seqlens"][:-1].tolist(), full["cu_seqlens"][1:].tolist())]
     out = split_for_cp(full, cp_size, cp_rank)
     rows, cols, shape = grid_index(full["seqlens_padded"], cp_size)
-    out.update(grid_rows=rows, grid_cols=cols, grid_shape=shape, cp_size=cp_size,
+    have = torch.nonzero(out["resp_mask"][0]).squeeze(1)
+    span = (int(have[0]), int(have[-1]) + 1) if have.numel() else (0, min(1, out["tokens"].shape[1]))
+    out.update(grid_rows=rows, grid_cols=cols, grid_shape=shape, cp_size=cp_size, resp_span=span,
                n_loss_tokens=float(lm.sum()), n_loss_seqs=float(sum(1 for x in seq_tokens if x > 0)))
     return out

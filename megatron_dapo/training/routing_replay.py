@@ -7,9 +7,9 @@ a model a :class:`ReplayRouter` (a ``RouterReplay`` that is NOT added to megatro
 instance list, so models built one after another in a process do not share it), keyed by the
 router's global layer index.
 
-The replay targets of a micro-batch come from its ``routed_experts`` tensor (``dapo_step.collate``:
-``[b, s, layers, top_k]``; ``packing.pack_samples``: ``[1, T, layers, top_k]``, CP-split like
-the tokens), one row per input position: the engine's expert ids, ``-1`` where the engine gave
+The replay targets of a micro-batch come from its ``routed_experts`` tensor
+(``packing.pack_samples``: ``[1, T, layers, top_k]``, CP-split like the tokens; ``[b, s, ...]``
+for a right-padded batch), one row per input position: the engine's expert ids, ``-1`` where the engine gave
 none (the position routes freely) and ``-2`` on padding. :func:`set_targets` lays them out in
 the order the router sees its tokens: ``[s, b]`` flattened, this TP rank's sequence slice under
 sequence parallelism. On each router call:

@@ -3,8 +3,8 @@
 The importance weight of a token (``--tis-mode`` on the tokens the current weights generated,
 ``--partial-rollout-offpolicy`` on those older weights generated) and whether it counts in
 the step's token-mean denominator are computed on each sample's WHOLE response
-(``algo.tis.loss_token_weights``), before the samples are cut into padded or packed (THD,
-CP-split) micro-batches: the geometric mean of ``sequence-mask`` needs every fresh token of a
+(``algo.tis.loss_token_weights``), before the samples are cut into THD (CP-split)
+micro-batches: the geometric mean of ``sequence-mask`` needs every fresh token of a
 sequence, and the step's token count (taken before the first forward) must already leave out
 the tokens that carry no gradient.
 """

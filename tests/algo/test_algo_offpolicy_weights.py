@@ -1,6 +1,6 @@
 """One importance weight per token: every --tis-mode x --partial-rollout-offpolicy combination
 against a hand computation with rho != 1 (algo.tis.loss_token_weights), and the loss that the
-trainer builds from it (weigh_items -> collate / pack -> dapo_loss_fn): a stale token never
+trainer builds from it (weigh_items -> packed_microbatch -> dapo_loss_fn): a stale token never
 gets the TIS weight on top of its off-policy weight, and a token that carries no gradient
 leaves the token-mean denominator."""
 
@@ -123,9 +123,9 @@ def _samples():
 def test_the_trainers_loss_is_the_hand_weighted_token_mean(mode, offpolicy):
     algo = AlgorithmConfig(tis_mode=mode, tis_cap=C, tis_seq_cap=2.0)
     samples = weigh_items(_samples(), algo, offpolicy)
-    batch = dapo_step.collate(samples)
-    n_tok = float(batch["loss_mask"].sum())
-    logits = _logits(tuple(batch["tokens"].shape))
+    batch = pk.packed_microbatch(samples)
+    n_tok = float(batch["n_loss_tokens"])
+    logits = _packed_logits(samples, _logits((2, 6)))
     loss, stats = dapo_step.dapo_loss_fn(algo, V, n_tok, 2.0)(batch, logits)
     hand = _hand(mode, offpolicy, 2.0)
     kept = sum(sum(k) for _, k in hand)
@@ -140,15 +140,10 @@ def test_the_trainers_loss_is_the_hand_weighted_token_mean(mode, offpolicy):
     assert float(c) == n_fresh
     s_off, c_off = stats.offpolicy_token_frac
     assert (float(s_off), float(c_off)) == (2.0, 7.0)  # the stale tokens of trained samples, weighted or not
-    # packed (THD) micro-batches give the same loss
-    packed = pk.packed_microbatch(samples)
-    loss_p, _ = dapo_step.dapo_loss_fn(algo, V, float(packed["n_loss_tokens"]), 2.0)(
-        packed, _packed_logits(samples, logits))
-    assert loss_p.item() == pytest.approx(loss.item(), abs=1e-5)
 
 
 def _packed_logits(samples, padded_logits):
-    """The padded batch's logits laid out like a packed row (same logits per token)."""
+    """Each sample's row of a ``[2, 6]`` batch of logits, laid out as one packed row."""
     rows = [padded_logits[i, : x.n_tokens] for i, x in enumerate(samples)]
     return torch.cat(rows, 0).unsqueeze(0)
 

@@ -57,7 +57,6 @@ def _replay(hf_dir, before, after, lr, weight_decay, clip, eps_low, eps_high, cl
     from megatron_dapo.algo import aggregate_loss, policy_loss
     from megatron_dapo.checkpoint.mapping import megatron_to_hf
     from megatron_dapo.models import parse_hf_config
-    from megatron_dapo.training.dapo_step import collate
 
     arch = parse_hf_config(hf_dir)
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
@@ -76,13 +75,18 @@ def _replay(hf_dir, before, after, lr, weight_decay, clip, eps_low, eps_high, cl
     samples, i = before["samples"], 0
     assert sum(before["minibatch_sizes"]) == len(samples), before["minibatch_sizes"]
     for n in before["minibatch_sizes"]:  # one optimizer step per mini-batch, as the trainer split them
-        batch = collate(samples[i : i + n])
+        items = samples[i : i + n]
         i += n
-        logits = model(batch["tokens"]).logits.float()
-        lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, batch["tokens"][:, 1:, None]).squeeze(-1)
-        mask = batch["loss_mask"][:, 1:]
-        per_tok, _ = policy_loss(lp, batch["old_logprobs"][:, 1:], batch["advantages"], mask, eps_low, eps_high, clip_c)
-        loss = aggregate_loss(per_tok, mask, "token-mean", float(mask.sum()))
+        n_tok = float(sum(x.response_len for x in items if x.train))
+        loss = 0.0
+        for x in items:  # one TrainItem at a time: [1, response] rows
+            logits = model(x.tokens[None]).logits.float()
+            lp = torch.log_softmax(logits[:, x.prompt_len - 1 : -1], -1).gather(
+                -1, x.tokens[None, x.prompt_len:, None]).squeeze(-1)
+            mask = torch.full_like(lp, 1.0 if x.train else 0.0)
+            per_tok, _ = policy_loss(lp, x.old_logprobs[None], torch.tensor([x.advantage]), mask, eps_low, eps_high,
+                                     clip_c)
+            loss = loss + aggregate_loss(per_tok, mask, "token-mean", n_tok)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip)

@@ -29,8 +29,8 @@ def replay_logprobs(hf_cfg: dict, sd: dict, samples: list, ep: int, packing: boo
         for on in (False, True):
             rr.set_replay(model, on)
             lps = ds.compute_logprobs(model, samples, arch.vocab_size, len(samples), 256 if packing else None, packing=packing)
-            if on and not packing:  # one padded micro-batch: the routers' last call saw all of it
-                want = rr.token_major(pk.routing_rows(samples, [max(x.n_tokens for x in samples)] * len(samples)))
+            if on and not packing:  # one micro-batch of all samples: the routers' last call saw all of it
+                want = rr.token_major(pk.pack_samples(samples)["routed_experts"])
                 equal = True
                 for r in rr.replay_routers(model):
                     t = want[:, r.layer].long()

@@ -320,10 +320,9 @@ def parse_args_(argv):
 
 
 def test_routing_rows_follow_the_tokens_padded_packed_cp_and_sp():
-    """Alignment rule: routing row t of a sample sits where its input token t sits, in padded and
-    packed micro-batches, after the CP zigzag split and the SP slice of ``token_major``; -1 on
-    positions without engine routing, -2 on padding."""
-    from megatron_dapo.training import dapo_step as ds
+    """Alignment rule: routing row t of a sample sits where its input token t sits, in packed
+    (THD) micro-batches, after the CP zigzag split and the SP slice of ``token_major``, and in
+    one row per sample (``routing_rows``); -1 on positions without engine routing, -2 on padding."""
     from megatron_dapo.training import packing as pk
     from megatron_dapo.training.item import TrainItem
     from megatron_dapo.training.routing_replay import token_major
@@ -340,17 +339,18 @@ def test_routing_rows_follow_the_tokens_padded_packed_cp_and_sp():
         return have
 
     samples = [sample(7, 3), sample(5, 2)]
-    mb = ds.collate(samples, pad_to_multiple=4)
+    rows = pk.routing_rows(samples, [8, 8])
+    assert rows[1, 4, 0, 0] == -1 and bool((rows[1, 5:] == -2).all())
+    mb = pk.packed_microbatch(samples, multiple=4)  # sequences padded to 8 and 8
     have = check(mb["tokens"], mb["routed_experts"])
     assert have.sum() == 6 + 4  # every position but each sample's last
-    assert mb["routed_experts"][1, 4, 0, 0] == -1 and bool((mb["routed_experts"][1, 5:] == -2).all())
+    assert mb["routed_experts"][0, 8 + 4, 0, 0] == -1 and bool((mb["routed_experts"][0, 8 + 5:] == -2).all())
     flat = token_major(mb["routed_experts"], tp_size=2, tp_rank=1, sequence_parallel=True)
-    s = mb["tokens"].shape[1]
-    assert torch.equal(flat[:, 0, 0], mb["routed_experts"][:, s // 2:, 0, 0].transpose(0, 1).reshape(-1))
+    assert torch.equal(flat[:, 0, 0], mb["routed_experts"][0, 8:, 0, 0])
     for cp_rank in (0, 1):
         pmb = pk.packed_microbatch(samples, multiple=4, cp_size=2, cp_rank=cp_rank)
         assert pmb["routed_experts"].shape[:2] == pmb["tokens"].shape
         check(pmb["tokens"], pmb["routed_experts"])
     samples[1].routed_experts = None  # a sample without routing routes freely
-    mb = ds.collate(samples)
-    assert bool((mb["routed_experts"][1, :5] == -1).all())
+    mb = pk.packed_microbatch(samples)
+    assert bool((mb["routed_experts"][0, 7:12] == -1).all())

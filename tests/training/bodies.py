@@ -47,17 +47,17 @@ def tempered_logprobs_vs_hf(hf_cfg: dict, tp: int, temperature: float):
 
 
 def sequence_parallel_padding(hf_cfg: dict, tp: int):
-    """Micro-batches of a model whose config says sequence_parallel are padded to a multiple of TP."""
+    """The sequences of a model whose config says sequence_parallel are padded to a multiple of TP."""
     from megatron_dapo.checkpoint.model_io import unwrap
-    from megatron_dapo.training.dapo_step import make_microbatches, sequence_pad_multiple
+    from megatron_dapo.training.dapo_step import make_microbatches, pad_multiple_of
     from tests.foundation.bodies import build_from_hf
 
     _, model, _, _ = build_from_hf(hf_cfg, tp, 1)
-    plain = sequence_pad_multiple(model)
+    plain = pad_multiple_of(model)
     unwrap(model).config.sequence_parallel = True
-    sp = sequence_pad_multiple(model)
+    sp = pad_multiple_of(model)
     samples = [TrainItem(tokens=list(range(1, n + 1)), prompt_len=2) for n in (5, 7, 9)]
-    lens = [mb["tokens"].shape[1] for mb in make_microbatches(samples, 2, None, sp)]
+    lens = [mb["seqlens_padded"] for mb in make_microbatches(model, samples, 2, None)[0]]
     return {"plain": plain, "sp": sp, "lens": lens}
 
 

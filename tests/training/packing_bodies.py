@@ -49,10 +49,7 @@ def _logprobs_and_grads(model, arch, samples, packing: bool, max_tokens):
     algo = AlgorithmConfig(entropy_coef=0.01)
     g_tok = float(sum(s.response_len for s in samples if s.train))
     g_seq = float(sum(1 for s in samples if s.train))
-    if packing or ps.get_context_parallel_world_size() > 1:
-        mbs, _ = ds.make_packed_microbatches(model, samples, max_tokens)
-    else:
-        mbs = ds.make_microbatches(samples, 2, None)
+    mbs, _ = ds.make_microbatches(model, samples, 2, max_tokens, packing)
     model.zero_grad(set_to_none=True)
     forward_backward(model, mbs, ds.dapo_loss_fn(algo, arch.vocab_size, g_tok, g_seq), forward_only=False)
     grads = {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()}
@@ -73,7 +70,8 @@ def _diff(a, b) -> float:
 
 
 def packed_vs_padded(hf_cfg: dict, tp: int, pp: int):
-    """Logprobs and gradients of padded vs packed micro-batches under TP/PP (per rank)."""
+    """Logprobs and gradients of consecutive (micro-batch size 2) vs token-budget packed THD
+    micro-batches under TP/PP (per rank)."""
     from megatron.core import parallel_state as ps
 
     model, arch = _build(hf_cfg, tp, pp, 1)

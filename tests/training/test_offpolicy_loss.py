@@ -1,5 +1,5 @@
 """The DAPO loss with importance weights (--tis-mode) and stale partial-rollout tokens
-(--partial-rollout-offpolicy): padded and packed micro-batches, loss and gradient."""
+(--partial-rollout-offpolicy): THD micro-batches, loss and gradient."""
 
 from __future__ import annotations
 
@@ -42,13 +42,21 @@ def _samples():
 
 
 def _loss_and_grad(samples, algo, offpolicy=None):
-    batch = dapo_step.collate(weigh_items(samples, algo, offpolicy))
-    logits = _logits(tuple(batch["tokens"].shape)).requires_grad_(True)
-    n_tok = float(batch["loss_mask"].sum())
+    batch = pk.packed_microbatch(weigh_items(samples, algo, offpolicy))
+    # the logits of each sample's tokens are those of its row of a [2, 6] batch
+    rows = _logits((2, 6))
+    logits = torch.cat([rows[i, : x.n_tokens] for i, x in enumerate(samples)]).unsqueeze(0).requires_grad_(True)
+    n_tok = float(batch["n_loss_tokens"])
     loss, stats = dapo_step.dapo_loss_fn(algo, V, n_tok, 2.0)(batch, logits)
     loss.backward()
-    # the logits at position t score token t + 1: gradient per scored token
-    return loss.detach(), logits.grad.abs().sum(-1)[:, :-1], stats
+    # the logits at position t score token t + 1: gradient per scored token, one row per sample
+    g = logits.grad[0].abs().sum(-1)
+    grad = torch.zeros(2, 5)
+    start = 0
+    for i, x in enumerate(samples):
+        grad[i, : x.n_tokens - 1] = g[start : start + x.n_tokens - 1]
+        start += x.n_tokens
+    return loss.detach(), grad, stats
 
 
 def test_stale_tokens_masked_contribute_no_loss_and_no_gradient():

@@ -1,7 +1,9 @@
 """Packed (THD) micro-batches and context parallelism on real megatron-core models (gloo, tiny Qwen2, fp32).
 
-Packed vs padded micro-batches: the same per-sample logprobs (within 1e-6) and the same
-gradients of the DAPO loss (within 1e-6) at TP1, TP2 and PP2. CP2 (and CP2 x TP2) vs CP1:
+The trainer's two groupings of its THD micro-batches (consecutive samples, at most
+--micro-batch-size 2, vs token-budget packing; before #26.2 the first was a right-padded path):
+the same per-sample logprobs (within 1e-6) and the same gradients of the DAPO loss (within
+1e-6) at TP1, TP2 and PP2. CP2 (and CP2 x TP2) vs CP1:
 logprobs within 1e-6, gradients (summed over the CP group, as DDP does over DP x CP) within
 1e-5. The chunked vocab-parallel logprobs/entropy match a float64 full-vocabulary reference
 at TP2, gradients included.

@@ -71,23 +71,13 @@ def test_dp_token_counts_are_created_on_the_collective_device(monkeypatch):
     assert out.device.type == "meta" and out.dtype == torch.float64
 
 
-def test_collate_pads_to_a_multiple():
-    from megatron_dapo.training.item import TrainItem
-
-    samples = [TrainItem(tokens=[1, 2, 3, 4, 5], prompt_len=2), TrainItem(tokens=[1, 2, 3], prompt_len=1)]
-    assert dapo_step.collate(samples)["tokens"].shape == (2, 5)
-    b = dapo_step.collate(samples, pad_to_multiple=4)
-    assert b["tokens"].shape == (2, 8)
-    assert b["loss_mask"][:, 5:].sum() == 0 and b["resp_mask"][0].sum() == 3
-
-
 @pytest.mark.gloo
 def test_sequence_parallel_micro_batches_are_padded_to_tp(gloo):
     outs = gloo(2).run(__import__("tests.training.bodies", fromlist=["x"]).sequence_parallel_padding,
                        tiny_qwen2_config(), 2)
     for o in outs:
         assert o["plain"] == 1 and o["sp"] == 2
-        assert o["lens"] == [8, 10]  # longest of (5, 7) -> 7 -> 8; (9) -> 10
+        assert o["lens"] == [[6, 8], [10]]  # 2 sequences per micro-batch, each padded to a multiple of TP
 
 
 @pytest.mark.gloo
