@@ -1,10 +1,11 @@
 """Forward (and backward) passes of a megatron-core GPTModel over micro-batches, any TP/PP.
 
-A micro-batch is a dict of tensors with at least ``tokens`` [b, s] (right-padded) and
-optionally ``position_ids``; everything else (loss masks, old logprobs, advantages ...) is
-passed through to the loss function on the last pipeline stage. A packed micro-batch
-(``training.packing.packed_microbatch``) is one THD row ``[1, T]`` with ``cu_seqlens``: it
-reaches the model with ``PackedSeqParams`` instead of an attention mask.
+A micro-batch is a dict of tensors with at least ``tokens`` and optionally ``position_ids``;
+everything else (loss masks, old logprobs, advantages ...) is passed through to the loss
+function on the last pipeline stage. The trainer's micro-batches are THD
+(``training.packing.packed_microbatch``): one row ``[1, T]`` with ``cu_seqlens``, which
+reaches the model with ``PackedSeqParams`` instead of an attention mask. A right-padded
+``[b, s]`` batch without ``cu_seqlens`` gets a causal mask (tests and probes build those).
 
 The loss function contract (see :func:`forward_backward`): ``loss_fn(batch, logits)`` gets
 the vocab-parallel logits [b, s, V/tp] of the last stage and returns ``(loss, metrics)``,

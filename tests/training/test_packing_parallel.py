@@ -45,8 +45,9 @@ def test_chunked_logprobs_entropy_tp2(gloo):
 
 
 def test_train_on_minibatch_dp2_padded_equals_cp2_packed(gloo):
-    """The whole trainer step: DP 2 with padded micro-batches on token-balanced shards vs CP 2
-    with packed ones on the whole mini-batch (and DP 2 packed): same step token count, metric sums, gradient
+    """The whole trainer step: DP 2 with consecutive THD micro-batches (micro-batch size 2; a
+    right-padded path before #26.2) on token-balanced shards vs CP 2 with token-budget packed
+    ones on the whole mini-batch (and DP 2 packed): same step token count, metric sums, gradient
     norm and updated weights (Adam at lr 1e-4 turns fp32 rounding into differences << lr)."""
     from tests.tiny import tiny_qwen2_config
 
