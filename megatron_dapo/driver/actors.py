@@ -18,7 +18,7 @@ from typing import Optional
 import ray
 import torch
 
-from ..hybrid.weight_sync import CHECKSUM_TAP, EngineCalls, EngineProtocol
+from ..hybrid.weight_sync import EngineCalls, EngineProtocol
 from ..rollout.engines import engine_kind
 
 
@@ -103,6 +103,10 @@ class PolicyActor:
     def weight_checksums(self, arm: bool):
         """The weight-sync check (hybrid/probe.py): ``arm`` makes this rank's next sync record
         per-tensor checksums of what it hands over; otherwise returns that record (or None)."""
+        # imported at call time: Ray ships this class by value, and a module-level name would be
+        # a pickled copy of the tap, not the one this process's weight sync records into
+        from ..hybrid.weight_sync import CHECKSUM_TAP
+
         return CHECKSUM_TAP.arm() if arm else CHECKSUM_TAP.take()
 
 
