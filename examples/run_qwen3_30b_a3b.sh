@@ -19,16 +19,9 @@
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO_ROOT="$(cd "$SCRIPT_DIR/.." && pwd)"
-SHARED_DATA="${SHARED_DATA:-$REPO_ROOT/../shared/data}"
-if [[ -z "${PYTHON:-}" ]]; then
-  if [[ -x "$REPO_ROOT/.venv/bin/python" ]]; then PYTHON="$REPO_ROOT/.venv/bin/python"; else PYTHON=python3; fi
-fi
-
-# Which of the paths the user set (even to ""): those are never replaced.
-USER_SET=" "
-for v in HF_CKPT PROMPT_DATA EVAL_DATA TOKENIZER; do [[ -n "${!v+set}" ]] && USER_SET+="$v "; done
-user_set() { [[ "$USER_SET" == *" $1 "* ]]; }
+TAG=run_qwen3_30b_a3b
+# REPO_ROOT, SHARED_DATA, PYTHON, user_set, note, dry_run_stand_ins, the shared recipe, run_driver
+source "$SCRIPT_DIR/lib/common.sh"
 
 HF_CKPT="${HF_CKPT-/checkpoints/Qwen3-30B-A3B-Base}"
 PROMPT_DATA="${PROMPT_DATA-/data/dapo-math-17k.parquet}"
@@ -40,37 +33,11 @@ NUM_ROLLOUT="${NUM_ROLLOUT:-1000}"      # rollout steps; set it to your compute 
 NNODES="${NNODES:-4}"               # 4 or 8 nodes: the layout below is the same (docs/moe.md)
 GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
 
-DRY_RUN=${DRY_RUN:-0}
-for a in "$@"; do [[ "$a" == "--dry-run" ]] && DRY_RUN=1; done
-EXTRA=()
-note() { echo "[run_qwen3_30b_a3b] $*" >&2; }
-if [[ "$DRY_RUN" == 1 ]]; then
-  grep -qx -- "--dry-run" < <(printf '%s\n' "$@") || EXTRA+=(--dry-run)
-  # A dry run must work on a machine without the 30B weights or the data sets: stand-ins for the defaults only.
-  if ! user_set HF_CKPT && [[ ! -f "$HF_CKPT/config.json" ]]; then
-    note "HF_CKPT not set and $HF_CKPT/config.json not found: dry run with the public config in examples/qwen3-30b-a3b (shape only, no weights)"
-    HF_CKPT="$REPO_ROOT/examples/qwen3-30b-a3b"
-    if ! user_set TOKENIZER && [[ -f "$SHARED_DATA/tokenizers/qwen2/tokenizer.json" ]]; then
-      TOKENIZER="$SHARED_DATA/tokenizers/qwen2"; note "TOKENIZER not set: the Qwen2 tokenizer in $TOKENIZER (Qwen3 uses the same byte-level BPE; its few extra special tokens do not matter to a dry run)"
-    fi
-  fi
-  if ! user_set PROMPT_DATA && [[ ! -e "$PROMPT_DATA" ]]; then
-    SAMPLE="$SHARED_DATA/train/dapo-math-17k-head16.parquet"
-    if [[ -e "$SAMPLE" ]]; then
-      note "PROMPT_DATA not set and $PROMPT_DATA not found: dry run with the 16-row sample $SAMPLE"; PROMPT_DATA="$SAMPLE"
-    else
-      note "PROMPT_DATA not set and $PROMPT_DATA not found: dry run without --prompt-data"; PROMPT_DATA=""
-    fi
-  fi
-  if ! user_set EVAL_DATA && [[ ! -e "$EVAL_DATA" ]]; then
-    SAMPLE="$SHARED_DATA/eval/aime-2024.parquet"
-    if [[ -e "$SAMPLE" ]]; then
-      note "EVAL_DATA not set and $EVAL_DATA not found: dry run with $SAMPLE"; EVAL_DATA="$SAMPLE"
-    else
-      note "EVAL_DATA not set and $EVAL_DATA not found: dry run without --eval-data"; EVAL_DATA=""
-    fi
-  fi
-fi
+# A dry run must work on a machine without the 30B weights or the data sets: stand-ins for the defaults only.
+dry_run_stand_ins examples/qwen3-30b-a3b \
+  "(Qwen3 uses the same byte-level BPE; its few extra special tokens do not matter to a dry run)" "$@"
+# The checkpoint, sampling, DAPO and evaluation flags of the paper and the official 32B script (lib/common.sh).
+dapo_math_recipe
 
 # ---------------------------------------------------------------------------------------------- model
 # Shape (48 layers, hidden 2048, 32 heads / 4 KV heads x 128, q/k norms, 128 experts of width 768, top-8 renormalised,
@@ -94,58 +61,20 @@ MOE_ARGS=(
 if [[ "${ROUTING_REPLAY:-1}" == 1 ]]; then MOE_ARGS+=(--routing-replay); fi
 
 # ---------------------------------------------------------------------------------------------- checkpoints
-CKPT_ARGS=(
-  --save "$SAVE_DIR"
-  --save-interval 10
-  --keep-last 3
-  --save-hf-interval 100
-)
-# Resume automatically when this run already wrote a checkpoint (weights, optimizer, trainer state).
-if [[ -e "$SAVE_DIR/latest" ]]; then CKPT_ARGS+=(--load "$SAVE_DIR"); fi
+# Every 10 steps, the last 3 kept, an HF export every 100; resumes when $SAVE_DIR/latest exists (lib/common.sh).
+CKPT_ARGS=("${RECIPE_CKPT_ARGS[@]}")
 
 # ---------------------------------------------------------------------------------------------- rollout
 ROLLOUT_ARGS=(
-  ${PROMPT_DATA:+--prompt-data "$PROMPT_DATA"}
-  --rollout-engine sglang
-  --num-rollout "$NUM_ROLLOUT"
-  --rollout-batch-size 512            # prompts kept per step (after dynamic sampling)
-  --n-samples-per-prompt 16           # G
-  --over-sampling-batch-size 1536     # 3x prompts generated per round (official script)
-  --max-num-gen-batches 10            # at most 10 generation rounds per step, then a clear error
-  --rollout-temperature 1.0
-  --rollout-top-p 1.0
-  --rollout-top-k -1
-  --max-prompt-length 2048
-  --prompt-overflow truncate-left     # the official recipe truncates long prompts on the left
-  --reward-mode dapo                  # the official "Answer:" check, +1 / -1
+  "${RECIPE_ROLLOUT_ARGS[@]}"         # DAPO-Math-17K, G 16, 512 prompts kept of 1536 per round (lib/common.sh)
   --rollout-num-gpus-per-engine 4     # engine TP 4 = the 4 KV heads: 2 engines per node (layout below)
   --sglang-mem-fraction-static 0.7
 )
 
 # ---------------------------------------------------------------------------------------------- DAPO + optimizer
-# As examples/run_qwen32b.sh (the paper and the official 32B script): the recipe is the algorithm's, not the model's.
-DAPO_ARGS=(
-  --algorithm dapo
-  --eps-clip-low 0.2
-  --eps-clip-high 0.28                # clip-higher
-  --clip-ratio-c 10                   # dual clip (official script; 'none' = the paper's objective)
-  --loss-agg-mode token-mean          # token-level loss over the whole optimizer step
-  --dynamic-sampling true
-  --dynamic-sampling-metric acc       # filter groups on raw correctness, not the length-shaped score
-  --max-response-length 20480         # 16384 expected + 4096 soft-punishment buffer
-  --overlong-buffer-length 4096
-  --overlong-penalty true
-  --overlong-penalty-factor 1.0
-  --kl-coef 0
-  --entropy-coef 0
-  --lr 1e-6                           # constant after the linear warm-up
-  --lr-warmup-rollout-steps 10
-  --weight-decay 0.1
-  --clip-grad 1.0
-  --adam-beta1 0.9
-  --adam-beta2 0.999
-  --global-batch-size 512             # responses per optimizer step: 512 x 16 / 512 = 16 updates per step
-)
+# As examples/run_qwen32b.sh (the paper and the official 32B script; both take it from lib/common.sh): the recipe
+# is the algorithm's, not the model's.
+DAPO_ARGS=("${RECIPE_DAPO_ARGS[@]}")
 
 # ---------------------------------------------------------------------------------------------- parallelism
 # 4 nodes x 8 GPUs = 32 (or 8 x 8 = 64, same layout). Dense part TP 2 (sequence parallel) x PP 1 x CP 1 -> DP 16 (32);
@@ -178,20 +107,12 @@ PERF_ARGS=(
   --context-parallel-size 1
   --expert-model-parallel-size 8      # 16 experts per GPU, the token all-to-all inside one node (NVLink)
   --expert-tensor-parallel-size 1     # whole experts (default would be TP 2: half-width 384 GEMMs)
-  --use-distributed-optimizer
-  --max-tokens-per-gpu 22528          # 2048 prompt + 20480 response: one longest sample per micro-batch
-  --use-packing                       # THD micro-batches filled to the budget, no padding
-  --recompute-granularity full
-  --recompute-method uniform
-  --recompute-num-layers 1
+  "${RECIPE_PERF_ARGS[@]}"            # distributed optimizer, 22528 tokens per micro-batch, packing, full recompute
 )
 
 # ---------------------------------------------------------------------------------------------- evaluation
-# The paper reports AIME 2024 avg@32 at temperature 1.0, top_p 0.7.
-EVAL_ARGS=(
-  ${EVAL_DATA:+--eval-data "$EVAL_DATA"}
-  ${EVAL_DATA:+--eval-interval 10}
-)
+# AIME 2024 every 10 steps when EVAL_DATA is set (lib/common.sh).
+EVAL_ARGS=("${RECIPE_EVAL_ARGS[@]}")
 
 # ---------------------------------------------------------------------------------------------- logging
 LOG_ARGS=(
@@ -201,9 +122,5 @@ LOG_ARGS=(
   --dump-rollouts-every 10
 )
 
-cd "$REPO_ROOT"
-CMD=("$PYTHON" -m megatron_dapo.train
-  "${MODEL_ARGS[@]}" "${MOE_ARGS[@]}" "${CKPT_ARGS[@]}" "${ROLLOUT_ARGS[@]}" "${DAPO_ARGS[@]}" "${PERF_ARGS[@]}"
-  "${EVAL_ARGS[@]}" "${LOG_ARGS[@]}" ${EXTRA[@]+"${EXTRA[@]}"} "$@")
-echo "[run_qwen3_30b_a3b] ${CMD[*]}" >&2
-exec "${CMD[@]}"
+run_driver "${MODEL_ARGS[@]}" "${MOE_ARGS[@]}" "${CKPT_ARGS[@]}" "${ROLLOUT_ARGS[@]}" "${DAPO_ARGS[@]}" \
+  "${PERF_ARGS[@]}" "${EVAL_ARGS[@]}" "${LOG_ARGS[@]}" ${EXTRA[@]+"${EXTRA[@]}"} "$@"
