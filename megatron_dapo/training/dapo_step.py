@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 
 from ..algo import aggregate_loss, kl_penalty
+from ..checkpoint.model_io import unwrap
+from ..distributed import collective_device
 from ..algo.policy_losses import POLICY_LOSSES
 from ..algo.tis import mismatch_kl
 from ..algo.config import AlgorithmConfig
@@ -33,8 +35,6 @@ from .token_weights import weigh_items
 
 
 def _parallel_sizes(model):
-    from ..checkpoint.model_io import unwrap
-
     cfg = unwrap(model).config
     return int(cfg.tensor_model_parallel_size), int(getattr(cfg, "context_parallel_size", 1) or 1), bool(
         getattr(cfg, "sequence_parallel", False))
@@ -83,8 +83,6 @@ def _gather_cp(t: torch.Tensor) -> list:
     g = ps.get_context_parallel_group()
     if dist.get_world_size(g) == 1:
         return [t]
-    from ..distributed import collective_device
-
     dev = collective_device(g)
     parts = [torch.empty_like(t, device=dev) for _ in range(dist.get_world_size(g))]
     dist.all_gather(parts, t.to(dev), group=g)
@@ -95,8 +93,6 @@ def _cp_reduce_stats(stats: LossStats) -> LossStats:
     """Sum the (sum, count) metric pairs and max the ratio over the CP group (each CP rank saw
     its share of every sequence)."""
     from megatron.core import parallel_state as ps
-
-    from ..distributed import collective_device
 
     g = ps.get_context_parallel_group()
     if dist.get_world_size(g) == 1:
@@ -113,8 +109,6 @@ def dp_token_counts(values, group=None, op=dist.ReduceOp.SUM) -> torch.Tensor:
     """``values`` summed (or reduced by ``op``) over the data-parallel ``group`` (float64),
     created on the device that group's backend reduces on (CUDA for NCCL, host for gloo)."""
     from megatron.core import parallel_state as ps
-
-    from ..distributed import collective_device
 
     g = group if group is not None else ps.get_data_parallel_group()
     t = torch.tensor(list(values), dtype=torch.float64, device=collective_device(g))

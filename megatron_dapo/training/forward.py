@@ -24,6 +24,7 @@ from typing import Callable, Optional
 import torch
 
 from ..models.provider import causal_mask
+from .routing_replay import clear_targets, set_targets
 
 
 def finalize_grads_no_token_scaling(model, num_tokens=None, **kwargs):
@@ -89,8 +90,6 @@ def forward_step(data_iterator, model_chunk, loss_fn: Callable):
     batch = to_device(next(data_iterator), param_device(model_chunk))
     tokens, pos, mask, extra = _model_inputs(batch)
     if "routed_experts" in batch:  # routing replay (training/routing_replay.py)
-        from .routing_replay import set_targets
-
         set_targets(model_chunk, batch["routed_experts"])
     output = model_chunk(tokens, pos, mask, **extra)
     return output, functools.partial(_loss_wrapper, loss_fn, batch)
@@ -126,8 +125,6 @@ def forward_backward(
         forward_only=forward_only,
     )
     if any("routed_experts" in mb for mb in microbatches):
-        from .routing_replay import clear_targets
-
         clear_targets(model)
     return list(out)
 

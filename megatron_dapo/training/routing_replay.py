@@ -36,6 +36,7 @@ import torch
 from megatron.core.transformer.moe.router_replay import RouterReplay
 
 from ..algo.routing_metrics import topk_agreement, router_entropy
+from ..distributed import collective_device
 
 FREE = -1  # a position without the engine's routing: the router's own top-k
 PAD = -2  # padding: no token
@@ -208,8 +209,6 @@ def collect_stats(model, groups=None) -> Optional[dict]:
         r.reset_stats()
         r.recorded_topk_idx = None  # (device memory held across the rollout otherwise)
     if dist.is_initialized():
-        from ..distributed import collective_device
-
         for g in list(groups) + [ps.get_pipeline_model_parallel_group()]:
             if g is not None and dist.get_world_size(g) > 1:
                 t = st.to(collective_device(g))

@@ -15,8 +15,9 @@ from typing import Optional
 import torch
 
 from ..config.schema import MoEConfig, OptimConfig, ParallelConfig
+from ..models.hf_config import padded_vocab_size
 from ..models.provider import ModelBuildOptions, MoEOptions, build_gpt_model
-from .forward import configure_for_step_normalised_loss
+from .forward import configure_for_step_normalised_loss, forward_backward
 
 _OPTIM, _PARALLEL = OptimConfig(), ParallelConfig()
 
@@ -130,8 +131,6 @@ def build_optimizer(model, opt: OptimizerOptions, bf16: bool = False):
 
 def build_policy(hf_config, build: Optional[ModelBuildOptions] = None, opt: Optional[OptimizerOptions] = None) -> Policy:
     """Model (this rank's TP/PP part) wrapped in DDP, with its optimizer and LR schedule."""
-    from ..models.hf_config import padded_vocab_size
-
     build = build or ModelBuildOptions()
     opt = opt or OptimizerOptions()
     model, arch, config = build_gpt_model(hf_config, build)
@@ -150,8 +149,7 @@ def train_step(policy: Policy, microbatches: list[dict], loss_fn) -> dict:
     Returns ``{"update_successful", "grad_norm", "metrics"}``; a non-finite gradient norm
     skips the update (megatron's optimizer returns ``update_successful=False``).
     """
-    from .dapo_step import dp_token_counts
-    from .forward import forward_backward
+    from .dapo_step import dp_token_counts  # at call time: dapo_step imports this module
 
     if getattr(policy.config, _AUX_PER_STEP, None) is not None:
         set_moe_aux_loss_scale(policy.config, float(dp_token_counts([len(microbatches)])[0]))

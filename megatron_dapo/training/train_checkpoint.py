@@ -35,6 +35,7 @@ from ..checkpoint.dist_ckpt import (
     CheckpointError,
     checkpoint_layout,
     checkpoint_metadata,
+    current_layout,
     load_checkpoint,
     read_metadata,
     resume_note,
@@ -181,8 +182,6 @@ def load_train_checkpoint(policy, directory: str) -> dict:
 
     A checkpoint whose optimizer state cannot be loaded by this optimizer (:func:`resume_note`)
     is refused before anything is read."""
-    from ..checkpoint.dist_ckpt import current_layout
-
     new = {**current_layout(), "distributed_optimizer": _is_distributed(policy),
            "optimizer_format": optimizer_format(_is_distributed(policy))}
     ok, note = resume_note(checkpoint_layout(read_metadata(directory)), new)

@@ -7,21 +7,37 @@ inside. Nothing here knows about Ray.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import random
 import time
+import warnings
 from typing import Optional
 
+import numpy as np
 import torch
+import torch.distributed as dist
 
+from ..checkpoint.dist_ckpt import load_checkpoint
+from ..checkpoint.hf_export import export_model_to_hf
+from ..checkpoint.model_io import gather_full_weights, load_hf_weights, unwrap
 from ..config.schema import DAPOConfig
-from ..models.provider import ModelBuildOptions, use_te_for
+from ..config.validate import lr_warmup_optimizer_steps
+from ..distributed import destroy_parallel, init_distributed, init_parallel
+from ..hybrid.offload import TrainerOffloader
+from ..hybrid.weight_sync import DiscardSink, EngineFeeding, WeightSync
+from ..models.provider import ModelBuildOptions, build_gpt_model, use_te_for
+from .dapo_step import compute_logprobs, train_on_minibatch
 from .item import TrainItem
+from .routing_replay import install as install_routing_replay
+from .setup import OptimizerOptions, build_policy, expert_parallel_sizes, moe_options
+from .train_checkpoint import load_train_checkpoint, save_train_checkpoint
 
 
 def _node_ip() -> Optional[str]:
     """This process's Ray node address (None outside Ray)."""
     try:
-        import ray
+        import ray  # optional here: the rank only asks Ray for its node address when it runs inside it
 
         return ray.util.get_node_ip_address() if ray.is_initialized() else None
     except ImportError:
@@ -30,7 +46,6 @@ def _node_ip() -> Optional[str]:
 
 def derived_rank_seed(seed: int, rank: int, step: int) -> int:
     """A 63-bit seed of (seed, rank, step) (sha256: neighbouring ranks and steps get unrelated seeds)."""
-    import hashlib
 
     h = hashlib.sha256(f"megatron-dapo-rng/{int(seed)}/{int(rank)}/{int(step)}".encode()).digest()
     return int.from_bytes(h[:8], "little") & (2**63 - 1)
@@ -38,15 +53,11 @@ def derived_rank_seed(seed: int, rank: int, step: int) -> int:
 
 class PolicyWorker:
     def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, cfg: DAPOConfig, hf_config_path: str):
-        import warnings
 
         warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
         warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
         from megatron.core import parallel_state as ps
 
-        from ..config.validate import lr_warmup_optimizer_steps
-        from ..distributed import init_distributed, init_parallel
-        from .setup import OptimizerOptions, build_policy, expert_parallel_sizes, moe_options
 
         self.cfg = cfg
         self.rank = rank
@@ -76,9 +87,8 @@ class PolicyWorker:
         )
         self.policy = build_policy(hf_config_path, build, opt)
         if cfg.moe.routing_replay:  # R3: replay the engines' routing (training/routing_replay.py)
-            from .routing_replay import install
 
-            install(self.policy.model)
+            install_routing_replay(self.policy.model)
         self.arch = self.policy.arch
         self.hf_config_path = hf_config_path
         self.build_opts = build
@@ -108,11 +118,9 @@ class PolicyWorker:
         return src
 
     def _load_init_weights(self, model) -> str:
-        from ..checkpoint.model_io import load_hf_weights, unwrap
 
         m = self.cfg.model
         if m.pretrained_checkpoint:
-            from ..checkpoint.dist_ckpt import load_checkpoint
 
             load_checkpoint(unwrap(model), m.pretrained_checkpoint, self.arch)
             return m.pretrained_checkpoint
@@ -124,11 +132,9 @@ class PolicyWorker:
     def build_reference(self) -> str:
         """A frozen reference policy for the KL term (--kl-coef > 0): --ref-load, else the
         initial weights (re-read from the init source, so a resumed run gets the same ref)."""
-        from ..models.provider import build_gpt_model
 
         model, _, _ = build_gpt_model(self.hf_config_path, self.build_opts)
         if self.cfg.model.ref_load:
-            from ..checkpoint.dist_ckpt import load_checkpoint
 
             load_checkpoint(model, self.cfg.model.ref_load, self.arch)
             src = self.cfg.model.ref_load
@@ -140,7 +146,6 @@ class PolicyWorker:
         return src
 
     def compute_ref_logprobs(self, samples: list) -> Optional[list]:
-        from .dapo_step import compute_logprobs
 
         o = self.cfg.optim
         return compute_logprobs(self._ref, samples, self.arch.vocab_size, o.micro_batch_size, o.max_tokens_per_gpu,
@@ -148,7 +153,6 @@ class PolicyWorker:
 
     def full_weights(self) -> dict:
         """TP-gathered weights of this PP stage by megatron global name (tests, replay)."""
-        from ..checkpoint.model_io import gather_full_weights
 
         return {n: t.clone() for n, t in gather_full_weights(self.policy.model, self.arch)}
 
@@ -164,7 +168,6 @@ class PolicyWorker:
         engine is not synced this time, the rank only takes part in the collectives (or in none,
         when no rank of its model-parallel replica is in ``active_feeders``). Otherwise
         ``engine`` is an in-process engine (or a list of them) on rank 0 only."""
-        from ..hybrid.weight_sync import DiscardSink, EngineFeeding, WeightSync
 
         size = bucket_bytes or self.cfg.rollout.update_weight_buffer_size
         key = ("feed" if feed_engines else "rank0", size)
@@ -187,7 +190,6 @@ class PolicyWorker:
         """Write the trainer's current weights as an HF checkpoint (collective; see
         ``checkpoint.hf_export.export_model_to_hf``): config.json from --hf-checkpoint, the
         tokenizer from --tokenizer (or --hf-checkpoint)."""
-        from ..checkpoint.hf_export import export_model_to_hf
 
         m = self.cfg.model
         tok = m.tokenizer or m.hf_checkpoint
@@ -196,7 +198,6 @@ class PolicyWorker:
 
     # ------------------------------------------------------------------ DAPO
     def compute_logprobs(self, samples: list) -> Optional[list]:
-        from .dapo_step import compute_logprobs
 
         o = self.cfg.optim
         return compute_logprobs(self.policy, samples, self.arch.vocab_size, o.micro_batch_size, o.max_tokens_per_gpu,
@@ -205,7 +206,6 @@ class PolicyWorker:
     def probe_logprobs(self, sequences: list) -> Optional[list]:
         """The weight-sync probe's megatron half: logprobs of tokens 1.. of each sequence at
         temperature 1 (what ``RolloutEngine.score(sequences, [1] * n)`` returns)."""
-        from .dapo_step import compute_logprobs
 
         o = self.cfg.optim
         items = [TrainItem(tokens=list(s), prompt_len=1) for s in sequences]
@@ -214,7 +214,6 @@ class PolicyWorker:
 
     def train(self, shards: list, inject_nan: bool = False) -> list:
         """``shards[k]`` is this rank's DP shard of mini-batch k: one optimizer step each (a ``StepStats`` each)."""
-        from .dapo_step import train_on_minibatch
 
         o = self.cfg.optim
         out = []
@@ -231,7 +230,6 @@ class PolicyWorker:
 
     def offload(self) -> int:
         """Release params, grads and optimizer state (host copy kept) while the engine runs."""
-        from ..hybrid.offload import TrainerOffloader
 
         if getattr(self, "_offloader", None) is None:
             self._offloader = TrainerOffloader(self.policy.model, self.policy.optimizer)
@@ -243,17 +241,13 @@ class PolicyWorker:
 
     # ------------------------------------------------------------------ state
     def rng_state(self) -> dict:
-        import random
 
-        import numpy as np
 
         return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
 
     def set_rng_state(self, s: dict) -> None:
         """Restore what :meth:`rng_state` returned on this rank (same layout: exact resume)."""
-        import random
 
-        import numpy as np
 
         torch.set_rng_state(s["torch"])
         np.random.set_state(s["numpy"])
@@ -264,9 +258,7 @@ class PolicyWorker:
         resume on another layout, where the saved per-rank states have no rank to go to. The
         same (seed, rank, step) always gives the same states; returns the derived seed."""
         seed = derived_rank_seed(self.cfg.optim.seed, self.rank, step)
-        import random
 
-        import numpy as np
 
         torch.manual_seed(seed)
         np.random.seed(seed % 2**32)
@@ -274,24 +266,19 @@ class PolicyWorker:
         return seed
 
     def save(self, directory: str, metadata: dict) -> None:
-        from .train_checkpoint import save_train_checkpoint
 
         save_train_checkpoint(self.policy, directory, metadata)
 
     def load(self, directory: str) -> None:
-        from .train_checkpoint import load_train_checkpoint
 
         load_train_checkpoint(self.policy, directory)
 
     def barrier(self) -> None:
-        import torch.distributed as dist
 
         dist.barrier()
 
     def shutdown(self) -> None:
-        import torch.distributed as dist
 
-        from ..distributed import destroy_parallel
 
         destroy_parallel()
         if dist.is_initialized():

@@ -63,7 +63,7 @@ def test_collective_device_follows_the_group_backend(monkeypatch):
 
 def test_dp_token_counts_are_created_on_the_collective_device(monkeypatch):
     seen = {}
-    monkeypatch.setattr(distributed, "collective_device", lambda group=None: torch.device("meta"))
+    monkeypatch.setattr(dapo_step, "collective_device", lambda group=None: torch.device("meta"))
     monkeypatch.setattr(dapo_step.dist, "get_world_size", lambda group=None: 2)
     monkeypatch.setattr(dapo_step.dist, "all_reduce", lambda t, group=None: seen.update(device=t.device, group=group))
     out = dapo_step.dp_token_counts([3.0, 1.0], group="dp-group")
