@@ -32,6 +32,7 @@ EXIT_USER_ERROR = 2
 
 
 def user_error_types() -> tuple:
+    # at call time: config.cli imports this module (a cycle), and dist_ckpt would load torch into every CLI
     from .checkpoint.dist_ckpt import CheckpointError
     from .config import ConfigError
     from .data import DataError

@@ -20,8 +20,10 @@ import sys
 from typing import List, Optional, Sequence
 
 from ..errors import OneLineArgumentParser, exit_on_user_error
+from .launch import format_states, grid_states, launch_local, submit_slurm, task_args
 from .plan import (DEFAULT_FACTORS, PLAN_FILE, AblationError, build_plan, check_and_cost, differences, fit_budget,
                    format_plan, load_plan, resolve_factors)
+from .report import write_report
 
 PROG = "ablate.py"
 
@@ -132,8 +134,6 @@ def _plan_for_run(args, base: List[str]):
 
 
 def cmd_run(args, base: List[str]) -> int:
-    from .launch import format_states, grid_states, launch_local, submit_slurm
-
     plan, rerun = _plan_for_run(args, base)
     if not rerun or args.dry_run:
         if rerun and (not plan.cost or args.step_seconds is not None or args.calibrate):
@@ -168,8 +168,6 @@ def cmd_run(args, base: List[str]) -> int:
 
 
 def _report(plan, metric, threshold, out, plots) -> None:
-    from .report import write_report
-
     md, rep = write_report(plan, out, metric or plan.metric, threshold, plots)
     print(md)
     print("[ablate] report: " + ", ".join(rep["files"]))
@@ -186,16 +184,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise AblationError(f"{args.command}: takes no train flags after '--'")
         plan = load_plan(args.grid)
         if args.command == "status":
-            from .launch import format_states, grid_states
-
             print(format_states(plan, grid_states(plan)))
             return 0
         if args.command == "report":
             _report(plan, args.metric, args.threshold, args.out, not args.no_plot)
             return 0
         if args.command == "task-args":
-            from .launch import task_args
-
             out = task_args(plan, args.key, args.skip_incomplete)
             if out:
                 sys.stdout.write("\0".join(out) + "\0")

@@ -23,6 +23,7 @@ nothing it started outlives it. On Slurm one array task per run calls
 from __future__ import annotations
 
 import datetime
+import fcntl
 import json
 import os
 import shlex
@@ -34,7 +35,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
-from .plan import PER_RUN_FIELDS, AblationError, Plan, Run, expected_config
+from ..driver.checkpoint_dirs import resolve
+from .plan import PER_RUN_FIELDS, AblationError, Plan, Run, expected_config, flatten, parse_train_args
 
 LAUNCH_LOG = "launch.jsonl"
 RUN_MARKERS = ("config.json", "metrics.jsonl", "hybrid_events.jsonl")  # driver/run_dir.py RUN_MARKERS
@@ -100,8 +102,6 @@ def config_differences(got: dict, want: dict, ignore: Sequence[str] = PER_RUN_FI
 
 
 def read_config(run_dir: str) -> Optional[dict]:
-    from .plan import flatten
-
     path = os.path.join(run_dir, "config.json")
     if not os.path.isfile(path):
         return None
@@ -146,8 +146,6 @@ def grid_states(plan: Plan) -> List[RunState]:
 
 
 def checkpoint_of(run: Run) -> Optional[str]:
-    from ..driver.checkpoint_dirs import resolve
-
     save = os.path.join(run.run_dir, "checkpoints")
     return save if os.path.isdir(save) and resolve(save) else None
 
@@ -326,8 +324,6 @@ def launch_local(plan: Plan, skip_incomplete: bool = False, kill_grace_s: float 
 def _lock_grid(grid: str):
     """An exclusive lock on ``GRID/launch.lock`` (a second launcher of the same grid would start
     the running run over); refused in one line naming the holder."""
-    import fcntl
-
     f = open(os.path.join(grid, "launch.lock"), "a+")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -386,8 +382,6 @@ def write_slurm_array(plan: Plan, keys: Sequence[str], max_parallel: int = 0, ti
     """``GRID/slurm/array-<stamp>.sbatch``: one array task per run in ``keys`` (its task file
     beside it); each task asks ``task-args`` what to run and calls examples/slurm/submit_dapo.sbatch
     with the train script ``GRID/slurm/train_cell.sh`` as its DRIVER_SCRIPT."""
-    from .plan import parse_train_args
-
     root = repo_root()
     sbatch = os.path.join(root, "examples", "slurm", "submit_dapo.sbatch")
     if not os.path.isfile(sbatch):

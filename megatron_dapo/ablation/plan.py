@@ -16,6 +16,8 @@ the rough estimate of :func:`estimate_step_seconds`).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import os
@@ -25,8 +27,13 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..config import ConfigError
-from .design import LETTERS, Design, DesignError, make_design, word_name
+from ..config import ConfigError, parse_args
+from ..config.cli import decode_escapes
+from ..config.validate import check_model_dir, validate, world_size
+from ..diagnostics.history import load_metrics, metrics_path
+from ..launch.plan import GPU_CAPACITY_GB, _target_is_gpu, estimate_memory, placement_plan
+from ..models import parse_hf_config
+from .design import DEFAULT_GENERATORS, LETTERS, Design, DesignError, make_design, word_name
 
 PLAN_FILE = "ablation_plan.json"
 PLAN_VERSION = 1
@@ -143,11 +150,6 @@ def flatten(d: dict, prefix: str = "") -> Dict[str, Any]:
 
 def parse_train_args(argv: Sequence[str], what: str):
     """``megatron_dapo.config.parse_args`` with its argparse exit turned into one line naming ``what``."""
-    from ..config import parse_args
-
-    import contextlib
-    import io
-
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
@@ -164,8 +166,6 @@ def parse_train_args(argv: Sequence[str], what: str):
 def expected_config(argv: Sequence[str], what: str = "run") -> Dict[str, Any]:
     """The flattened ``config.json`` the trainer writes for ``argv`` (escapes of --rollout-stop
     decoded as the driver does, values through JSON as ``write_config`` stores them)."""
-    from ..config.cli import decode_escapes
-
     cfg = parse_train_args(argv, what)
     cfg.rollout.stop = decode_escapes("--rollout-stop", cfg.rollout.stop)
     return flatten(json.loads(json.dumps(cfg.to_dict(), default=str)))
@@ -391,8 +391,6 @@ KEPT_RATIO = 0.5
 def estimate_step_seconds(cfg, arch) -> float:
     """Seconds per rollout step of ``cfg`` on ``cfg``'s GPUs, from :data:`PEAK_TFLOPS` and the
     stated efficiencies (see the constants above): a rough upper bound for budgeting."""
-    from ..config.validate import world_size
-
     r, a, d = cfg.rollout, cfg.algo, cfg.data
     n_params = float(arch.num_parameters)
     seqs = r.rollout_batch_size * r.n_samples_per_prompt
@@ -410,8 +408,6 @@ def estimate_step_seconds(cfg, arch) -> float:
 def calibrated_step_seconds(run_dir: str) -> float:
     """The median ``time_step`` of a finished run's metrics (its first step, which includes
     warm-up, left out when there are more)."""
-    from ..diagnostics.history import load_metrics, metrics_path
-
     path = metrics_path(run_dir)
     if not os.path.isfile(path):
         raise AblationError(f"--calibrate {run_dir}: no metrics.jsonl there; give the --run-dir of a finished run")
@@ -426,10 +422,6 @@ def check_and_cost(plan: Plan, step_seconds: Optional[float] = None, calibrate: 
     """Parse and validate every cell (a ConfigError names the cell), and the cost: GPUs per run
     from the placement plan, the memory verdict of the dry-run plan, and GPU-hours from the step
     time (``step_seconds`` given, the median of ``calibrate``'s run, or the rough estimate on GPU)."""
-    from ..config.validate import check_model_dir, validate
-    from ..launch.plan import GPU_CAPACITY_GB, _target_is_gpu, estimate_memory, placement_plan
-    from ..models import parse_hf_config
-
     runs = {r.cell: r for r in plan.runs if r.seed == plan.seeds[0]}
     cells: Dict[str, dict] = {}
     arch = None
@@ -487,8 +479,6 @@ def fit_budget(make_plan, budget: float, k: int, explicit: bool, cost_of) -> Tup
     """The largest design within ``budget`` GPU-hours: the full factorial, else the default
     fractions 2^(k-1), 2^(k-2), ... (highest resolution first) down to resolution III.
     ``make_plan(p)`` builds the plan with fraction p; ``explicit``: the design was given, only check it."""
-    from .design import DEFAULT_GENERATORS
-
     candidates = [0] if explicit else [0] + [p for p in range(1, k) if (k, p) in DEFAULT_GENERATORS]
     tried = []
     for p in candidates:

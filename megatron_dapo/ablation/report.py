@@ -36,6 +36,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..diagnostics import diagnose, load_metrics
 from .design import LETTERS, EffectColumn, contrast, t_interval
 from .launch import RunState, config_differences, grid_states, read_config
 from .plan import PER_RUN_FIELDS, AblationError, Plan, expected_config
@@ -170,8 +171,6 @@ def _mechanism(h, metric: str, how: str) -> float:
 def collect(plan: Plan, metric: str = "auto", threshold: Optional[float] = None):
     """(states, results by run key, metric, why): the runs' states (configs checked), and for every
     finished run its outcomes, boundary metrics and diagnosis."""
-    from ..diagnostics import diagnose, load_metrics
-
     states = grid_states(plan)
     check_configs(plan, states)
     thr = plan.threshold if threshold is None else float(threshold)
