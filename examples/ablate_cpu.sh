@@ -9,8 +9,8 @@
 #
 # Env: GRID (default runs/ablate-cpu), STEPS (rollout steps per run, default 4), SEEDS (default "1 2"),
 #      WORK (prepared model and data, shared with examples/run_smollm2_cpu.sh; default .cache/demo).
-# Budget: about 90 min on 2 cores (an estimate from the demo's measured phases, docs/ablation.md; the grid's
-# report is not recorded yet). Ctrl-C stops the running run (nothing left behind); the same command
+# Budget: about 90 min on 2 cores alone (measured 2026-12-04: 299-380 s per run; the report is in
+# docs/ablation-cpu/report.md, read in docs/ablation.md). Ctrl-C stops the running run (nothing left behind); the same command
 # again fills only the runs that are missing or unfinished (an unfinished run starts over, its partial
 # files moved into RUN_DIR/aside-<time>/).
 #
