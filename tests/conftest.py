@@ -19,6 +19,13 @@ if str(ROOT) not in sys.path:
 # MEGATRON_DAPO_STRICT_COLLECTIVES=0 turns it off.
 os.environ.setdefault("MEGATRON_DAPO_STRICT_COLLECTIVES", "1")
 
+# One CPU thread per process for the whole suite (set before torch is imported here, inherited by
+# every subprocess, Ray actor and gloo rank; the driver's actors honour it: driver/cluster.py
+# actor_threads). Two xdist workers already fill the two cores, and each test runs several
+# torch processes: with two OpenMP threads each, the threads of one op wait for each other on an
+# oversubscribed machine (docs/benchmarks.md, "Suite time"). OMP_NUM_THREADS set by the caller wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 class _Pools:
     def __init__(self):

@@ -10,14 +10,35 @@ imports no Ray (tests/foundation/test_import_graph.py).
 
 from __future__ import annotations
 
+import os
+from typing import Optional
+
 import torch
 
-from ..config import world_size
+from ..config import ConfigError, world_size
 from ..launch.placement import (PlacementError, bundle_placements, create_placement_group, engine_gpu_plan,
                                on_bundle, ranks_to_bundles, start_ray)
 from ..rollout.engines import engine_kind, resolve_engine_kind
 from ..rollout.payload import remove_shared_memory_files, remove_stale_shared_memory_files
 from .trainer_group import TrainerGroup
+
+
+def actor_threads(total_cpus: float, world: int, omp: Optional[str] = None) -> int:
+    """CPU threads of each trainer and engine actor: the cores Ray counts shared among the
+    ranks (``total_cpus // world``, at least 1), and no more than ``OMP_NUM_THREADS`` where that
+    is set (``omp``; the shell's usual cap: a job that shares its cores, as the test suite does
+    with two workers, sets it to 1, since threads beyond a core only wait for each other)."""
+    n = max(1, int(total_cpus // max(world, 1)))
+    if omp is None or omp.strip() == "":
+        return n
+    try:
+        cap = int(omp)
+        if cap < 1:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"OMP_NUM_THREADS={omp!r} is not a positive whole number: unset it, "
+                             "or set the threads each trainer and engine actor may use (e.g. 1)") from None
+    return min(n, cap)
 
 
 def engine_options(cfg, kind: str, index: int, base_gpu_id: int, tokenizer_dir: str):
@@ -51,7 +72,7 @@ class Cluster:
         total_cpus = float(ray.cluster_resources().get("CPU", 1))
         self.pg = create_placement_group(self.world, gpus_per_bundle=self.gpus, timeout_s=120)
         self.bundle_cpus = self._bundle_cpus()
-        self.threads = max(1, int(total_cpus // max(self.world, 1)))
+        self.threads = actor_threads(total_cpus, self.world, os.environ.get("OMP_NUM_THREADS"))
         by_bundle = bundle_placements(self.pg, self.gpus)
         self.bundle_of = ranks_to_bundles(by_bundle)  # rank -> bundle: by (node address, GPU id)
         self.placements = [by_bundle[b] for b in self.bundle_of]  # rank -> {node_id, node_ip, gpu_ids}

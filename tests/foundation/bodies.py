@@ -95,3 +95,17 @@ def dp_optimizer_step(hf_cfg: dict, tp: int, pp: int, distributed_optimizer: boo
     assert out["update_successful"]
     full = {n: t.clone() for n, t in gather_full_weights(policy.model, policy.arch)}
     return {"params": full, "grad_norm": out["grad_norm"], "dp": ps.get_data_parallel_world_size()}
+
+
+def gloo_loop_threads() -> int:
+    """The threads of this process named ``gloo_tcp*``: one TCP loop per live gloo group."""
+    import os
+
+    n = 0
+    for t in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{t}/comm") as f:
+                n += f.read().startswith("gloo_tcp")
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return n
