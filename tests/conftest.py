@@ -35,6 +35,8 @@ class _Pools:
         from tests.harness import GlooPool
 
         pool = self._pools.get(world_size)
+        if pool is not None and pool.alive and pool.worn:
+            pool.close()  # its ranks hold many gloo groups that could not be freed (tests/harness.py)
         if pool is None or not pool.alive:
             pool = GlooPool(world_size)
             self._pools[world_size] = pool

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 
@@ -97,15 +99,13 @@ def dp_optimizer_step(hf_cfg: dict, tp: int, pp: int, distributed_optimizer: boo
     return {"params": full, "grad_norm": out["grad_norm"], "dp": ps.get_data_parallel_world_size()}
 
 
-def gloo_loop_threads() -> int:
-    """The threads of this process named ``gloo_tcp*``: one TCP loop per live gloo group."""
-    import os
 
-    n = 0
-    for t in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{t}/comm") as f:
-                n += f.read().startswith("gloo_tcp")
-        except OSError:  # a thread that ended meanwhile
-            pass
-    return n
+_HELD = []  # groups a body keeps alive on purpose (test_destroy_parallel)
+
+
+def hold_new_groups(n: int) -> int:
+    """Make ``n`` gloo groups and keep them referenced, as a leaking model would."""
+    import torch.distributed as dist
+
+    _HELD.extend(dist.new_group(backend="gloo") for _ in range(n))
+    return os.getpid()
