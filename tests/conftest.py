@@ -23,7 +23,7 @@ os.environ.setdefault("MEGATRON_DAPO_STRICT_COLLECTIVES", "1")
 # every subprocess, Ray actor and gloo rank; the driver's actors honour it: driver/cluster.py
 # actor_threads). Two xdist workers already fill the two cores, and each test runs several
 # torch processes: with two OpenMP threads each, the threads of one op wait for each other on an
-# oversubscribed machine (docs/benchmarks.md, "Suite time"). OMP_NUM_THREADS set by the caller wins.
+# oversubscribed machine (docs/benchmarks.md, "Test suite: time"). OMP_NUM_THREADS set by the caller wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
