@@ -37,7 +37,7 @@ def actor_threads(total_cpus: float, world: int, omp: Optional[str] = None) -> i
             raise ValueError
     except ValueError:
         raise ConfigError(f"OMP_NUM_THREADS={omp!r} is not a positive whole number: unset it, "
-                             "or set the threads each trainer and engine actor may use (e.g. 1)") from None
+                          "or set the threads each trainer and engine actor may use (e.g. 1)") from None
     return min(n, cap)
 
 

@@ -99,7 +99,6 @@ def dp_optimizer_step(hf_cfg: dict, tp: int, pp: int, distributed_optimizer: boo
     return {"params": full, "grad_norm": out["grad_norm"], "dp": ps.get_data_parallel_world_size()}
 
 
-
 _HELD = []  # groups a body keeps alive on purpose (test_destroy_parallel)
 
 
