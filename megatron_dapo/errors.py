@@ -10,6 +10,7 @@ Each kind of mistake has its error type, raised where it is found:
 | model      | ``models.hf_config.ModelConfigError``       | an unsupported architecture in config.json, a tokenizer that does not load |
 | reward     | ``reward.api.RewardConfigError``            | an unknown reward mode, a ``--reward-fn`` that does not import |
 | file       | ``OSError`` that names a file               | a path that cannot be created or read (``/proc/run``, a full disk) |
+| machine    | :class:`StartupError` (this module)         | the local Ray node does not come up on a machine too busy for it |
 
 :func:`exit_on_user_error` wraps a command's body: such an error ends the command with
 ``<command>: error: <message>`` (one line) on stderr and exit code 2 (:data:`EXIT_USER_ERROR`);
@@ -31,6 +32,11 @@ DEBUG_ENV = "MEGATRON_DAPO_DEBUG"
 EXIT_USER_ERROR = 2
 
 
+class StartupError(RuntimeError):
+    """A service the run needs (the local Ray node) could not be started on this machine; the
+    message names the cause and what to try. Not a bug of the program: reported in one line."""
+
+
 def user_error_types() -> tuple:
     # at call time: config.cli imports this module (a cycle), and dist_ckpt would load torch into every CLI
     from .checkpoint.dist_ckpt import CheckpointError
@@ -39,7 +45,7 @@ def user_error_types() -> tuple:
     from .models.hf_config import ModelConfigError
     from .reward.api import RewardConfigError
 
-    return (ConfigError, DataError, CheckpointError, ModelConfigError, RewardConfigError)
+    return (ConfigError, DataError, CheckpointError, ModelConfigError, RewardConfigError, StartupError)
 
 
 def is_user_error(exc: BaseException) -> bool:

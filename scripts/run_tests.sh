@@ -13,6 +13,11 @@ cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh || exit 1
 VENV=${VENV:-.venv}
 WORKERS=${TEST_WORKERS:-2}
+# Byte-compile the project once: every gloo rank, Ray actor and driver subprocess of the suite
+# imports it, and where PYTHONDONTWRITEBYTECODE is set (as on these machines) each would compile
+# its 26k lines again (about 1.9 s of CPU per process, measured; docs/benchmarks.md, "Suite time
+# on an AMD EPYC"). __pycache__ is git-ignored; Python recompiles a file whose source changed.
+"$VENV/bin/python" -m compileall -q -j 0 megatron_dapo tests tools benchmarks >/dev/null || true
 case "$WORKERS" in ''|*[!0-9]*) echo "[tests] TEST_WORKERS must be a whole number (0: no workers), got '$WORKERS'" >&2; exit 2;; esac
 xdist=()
 if [ "$WORKERS" -gt 0 ] && [[ " $* " != *" -n "* && " $* " != *" -n="* && " $* " != *"no:xdist"* ]]; then

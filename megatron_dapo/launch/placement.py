@@ -1,7 +1,11 @@
 """Ray placement: start or join a cluster, one placement group over every GPU, node waits.
 
 * :func:`start_ray` joins ``address`` / ``$RAY_ADDRESS`` or starts a local cluster, and
-  reuses a Ray that is already initialised in this process.
+  reuses a Ray that is already initialised in this process. A local start waits longer than
+  Ray's defaults (:data:`RAY_START_ENV`), retries once after a clean shutdown when the node does
+  not come up (a busy machine: Ray's raylet aborts when its dashboard agent has not reported
+  within a fixed 15 s), and otherwise raises :class:`~megatron_dapo.errors.StartupError`, one
+  line naming the cause and what to try.
 * :func:`create_placement_group` asks for ``num_bundles`` bundles (one per GPU on a cluster,
   one per worker process in the CPU demo) and waits at most ``timeout_s``: a group that
   cannot be placed is removed and a :class:`PlacementError` names what was requested and
@@ -23,12 +27,16 @@ Tested with Ray 2.60 (see docs/slurm.md for the pin); Ray is imported inside fun
 from __future__ import annotations
 
 import argparse
+import glob
 import ipaddress
 import math
 import os
 import sys
+import tempfile
 import time
 from typing import Dict, Iterable, List, Optional, Sequence
+
+from ..errors import StartupError
 
 #: Custom resource the Slurm script gives every node: ``slurm_node:<hostname>``.
 NODE_RESOURCE_PREFIX = "slurm_node:"
@@ -46,6 +54,7 @@ def start_ray(address: Optional[str] = None, num_cpus: Optional[float] = None, *
     cluster (Ray refuses it when joining one). Dashboard off, worker logs not forwarded to
     the driver.
     """
+    set_ray_start_env()  # before Ray's first import in this process (see RAY_START_ENV)
     import ray  # Ray only inside the functions: launch/ imports nothing heavy (launch/__init__.py)
 
     if ray.is_initialized():
@@ -70,8 +79,123 @@ def start_ray(address: Optional[str] = None, num_cpus: Optional[float] = None, *
     else:
         if num_cpus is not None:
             kw["num_cpus"] = num_cpus
-        ray.init(address="local", **kw)  # never join a stray cluster by accident
+        _init_local(ray, kw)
     return {"address": _gcs_address(), "reused": False, "resources": ray.cluster_resources()}
+
+
+#: Ray's waits for a local node, raised from its defaults so that a busy machine (a shared login
+#: node, a loaded CI runner) still starts it. Ray's C++ side reads them from the environment once
+#: per process, so :func:`start_ray` sets them before Ray is imported here; the GCS, the raylet and
+#: the workers inherit them. A value already in the environment wins.
+RAY_START_ENV = {
+    # the driver's wait for its raylet to register with the GCS (Ray: 30 s)
+    "RAY_raylet_start_wait_time_s": "90",
+    # an agent's registration with its raylet (Ray: 30 s; newer releases also use it for the
+    # dashboard agent's port files, which Ray 2.60 waits for 15 s, fixed)
+    "RAY_agent_register_timeout_ms": "120000",
+}
+#: Attempts at a local start; the second comes after a clean shutdown of the first.
+RAY_START_ATTEMPTS = 2
+
+
+def set_ray_start_env(environ=os.environ) -> Dict[str, str]:
+    """Put :data:`RAY_START_ENV` into ``environ`` where unset; returns what is in force."""
+    for k, v in RAY_START_ENV.items():
+        environ.setdefault(k, v)
+    return {k: environ[k] for k in RAY_START_ENV}
+
+
+def _init_local(ray, kw: dict, attempts: int = RAY_START_ATTEMPTS, pause_s: float = 5.0) -> None:
+    """``ray.init(address="local")``, tried ``attempts`` times with a clean ``ray.shutdown()``
+    between tries; a node that never comes up is one :class:`StartupError` line."""
+    started = time.monotonic()
+    for attempt in range(1, attempts + 1):
+        before = _child_pids()
+        try:
+            ray.init(address="local", **kw)  # never join a stray cluster by accident
+            return
+        except (TypeError, ValueError):
+            raise  # our own arguments: a bug, not the machine
+        except Exception as e:  # Ray raises a bare Exception when the node times out during startup
+            cause = _local_start_failure(e)
+            try:
+                ray.shutdown()
+            except Exception:  # pragma: no cover - best effort on a half-started node
+                pass
+            _end_processes(_child_pids() - before)  # ray.shutdown() knows no node that failed to start
+            if attempt < attempts:
+                print(f"[ray] the local Ray node did not start ({cause}); retrying after a clean shutdown "
+                      f"(attempt {attempt + 1} of {attempts})", file=sys.stderr, flush=True)
+                time.sleep(pause_s)
+                continue
+            raise StartupError(
+                f"the local Ray node did not start in {attempts} attempts ({time.monotonic() - started:.0f} s; "
+                f"{cause}; {_machine_load()}): run again when the machine is less busy, or start Ray "
+                f"yourself (`ray start --head`) and pass its address in RAY_ADDRESS") from e
+
+
+def _child_pids() -> set:
+    import psutil  # a dependency of ray[default]
+
+    try:
+        return {c.pid for c in psutil.Process().children(recursive=True)}
+    except psutil.Error:  # pragma: no cover
+        return set()
+
+
+def _end_processes(pids: Iterable[int], grace_s: float = 10.0) -> None:
+    """TERM, then KILL after ``grace_s``, the processes a failed ``ray.init`` started (its GCS,
+    dashboard, monitors): Ray leaves them running when the node never came up."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.Error:
+            continue
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+
+
+def _machine_load() -> str:
+    try:
+        return f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    except OSError:  # pragma: no cover - no load average on this platform
+        return f"{os.cpu_count()} cores"
+
+
+def _local_start_failure(exc: BaseException, temp_dir: Optional[str] = None) -> str:
+    """Why a local node did not come up, in a few words: the raylet's own abort line when its
+    log has one (the newest session under Ray's temp dir), else Ray's message."""
+    root = temp_dir or os.environ.get("RAY_TMPDIR") or os.path.join(tempfile.gettempdir(), "ray")
+    sessions = sorted(glob.glob(os.path.join(root, "session_2*")), key=os.path.getmtime)
+    if sessions:
+        log = os.path.join(sessions[-1], "logs", "raylet.out")
+        try:
+            with open(log, errors="replace") as f:
+                fatal = [line for line in f if " C " in line[:40] or "Check failed" in line]
+        except OSError:
+            fatal = []
+        if fatal:
+            line = fatal[-1]
+            if "metrics_agent_port" in line or "dashboard_agent" in line or "WaitForDashboardAgent" in line:
+                return "its raylet aborted: the dashboard agent did not report its ports within Ray's fixed 15 s"
+            if "runtime_env_agent" in line:
+                return "its raylet aborted: the runtime-env agent did not report its port in time"
+            text = line.split("Check failed:", 1)[-1] if "Check failed:" in line else line.split(")", 1)[-1]
+            return "its raylet aborted: " + " ".join(text.split())[:160]
+    return " ".join(str(exc).split())[:200] or type(exc).__name__
 
 
 def _gcs_address() -> Optional[str]:

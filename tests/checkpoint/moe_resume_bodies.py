@@ -14,8 +14,12 @@ def _policy(hf_cfg: dict, ep: int):
     from megatron_dapo.models import ModelBuildOptions
     from megatron_dapo.training.setup import OptimizerOptions, build_policy
 
+    from tests.tolerances import COMPARE_ADAM_EPS
+
     init_parallel(1, 1, seed=1234, expert_model_parallel_size=ep)
-    opt = OptimizerOptions(lr=1e-3, weight_decay=0.1, clip_grad=1.0, use_distributed_optimizer=True)
+    # eps: tests/tolerances.py (weights are compared after the steps)
+    opt = OptimizerOptions(lr=1e-3, weight_decay=0.1, clip_grad=1.0, use_distributed_optimizer=True,
+                           adam_eps=COMPARE_ADAM_EPS)
     return build_policy(hf_cfg, ModelBuildOptions(), opt)
 
 

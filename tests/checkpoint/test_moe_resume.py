@@ -6,7 +6,8 @@ chains a dense and an expert optimizer, each over its own data-parallel group). 
   the torch-Adam workaround of train_checkpoint handled one optimizer only); a control that
   loads the model alone (fresh optimizer) differs.
 * Resumed on 4 ranks at EP2 (expert-data-parallel 2 instead of 1, DP 4 instead of 2): the
-  expert and dense optimizer states reshard; max |dweight| 3.0e-8 against the straight run.
+  expert and dense optimizer states reshard; max |dweight| 3.0e-8 against the straight run
+  (at Adam eps 1e-8; the bound is tests/tolerances.py's, at eps 1e-3).
 * Resumed at EP1, where megatron-core builds one optimizer for all parameters, the optimizer
   state cannot go in: one CheckpointError line naming --expert-model-parallel-size."""
 
@@ -14,6 +15,7 @@ import pytest
 
 from tests.checkpoint import moe_resume_bodies as bodies
 from tests.tiny import checkpoint_state_dict, random_hf_model, tiny_qwen3_moe_config
+from tests.tolerances import adam_weight_atol, max_abs
 
 pytestmark = [pytest.mark.gloo]
 
@@ -63,4 +65,7 @@ def test_resume_on_four_ranks_reshards_the_expert_state(gloo, saved):
     d = _max_diff(straight[0]["params"], resumed[0]["params"])
     print(f"4 ranks (EDP 2) vs 2 ranks (EDP 1): max |dweight| {d:.3g}")
     assert resumed[0]["grad_norm"] == pytest.approx(straight[0]["grad_norm"], rel=1e-5)
-    assert d <= 2e-6, d
+    # tests/tolerances.py: two Adam steps (lr 1e-3, eps 1e-3, clip 1.0), the second on gradients
+    # reduced over another expert-data-parallel group (another summation order)
+    atol = adam_weight_atol(1e-3, straight[0]["grad_norm"], max_abs(straight[0]["params"]), steps=2, clip_grad=1.0)
+    assert d <= atol, (d, atol)

@@ -12,8 +12,9 @@ A's step 2 stands for a resume at the saving layout (that resume is bitwise equa
 uninterrupted run: tests/e2e/test_resume.py). With --deterministic, B's step 2 generates the same
 responses (per-sample seeds, the same weights, one engine in both), so its metrics and final
 weights are compared with A's: measured |dloss| 1.2e-8, |dweight| 3.3e-8 (lr 1e-3);
-asserted |dloss| <= 1e-6, |dweight| <= 5e-6, the same generation metrics. B logs one note that
-the per-rank RNG states were re-derived.
+asserted |dloss| <= 1e-6, |dweight| within the bound of tests/tolerances.py for the step's two Adam
+steps (--adam-eps 1e-3 there), the same generation metrics. B logs one note that the per-rank RNG
+states were re-derived.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from tests.e2e.fixtures import make_prompts, make_tiny_qwen2_dir
 from tests.e2e.test_resume import _env, _strip
 from tests.e2e.test_train_e2e import base_args, read_metrics
 from tests.launch.procs import run_in_session
+from tests.tolerances import COMPARE_ADAM_EPS, adam_weight_atol, max_abs
 
 pytestmark = [pytest.mark.slow]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LOSS_TOL, WEIGHT_TOL = 1e-6, 5e-6
+LOSS_TOL = 1e-6
 # the step's generation, the same in A and B when the responses are the same
 SAME_ROLLOUT_KEYS = ("reward_mean", "acc_mean", "response_length_mean", "response_length_max", "kept_group_ratio")
 
@@ -39,7 +41,8 @@ SAME_ROLLOUT_KEYS = ("reward_mean", "acc_mean", "response_length_mean", "respons
 def _cmd(hf, prompts, run, nodes, extra=()):
     args = base_args(hf, prompts, run, **{"--num-rollout": "2", "--deterministic": None, "--save-hf-final": None,
                                           "--actor-num-nodes": str(nodes), "--actor-num-gpus-per-node": "1",
-                                          "--rollout-num-gpus-per-engine": str(nodes)})
+                                          "--rollout-num-gpus-per-engine": str(nodes),
+                                          "--adam-eps": str(COMPARE_ADAM_EPS)})
     return [sys.executable, "-m", "megatron_dapo.train", *args, *extra]
 
 
@@ -76,4 +79,6 @@ def test_two_node_checkpoint_resumes_on_one_node(tmp_path):
     dw = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
     print(f"[reshard] driver, 2 ranks (--actor-num-nodes 2) -> 1 rank: |dloss| {dloss:.2e} |dweight| {dw:.2e}")
     assert ra["grad_norm"] == pytest.approx(rb["grad_norm"], rel=1e-5)
-    assert dloss <= LOSS_TOL and dw <= WEIGHT_TOL, (dloss, dw)
+    # step 2 is two Adam steps (lr 1e-3, clip 1.0 by default) on gradients that differ by DP 2 vs DP 1
+    weight_tol = adam_weight_atol(1e-3, max(ra["grad_norm"], rb["grad_norm"]), max_abs(wa), steps=2, clip_grad=1.0)
+    assert dloss <= LOSS_TOL and dw <= weight_tol, (dloss, dw, weight_tol)

@@ -71,11 +71,14 @@ def dp_optimizer_step(hf_cfg: dict, tp: int, pp: int, distributed_optimizer: boo
     from megatron_dapo.models import ModelBuildOptions
     from megatron_dapo.training.setup import OptimizerOptions, build_policy, train_step
     from tests.tiny import random_hf_model
+    from tests.tolerances import COMPARE_ADAM_EPS
 
     init_parallel(tp, pp, seed=1234)
     hf = random_hf_model(hf_cfg, seed=0)
     sd = hf.state_dict()
-    opt = OptimizerOptions(lr=1e-3, weight_decay=0.1, clip_grad=1.0, use_distributed_optimizer=distributed_optimizer)
+    # eps: tests/tolerances.py (weights are compared after the step)
+    opt = OptimizerOptions(lr=1e-3, weight_decay=0.1, clip_grad=1.0, use_distributed_optimizer=distributed_optimizer,
+                           adam_eps=COMPARE_ADAM_EPS)
     policy = build_policy(hf_cfg, ModelBuildOptions(), opt)
     load_hf_weights(policy.model, policy.arch, lambda n: sd[n], policy.padded_vocab)
     # DDP keeps fp32 main params in the optimizer: re-sync them from the loaded weights.

@@ -5,6 +5,7 @@ import torch
 
 from tests.foundation import bodies
 from tests.tiny import tiny_qwen2_config
+from tests.tolerances import adam_weight_atol, max_abs
 
 pytestmark = [pytest.mark.gloo]
 
@@ -28,6 +29,10 @@ def test_dp2_step_equals_single_batch_step(gloo, single_rank_reference, distribu
     for o in outs:
         assert o["grad_norm"] == pytest.approx(ref_norm, rel=1e-5)
         assert set(o["params"]) == set(ref)
+        # tests/tolerances.py: one Adam step (lr 1e-3, eps 1e-3, clip 1.0), DP 2 vs one rank
+        atol = adam_weight_atol(1e-3, ref_norm, max_abs(ref), clip_grad=1.0)
         for name, t in o["params"].items():
-            assert torch.allclose(t, ref[name], atol=1e-6, rtol=0), name
+            assert torch.allclose(t, ref[name], atol=atol, rtol=0), (name, float((t - ref[name]).abs().max()), atol)
+        print(f"DP 2 vs one rank after one Adam step: max |dweight| "
+              f"{max(float((t - ref[n]).abs().max()) for n, t in o['params'].items()):.3g}, bound {atol:.3g}")
     assert outs[0]["grad_norm"] > 0

@@ -125,9 +125,12 @@ def train_step_at(hf_cfg: dict, sd: dict, ep: int, distributed_optimizer: bool, 
     from megatron_dapo.models import ModelBuildOptions, MoEOptions
     from megatron_dapo.training.setup import OptimizerOptions, build_policy, train_step
     from tests.foundation.bodies import _nll_loss_fn
+    from tests.tolerances import COMPARE_ADAM_EPS
 
     init_parallel(1, 1, seed=1234, expert_model_parallel_size=ep)
-    opt = OptimizerOptions(lr=1e-3, weight_decay=0.1, clip_grad=1.0, use_distributed_optimizer=distributed_optimizer)
+    # eps: tests/tolerances.py (weights are compared after the step)
+    opt = OptimizerOptions(lr=1e-3, weight_decay=0.1, clip_grad=1.0, use_distributed_optimizer=distributed_optimizer,
+                           adam_eps=COMPARE_ADAM_EPS)
     policy = build_policy(hf_cfg, ModelBuildOptions(moe=MoEOptions(load_balancing_type=balancing)), opt)
     load_hf_weights(policy.model, policy.arch, lambda n: sd[n], policy.padded_vocab)
     policy.optimizer.reload_model_params()

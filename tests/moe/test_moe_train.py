@@ -12,6 +12,7 @@ from megatron_dapo.checkpoint.mapping import hf_to_megatron
 from megatron_dapo.models import parse_hf_config
 from tests.moe import bodies
 from tests.tiny import checkpoint_state_dict, random_hf_model, tiny_qwen3_moe_config
+from tests.tolerances import adam_weight_atol, max_abs
 
 pytestmark = [pytest.mark.gloo]
 
@@ -32,8 +33,12 @@ def test_ep2_step_equals_ep1(gloo, moe_sd):
     assert set(a) == set(b) and any(".local_experts.7." in n for n in a)
     assert ep1[0]["grad_norm"] == pytest.approx(ep2[0]["grad_norm"], rel=1e-5)
     before = dict(hf_to_megatron(parse_hf_config(cfg), sd.__getitem__, 256))
-    for n in a:  # Adam's first step moves every weight by about lr = 1e-3: 1% of it
-        assert torch.allclose(a[n], b[n], atol=1e-5, rtol=0), (n, float((a[n] - b[n]).abs().max()))
+    # tests/tolerances.py: one Adam step (lr 1e-3, eps 1e-3, clip 1.0) on gradients that differ by
+    # float32 reduction order (EP 1 vs EP 2)
+    atol = adam_weight_atol(1e-3, ep1[0]["grad_norm"], max_abs(before), clip_grad=1.0)
+    worst = max(float((a[n] - b[n]).abs().max()) for n in a)
+    print(f"EP 1 vs EP 2 after one Adam step: max |dweight| {worst:.3g}, bound {atol:.3g}")
+    assert worst <= atol, (worst, atol, max(a, key=lambda n: float((a[n] - b[n]).abs().max())))
     moved = [n for n in a if not torch.equal(a[n], before[n])]
     assert any("router" in n for n in moved) and any("local_experts" in n for n in moved)
 

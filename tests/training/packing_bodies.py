@@ -164,11 +164,14 @@ def minibatch_step(hf_cfg: dict, cp: int, packing: bool, shard: bool):
     from megatron_dapo.training.dapo_step import train_on_minibatch
     from megatron_dapo.training.setup import OptimizerOptions, build_policy
     from tests.tiny import random_hf_model
+    from tests.tolerances import COMPARE_ADAM_EPS
 
     init_parallel(1, 1, cp, seed=1234)
     hf = random_hf_model(hf_cfg, seed=0)
     sd = hf.state_dict()
-    policy = build_policy(hf_cfg, ModelBuildOptions(context_parallel_size=cp), OptimizerOptions(lr=1e-4, clip_grad=1.0))
+    # eps: tests/tolerances.py (weights are compared after the step)
+    policy = build_policy(hf_cfg, ModelBuildOptions(context_parallel_size=cp),
+                          OptimizerOptions(lr=1e-4, clip_grad=1.0, adam_eps=COMPARE_ADAM_EPS))
     load_hf_weights(policy.model, policy.arch, lambda n: sd[n], policy.padded_vocab)
     policy.optimizer.reload_model_params()
     samples = _samples(policy.arch.vocab_size, n=6)

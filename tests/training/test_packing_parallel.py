@@ -12,6 +12,7 @@ at TP2, gradients included.
 import pytest
 
 from tests.tiny import tiny_qwen2_config
+from tests.tolerances import adam_weight_atol, max_abs
 from tests.training import packing_bodies as bodies
 
 pytestmark = [pytest.mark.gloo]
@@ -48,13 +49,15 @@ def test_train_on_minibatch_dp2_padded_equals_cp2_packed(gloo):
     """The whole trainer step: DP 2 with consecutive THD micro-batches (micro-batch size 2; a
     right-padded path before #26.2) on token-balanced shards vs CP 2 with token-budget packed
     ones on the whole mini-batch (and DP 2 packed): same step token count, metric sums, gradient
-    norm and updated weights (Adam at lr 1e-4 turns fp32 rounding into differences << lr)."""
+    norm and updated weights (within the Adam bound of tests/tolerances.py)."""
     from tests.tiny import tiny_qwen2_config
 
     dp = gloo(2).run(bodies.minibatch_step, tiny_qwen2_config(), 1, False, True)
     cp = gloo(2).run(bodies.minibatch_step, tiny_qwen2_config(), 2, False, False)
     dp_packed = gloo(2).run(bodies.minibatch_step, tiny_qwen2_config(), 1, True, True)
-    assert max(float((dp[0]["params"][n] - dp_packed[0]["params"][n]).abs().max()) for n in dp[0]["params"]) < 1e-6
+    # tests/tolerances.py: one Adam step (lr 1e-4, eps 1e-3, clip 1.0) on gradients that differ by reduction order
+    atol = adam_weight_atol(1e-4, dp[0]["grad_norm"], max_abs(dp[0]["params"]), clip_grad=1.0)
+    assert max(float((dp[0]["params"][n] - dp_packed[0]["params"][n]).abs().max()) for n in dp[0]["params"]) <= atol
     a, b = dp[0], cp[0]
     assert a["tokens"] == b["tokens"] > 0
     assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
@@ -64,5 +67,5 @@ def test_train_on_minibatch_dp2_padded_equals_cp2_packed(gloo):
         assert cp[1]["sums"][k] == b["sums"][k]
         assert ca == cb and sa == pytest.approx(sb, rel=1e-5, abs=1e-6), k
     worst = max(float((a["params"][n] - b["params"][n]).abs().max()) for n in a["params"])
-    assert worst < 1e-6, worst
+    assert worst <= atol, (worst, atol)
     assert 1.0 <= dp[0]["imbalance"] < 1.3 and cp[0]["imbalance"] == 1.0  # DP 1 under CP 2
