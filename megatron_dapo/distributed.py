@@ -72,6 +72,20 @@ def collective_device(group=None) -> torch.device:
     return torch.device("cpu")
 
 
+def dp_token_counts(values, group=None, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    """``values`` summed (or reduced by ``op``) over the data-parallel ``group`` (float64),
+    created on the device that group's backend reduces on (CUDA for NCCL, host for gloo)."""
+    from megatron.core import parallel_state as ps
+
+    g = group if group is not None else ps.get_data_parallel_group()
+    t = torch.tensor(list(values), dtype=torch.float64, device=collective_device(g))
+    if dist.get_world_size(g) > 1:
+        if op == dist.ReduceOp.SUM:
+            dist.all_reduce(t, group=g)
+        else:
+            dist.all_reduce(t, op=op, group=g)
+    return t
+
 def init_distributed(
     rank: Optional[int] = None,
     world_size: Optional[int] = None,

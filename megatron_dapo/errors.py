@@ -4,11 +4,11 @@ Each kind of mistake has its error type, raised where it is found:
 
 | kind       | type                                        | e.g.                                        |
 |------------|---------------------------------------------|---------------------------------------------|
-| config     | ``config.ConfigError``                      | a flag out of range, flags that conflict, broken YAML in ``--config`` |
-| data       | ``data.DataError``                          | a prompt file that is empty or lacks a column |
-| checkpoint | ``checkpoint.dist_ckpt.CheckpointError``    | a missing ``.metadata``, a non-empty ``--save`` |
-| model      | ``models.hf_config.ModelConfigError``       | an unsupported architecture in config.json, a tokenizer that does not load |
-| reward     | ``reward.api.RewardConfigError``            | an unknown reward mode, a ``--reward-fn`` that does not import |
+| config     | ``ConfigError`` (``config`` re-exports it)  | a flag out of range, flags that conflict, broken YAML in ``--config`` |
+| data       | ``DataError`` (``data``)                    | a prompt file that is empty or lacks a column |
+| checkpoint | ``CheckpointError`` (``checkpoint.dist_ckpt``) | a missing ``.metadata``, a non-empty ``--save`` |
+| model      | ``ModelConfigError`` (``models.hf_config``) | an unsupported architecture in config.json, a tokenizer that does not load |
+| reward     | ``RewardConfigError`` (``reward.api``)      | an unknown reward mode, a ``--reward-fn`` that does not import |
 | file       | ``OSError`` that names a file               | a path that cannot be created or read (``/proc/run``, a full disk) |
 | machine    | :class:`StartupError` (this module)         | the local Ray node does not come up on a machine too busy for it |
 
@@ -32,19 +32,35 @@ DEBUG_ENV = "MEGATRON_DAPO_DEBUG"
 EXIT_USER_ERROR = 2
 
 
+class ConfigError(ValueError):
+    """An invalid configuration; the message names the flags and values involved."""
+
+
+class DataError(ValueError):
+    """A data file or row that cannot be used; names the file, row and field."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not match the model it is loaded into (never a partial load)."""
+
+
+class ModelConfigError(ValueError):
+    """An HF config that megatron-dapo cannot build faithfully."""
+
+
+class RewardConfigError(ValueError):
+    """A reward setting that cannot work (an unknown mode, a ``--reward-fn`` / ``--reward-source``
+    spec that does not import or is malformed, a bad remote URL); the message names the flag."""
+
+
 class StartupError(RuntimeError):
     """A service the run needs (the local Ray node) could not be started on this machine; the
     message names the cause and what to try. Not a bug of the program: reported in one line."""
 
 
 def user_error_types() -> tuple:
-    # at call time: config.cli imports this module (a cycle), and dist_ckpt would load torch into every CLI
-    from .checkpoint.dist_ckpt import CheckpointError
-    from .config import ConfigError
-    from .data import DataError
-    from .models.hf_config import ModelConfigError
-    from .reward.api import RewardConfigError
-
+    """Every kind of mistake of the user's (the table above); all defined here, at the bottom of
+    the package's layers, and re-exported where they are raised."""
     return (ConfigError, DataError, CheckpointError, ModelConfigError, RewardConfigError, StartupError)
 
 

@@ -37,6 +37,7 @@ from typing import Callable, Optional, Union
 import torch
 
 from ..distributed import collective_device
+from ..errors import CheckpointError
 from ..models.hf_config import ModelArch, hf_config_hash, load_hf_config, parse_hf_config
 from .model_io import unwrap
 
@@ -88,10 +89,6 @@ _HF_NAMES = {
 logger = logging.getLogger(__name__)
 
 ExtraState = Union[None, dict, Callable[[dict], dict]]
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that does not match the model it is loaded into (never a partial load)."""
 
 
 # ---------------------------------------------------------------- metadata

@@ -22,12 +22,8 @@ import typing
 from typing import Any, Optional
 
 from ..algo.config import apply_preset
-from ..errors import OneLineArgumentParser
+from ..errors import ConfigError, OneLineArgumentParser
 from .schema import SECTIONS, DAPOConfig, flag_of
-
-
-class ConfigError(ValueError):
-    """An invalid configuration; the message names the flags and values involved."""
 
 
 #: Flags that existed once and were removed: giving one (flag or YAML key) is an error that

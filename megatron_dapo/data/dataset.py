@@ -27,9 +27,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-
-class DataError(ValueError):
-    """A data file or row that cannot be used; names the file, row and field."""
+from ..errors import DataError
 
 
 @dataclasses.dataclass

@@ -77,9 +77,8 @@ import torch.distributed as dist
 from ..checkpoint import mapping
 from ..checkpoint.model_io import layer_offset, unwrap
 from ..rollout.checksum import tensor_checksum
-from ..rollout.engines import engine_kind
+from ..rollout.engines import codec_for, engine_kind
 from ..rollout.payload import (
-    codec_for,
     entries_in,
     is_shared_cpu_buffer,
     serialize_flat,

@@ -15,13 +15,11 @@ import json
 import os
 from typing import Any, Optional
 
+from ..errors import ModelConfigError
+
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "qwen3_moe", "llama")
 #: model types with a mixture-of-experts MLP in every layer
 MOE_MODEL_TYPES = ("qwen3_moe",)
-
-
-class ModelConfigError(ValueError):
-    """An HF config that megatron-dapo cannot build faithfully."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
-
 from typing import Any, Callable, Optional
 
+from ..errors import RewardConfigError
 from ..registry import Registry
 from .dapo import dapo_equivalent, dapo_score, strip_eos
 from .result import RewardResult, check_ground_truth
@@ -73,11 +72,6 @@ def math_mode_score(response: str, ground_truth: str, eos_text: Optional[str] = 
     from .math_mode import math_score  # sympy: imported only where the math mode runs
 
     return math_score(strip_eos(response, eos_text), ground_truth)
-
-
-class RewardConfigError(ValueError):
-    """A reward setting that cannot work (an unknown mode, a ``--reward-fn`` / ``--reward-source``
-    spec that does not import or is malformed, a bad remote URL); the message names the flag."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,7 @@
 :data:`ENGINE_KINDS` maps a kind to an :class:`EngineKind`; ``--rollout-engine`` takes its
 choices from it (plus ``auto``: the first kind that fits the machine, :func:`resolve_engine_kind`).
 The driver (``driver/cluster.py``, ``driver/actors.EngineActor``), the weight sync
-(``hybrid/weight_sync.EngineProtocol``, ``rollout/payload.codec_for``), the validation and
+(``hybrid/weight_sync.EngineProtocol``, :func:`codec_for`), the validation and
 the dry-run plan look a kind up here: none of them branches on a kind's name.
 
 This module imports only the standard library: an engine's class, its tokenizer and its
@@ -92,6 +92,13 @@ def engine_kind(name: str) -> EngineKind:
     return ENGINE_KINDS.get(name)
 
 
+def codec_for(name: str) -> tuple:
+    """(serializer, metadata class) for weight payloads into an engine of kind ``name`` (its
+    ``codec``, which imports ``rollout.payload``, and for SGLang the pinned wheel, when called;
+    ValueError naming --rollout-engine for an unknown kind)."""
+    return engine_kind(name).codec()
+
+
 def engine_choices() -> Tuple[str, ...]:
     """``--rollout-engine``'s choices: ``auto`` and every registered kind."""
     return (AUTO, *ENGINE_KINDS.names())
@@ -134,7 +141,7 @@ def _hf_standalone(model_dir: str, tokenizer, opts: StandaloneOptions):
 
 
 def _hf_codec():
-    from .payload import BucketEntry, default_serializer  # payload.codec_for imports this module
+    from .payload import BucketEntry, default_serializer  # torch: only in a feeder process
 
     return default_serializer, BucketEntry
 

@@ -47,7 +47,6 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 import torch.multiprocessing as torch_mp  # registers torch's tensor reductions with ForkingPickler
 
-from .engines import engine_kind as engine_kind_spec
 
 BUCKET_ALIGN_BYTES = 64
 
@@ -350,8 +349,3 @@ def sglang_codec():
     monkey_patch_torch_reductions()
     return MultiprocessingSerializer.serialize, FlattenedTensorMetadata
 
-
-def codec_for(engine_kind: str):
-    """(serializer, metadata class) for payloads into an engine of ``engine_kind``
-    (``rollout.engines.ENGINE_KINDS``; ValueError naming --rollout-engine for an unknown kind)."""
-    return engine_kind_spec(engine_kind).codec()

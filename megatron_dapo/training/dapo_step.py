@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from ..algo import aggregate_loss, kl_penalty
 from ..checkpoint.model_io import unwrap
-from ..distributed import collective_device
+from ..distributed import collective_device, dp_token_counts
 from ..algo.policy_losses import POLICY_LOSSES
 from ..algo.tis import mismatch_kl
 from ..algo.config import AlgorithmConfig
@@ -103,21 +103,6 @@ def _cp_reduce_stats(stats: LossStats) -> LossStats:
     m = torch.tensor([stats.ratio_max], dtype=torch.float64, device=dev)
     dist.all_reduce(m, op=dist.ReduceOp.MAX, group=g)
     return LossStats.from_list(t.cpu().tolist(), float(m))
-
-
-def dp_token_counts(values, group=None, op=dist.ReduceOp.SUM) -> torch.Tensor:
-    """``values`` summed (or reduced by ``op``) over the data-parallel ``group`` (float64),
-    created on the device that group's backend reduces on (CUDA for NCCL, host for gloo)."""
-    from megatron.core import parallel_state as ps
-
-    g = group if group is not None else ps.get_data_parallel_group()
-    t = torch.tensor(list(values), dtype=torch.float64, device=collective_device(g))
-    if dist.get_world_size(g) > 1:
-        if op == dist.ReduceOp.SUM:
-            dist.all_reduce(t, group=g)
-        else:
-            dist.all_reduce(t, op=op, group=g)
-    return t
 
 
 @torch.no_grad()

@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from ..config.schema import MoEConfig, OptimConfig, ParallelConfig
+from ..distributed import dp_token_counts
 from ..models.hf_config import padded_vocab_size
 from ..models.provider import ModelBuildOptions, MoEOptions, build_gpt_model
 from .forward import configure_for_step_normalised_loss, forward_backward
@@ -149,8 +150,6 @@ def train_step(policy: Policy, microbatches: list[dict], loss_fn) -> dict:
     Returns ``{"update_successful", "grad_norm", "metrics"}``; a non-finite gradient norm
     skips the update (megatron's optimizer returns ``update_successful=False``).
     """
-    from .dapo_step import dp_token_counts  # at call time: dapo_step imports this module
-
     if getattr(policy.config, _AUX_PER_STEP, None) is not None:
         set_moe_aux_loss_scale(policy.config, float(dp_token_counts([len(microbatches)])[0]))
     policy.model.zero_grad_buffer()

@@ -123,7 +123,7 @@ COLLECTIVE_MODULES = {
     "megatron_dapo/checkpoint/dist_ckpt.py": "tests/checkpoint/test_roundtrip.py, this file",
     "megatron_dapo/checkpoint/hf_export.py": "tests/training/test_export_hf.py (object collectives, barriers)",
     "megatron_dapo/checkpoint/model_io.py": "tests/checkpoint/test_roundtrip.py (TP export gather)",
-    "megatron_dapo/distributed.py": "barrier only",
+    "megatron_dapo/distributed.py": "barrier; dp_token_counts: tests/training/test_trainer_device.py, tests/training",
     "megatron_dapo/hybrid/weight_sync.py": "tests/hybrid/test_weight_sync.py, tests/hybrid/test_transport.py",
     "megatron_dapo/models/attention.py": "tests/foundation/test_models.py (CP attention)",
     "megatron_dapo/training/dapo_step.py": "tests/training, tests/e2e",

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from megatron_dapo.rollout import payload as pl
+from megatron_dapo.rollout.engines import codec_for
 from tests.hybrid import feed_bodies
 from tests.tiny import random_hf_model, tiny_qwen2_config
 
@@ -203,11 +204,11 @@ def test_sglang_codec_patches_the_senders_reductions(monkeypatch):
         "sglang.srt.weight_sync": {}, "sglang.srt.weight_sync.tensor_bucket": {"FlattenedTensorMetadata": Meta},
     }.items():
         monkeypatch.setitem(sys.modules, name, types.SimpleNamespace(**attrs))
-    ser, meta = pl.codec_for("sglang")
+    ser, meta = codec_for("sglang")
     assert ser is Serializer.serialize and meta is Meta and patched == [1]
-    assert pl.codec_for("hf") == (pl.default_serializer, pl.BucketEntry)
+    assert codec_for("hf") == (pl.default_serializer, pl.BucketEntry)
     with pytest.raises(ValueError, match="unknown engine kind"):
-        pl.codec_for("vllm")
+        codec_for("vllm")
 
 
 def test_engine_feeders_layout():

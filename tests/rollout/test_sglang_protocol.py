@@ -337,7 +337,7 @@ def _assert_engine_has(fake, model):
 # ------------------------------------------------------- the payload through the wheel ----
 def _wheel_serializer(ns):
     """The wheel's MultiprocessingSerializer.serialize: what an SGLang engine's feeders use
-    (``rollout.payload.codec_for("sglang")``)."""
+    (``rollout.engines.codec_for("sglang")``)."""
     return ns.ser["MultiprocessingSerializer"].serialize
 
 def test_wheel_serializer_and_bucket_decode_our_payload(src, wheel_modules):
@@ -349,7 +349,7 @@ def test_wheel_serializer_and_bucket_decode_our_payload(src, wheel_modules):
     payloads, flat = se.serialize_bucket(tensors, 2, metadata_cls=tb.FlattenedTensorMetadata,
                                          serializer=ser["MultiprocessingSerializer"].serialize)
     # our serializer writes a pickle of the same protocol (a CPU buffer of ours travels by file
-    # name; the SGLang feeders use SGLang's serializer: rollout.payload.codec_for)
+    # name; the SGLang feeders use SGLang's serializer: rollout.engines.codec_for)
     ours, _ = se.serialize_bucket(tensors[:1], 1, metadata_cls=tb.FlattenedTensorMetadata)
     assert isinstance(ours[0], str) and ser["normalize_serialized_named_tensor_payload"](ours[0])[:2] == b"\x80\x04"
     raw = ser["normalize_serialized_named_tensor_payloads"](payloads)  # Engine + TokenizerManager

@@ -63,10 +63,11 @@ def test_collective_device_follows_the_group_backend(monkeypatch):
 
 def test_dp_token_counts_are_created_on_the_collective_device(monkeypatch):
     seen = {}
-    monkeypatch.setattr(dapo_step, "collective_device", lambda group=None: torch.device("meta"))
-    monkeypatch.setattr(dapo_step.dist, "get_world_size", lambda group=None: 2)
-    monkeypatch.setattr(dapo_step.dist, "all_reduce", lambda t, group=None: seen.update(device=t.device, group=group))
-    out = dapo_step.dp_token_counts([3.0, 1.0], group="dp-group")
+    monkeypatch.setattr(distributed, "collective_device", lambda group=None: torch.device("meta"))
+    monkeypatch.setattr(distributed.dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(distributed.dist, "all_reduce", lambda t, group=None: seen.update(device=t.device, group=group))
+    out = distributed.dp_token_counts([3.0, 1.0], group="dp-group")
+    assert dapo_step.dp_token_counts is distributed.dp_token_counts  # the trainer step's (and setup's) one helper
     assert seen == {"device": torch.device("meta"), "group": "dp-group"}
     assert out.device.type == "meta" and out.dtype == torch.float64
 
