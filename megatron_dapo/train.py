@@ -29,20 +29,21 @@ from .config.cli import decode_escapes
 from .config.validate import check_model_dir, hf_config_source, load_tokenizer
 from .data import ResumableSampler, load_prompt_dataset
 from .diagnostics import repetition_rate
-from .driver import checkpoint_dirs as checkpoints, debug, resume
+from .driver import debug, resume
 from .driver.batch import assign_advantages, minibatches, optimizer_steps, training_samples
 from .driver.cluster import Cluster, RemoteEngine, RemoteEngines
 from .driver.logging import MetricsLogger
 from .driver.metrics import step_metrics, summary_line
 from .driver.plots import plot_training_curves
 from .driver.rollout_manager import EnginePool, RolloutManager
-from .driver.run_dir import prepare_outputs, write_config
 from .driver.signals import SIGTERM_SEEN as _SIGTERM, Terminated, check_not_terminated, stop_on_sigterm  # noqa: F401
 from .errors import report_user_error
 from .eval.runner import evaluate_in_training
 from .hybrid.phases import HybridStep
 from .launch.preflight import check_before_launch, dry_run
 from .models import parse_hf_config
+from .outputs import checkpoint_dirs as checkpoints
+from .outputs.run_dir import prepare_outputs, write_config
 from .reward import BatchScorer, reward_needs_label
 
 
@@ -55,7 +56,7 @@ class Trainer:
         self.cfg = cfg
         self.hf_dir = hf_config_source(cfg)
         self.arch = parse_hf_config(self.hf_dir)
-        self.run_dir = cfg.logging.run_dir  # written only once the checks of run() passed (driver/run_dir.py)
+        self.run_dir = cfg.logging.run_dir  # written only once the checks of run() passed (outputs/run_dir.py)
         tok_dir = cfg.model.tokenizer or self.hf_dir
         self.tokenizer = load_tokenizer(tok_dir, "--tokenizer" if cfg.model.tokenizer else "--hf-checkpoint")
         self.tokenizer_dir = tok_dir

@@ -35,11 +35,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
-from ..driver.checkpoint_dirs import resolve
+from ..outputs.checkpoint_dirs import resolve
 from .plan import PER_RUN_FIELDS, AblationError, Plan, Run, expected_config, flatten, parse_train_args
 
 LAUNCH_LOG = "launch.jsonl"
-RUN_MARKERS = ("config.json", "metrics.jsonl", "hybrid_events.jsonl")  # driver/run_dir.py RUN_MARKERS
+RUN_MARKERS = ("config.json", "metrics.jsonl", "hybrid_events.jsonl")  # outputs/run_dir.py RUN_MARKERS
 
 
 @dataclass

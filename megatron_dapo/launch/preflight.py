@@ -16,7 +16,7 @@ failed, :class:`PreflightError` (a ``ConfigError``: exit 2, one line, no traceba
 | hf-checkpoint | ``config.json`` and, when they are the initial weights, the safetensors files | no weights (or shards named by the index missing) while neither ``--load`` nor ``--pretrained-checkpoint`` is given |
 | load / pretrained-checkpoint / ref-load | a megatron-dapo torch_dist checkpoint whose metadata matches the model; ``--load``'s saved layout | not found, not such a checkpoint, another architecture |
 | disk | one checkpoint (params x (weights + fp32 main params + Adam m, v)) against the free space of ``--save``'s filesystem | it does not fit and ``--save`` or its parent exists (otherwise the filesystem may not be the run's: a warning); fewer than ``--keep-last`` + 1 fit: a warning; HF exports: warnings only |
-| outputs (dry run) | ``--run-dir`` / ``--save`` writable and free of another run's files (driver/run_dir.py) | see docs/reliability.md |
+| outputs (dry run) | ``--run-dir`` / ``--save`` writable and free of another run's files (outputs/run_dir.py) | see docs/reliability.md |
 
 A directory holding only a model's public ``config.json`` (``examples/qwen2.5-32b``) carries
 :data:`SHAPE_ONLY_FILE`; a dry run reports its missing weights and tokenizer as warnings (it
@@ -39,8 +39,8 @@ from ..checkpoint.dist_ckpt import CheckpointError, check_metadata, read_metadat
 from ..config import ConfigError
 from ..config.validate import data_parallel_size, world_size
 from ..data.dataset import DataError, check_columns, check_fingerprint, load_prompt_dataset, read_rows
-from ..driver import checkpoint_dirs as checkpoints
-from ..driver.run_dir import prepare_outputs
+from ..outputs import checkpoint_dirs as checkpoints
+from ..outputs.run_dir import prepare_outputs
 from ..errors import one_line, user_error_types
 from ..eval.runner import load_eval_problems
 from ..models.hf_config import generation_eos_ids

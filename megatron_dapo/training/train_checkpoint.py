@@ -3,7 +3,7 @@
 The model part is :mod:`megatron_dapo.checkpoint.dist_ckpt` (metadata, validation,
 resharding on load); the optimizer's sharded state and the scheduler's state are saved as
 extra state in the same ``dist_checkpointing`` call. Atomicity (temporary directory, rename,
-``latest`` pointer written last) is the driver's (``megatron_dapo.driver.checkpoint_dirs``).
+``latest`` pointer written last) is the driver's (``megatron_dapo.outputs.checkpoint_dirs``).
 
 Resume on another layout. The optimizer state is stored in a format that dist_checkpointing
 reshards like the model:

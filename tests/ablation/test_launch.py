@@ -31,7 +31,7 @@ cell = os.path.basename(os.path.dirname(rd))
 with open(os.environ["FAKE_LOG"], "a") as f:
     f.write(json.dumps({"cell": cell, "start_over": "--start-over" in args}) + "\n")
 present = [m for m in ("config.json", "metrics.jsonl") if os.path.exists(os.path.join(rd, m))]
-if present:  # what the real trainer does (driver/run_dir.py)
+if present:  # what the real trainer does (outputs/run_dir.py)
     if "--start-over" not in args:
         print(f"--run-dir {rd} holds a previous run's files", file=sys.stderr)
         sys.exit(2)

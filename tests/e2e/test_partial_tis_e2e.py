@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.slow]
 
 
 def test_partial_rollout_and_tis_steps(tmp_path):
-    from megatron_dapo.driver import checkpoint_dirs as checkpoints
+    from megatron_dapo.outputs import checkpoint_dirs as checkpoints
     from megatron_dapo.train import main
 
     hf = make_tiny_qwen2_dir(str(tmp_path / "hf"))

@@ -144,6 +144,55 @@ def test_no_import_cycle_even_through_call_time_imports():
     assert cycles == [], "import cycles (call-time imports included): " + "; ".join(" <-> ".join(c) for c in cycles)
 
 
+def design_layers() -> dict:
+    """``package -> layer`` from the table of docs/design.md, "Layers"."""
+    import re
+
+    text = (ROOT / "docs" / "design.md").read_text()
+    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    layers = {}
+    for m in re.finditer(r"^\| (\d+) \| ([^|]+) \|", section, re.M):
+        for pkg in re.findall(r"`(\w+)`", m.group(2)):
+            layers[pkg] = int(m.group(1))
+    return layers
+
+
+def _package(module: str) -> str:
+    return module.split(".")[1] if "." in module else ""
+
+
+def layer_violations(graph: dict, layers: dict) -> list:
+    """Imports of another package that is not on a lower layer (``""``: the package's own
+    ``__init__``, which any module may import)."""
+    out = []
+    for mod, deps in sorted(graph.items()):
+        a = _package(mod)
+        for dep in sorted(deps):
+            b = _package(dep)
+            if not b or a == b:
+                continue
+            if layers[b] >= layers[a]:
+                out.append(f"{mod} (layer {layers[a]}) imports {dep} (layer {layers[b]})")
+    return out
+
+
+def test_the_layer_check_finds_an_upward_import():
+    layers = {"a": 0, "b": 1}
+    assert layer_violations({"megatron_dapo.a.x": {"megatron_dapo.b.y"}, "megatron_dapo.b.y": set()}, layers) == [
+        "megatron_dapo.a.x (layer 0) imports megatron_dapo.b.y (layer 1)"]
+    assert layer_violations({"megatron_dapo.b.y": {"megatron_dapo.a.x"}, "megatron_dapo.a.x": set()}, layers) == []
+
+
+def test_packages_keep_the_layers_of_docs_design():
+    layers = design_layers()
+    packages = {_package(m) for m in _modules()} - {""}
+    assert packages == set(layers), (
+        f"packages without a layer in docs/design.md: {sorted(packages - set(layers))}; "
+        f"layers naming no package: {sorted(set(layers) - packages)}")
+    bad = layer_violations(import_graph(call_time=True), layers)
+    assert not bad, "imports against the layers of docs/design.md:\n" + "\n".join(bad)
+
+
 def _importable() -> list:
     """Every module that imports on this (CPU) machine: the GPU-only engine adapter imports sglang lazily too."""
     return sorted(m for m in _modules() if not m.endswith("__main__"))

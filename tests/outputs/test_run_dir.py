@@ -1,4 +1,4 @@
-"""A run never deletes or overwrites what it did not write (megatron_dapo/driver/run_dir.py):
+"""A run never deletes or overwrites what it did not write (megatron_dapo/outputs/run_dir.py):
 the run directory and --save are checked before anything is written, --start-over moves what is
 in the way aside, and the real driver leaves a previous run's files as they were when it refuses
 (or when it fails on a mistyped path)."""
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from megatron_dapo.config import ConfigError, parse_args
-from megatron_dapo.driver import checkpoint_dirs as cd
+from megatron_dapo.outputs import checkpoint_dirs as cd
 from megatron_dapo.driver.logging import MetricsLogger
-from megatron_dapo.driver.run_dir import prepare_outputs
+from megatron_dapo.outputs.run_dir import prepare_outputs
 from tests.e2e.fixtures import make_prompts, make_tiny_qwen2_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

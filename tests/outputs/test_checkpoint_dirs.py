@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from megatron_dapo.driver import checkpoint_dirs as cd
+from megatron_dapo.outputs import checkpoint_dirs as cd
 
 
 def _save(root, step, run_id, keep_last=2):
