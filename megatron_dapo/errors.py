@@ -84,7 +84,7 @@ def _names_a_file(exc: BaseException) -> bool:
 
 def one_line(exc: BaseException) -> str:
     """The message of ``exc`` on one line (an OSError that names a file: ``FILE: what``)."""
-    if _names_a_file(exc):
+    if isinstance(exc, OSError) and _names_a_file(exc):
         where = f"{exc.filename}" + (f" -> {exc.filename2}" if exc.filename2 else "")
         return f"{where}: {exc.strerror or type(exc).__name__}"
     return " ".join(str(exc).split()) or type(exc).__name__

@@ -14,7 +14,7 @@ from .registry import Registry
 #: (the ``metric`` of :func:`dynamic_sampling_mask`); None keeps the DAPO rule on raw
 #: correctness. ``samples`` are the group's responses after verification (``acc``, ``score``,
 #: ``reward`` attributes: ``driver/batch.Sample``); the rollout manager calls the entry.
-DYNAMIC_SAMPLING_METRICS = Registry("dynamic sampling metric", flag="--dynamic-sampling-metric")
+DYNAMIC_SAMPLING_METRICS: Registry = Registry("dynamic sampling metric", flag="--dynamic-sampling-metric")
 
 
 def _values(samples: Sequence, name: str) -> torch.Tensor:

@@ -23,7 +23,7 @@ from ._checks import as_tensor, check_float_tensor, check_same_shape
 from .registry import Registry
 
 #: ``--kl-estimator``: name -> ``fn(logprobs, ref_logprobs) -> per-token KL``.
-KL_ESTIMATORS = Registry("KL estimator", flag="--kl-estimator")
+KL_ESTIMATORS: Registry = Registry("KL estimator", flag="--kl-estimator")
 
 #: log-ratio clamp before ``exp`` in k3 (same range as the policy ratio).
 KL_LOG_RATIO_CLAMP = 20.0

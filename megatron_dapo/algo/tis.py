@@ -42,7 +42,7 @@ from .registry import Registry
 
 #: ``--tis-mode``: name -> ``fn(log_ratio, valid, cap, seq_cap) -> (weights, clipped)`` on
 #: ``[batch, seq]`` (``log_ratio`` 0 and ``valid`` False on masked positions).
-TIS_MODES = Registry("TIS mode", flag="--tis-mode")
+TIS_MODES: Registry = Registry("TIS mode", flag="--tis-mode")
 
 
 @TIS_MODES.register("none")

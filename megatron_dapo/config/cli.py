@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
             g.add_argument(flag, dest=dest, nargs="*", help=helptext)
         else:
             choices = f.metadata.get("choices")
-            kw = {}
+            kw: dict[str, Any] = {}
             if choices:
                 kw["choices"] = [c for c in choices if c is not None] + (["none"] if None in choices else [])
             conv = _converter(flag, tp, opt)

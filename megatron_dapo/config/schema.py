@@ -21,7 +21,7 @@ def _f(default: Any, help: str, flag: Optional[str] = None, **extra: Any):
     if flag:
         md["flag"] = flag
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata=md)
+        return field(default_factory=lambda d=default: type(d)(d), metadata=md)  # type: ignore[misc]  # a fresh copy per instance
     return field(default=default, metadata=md)
 
 

@@ -58,14 +58,17 @@ class Sample:
 
     def to_item(self) -> TrainItem:
         """The part of a sample a trainer rank needs (sequences as tensors)."""
+        def seq(x, dtype):
+            return None if x is None else torch.as_tensor(x, dtype=dtype)
+
         return TrainItem(
-            tokens=list(self.prompt_ids) + list(self.response_ids),
+            tokens=torch.as_tensor(list(self.prompt_ids) + list(self.response_ids), dtype=torch.long),
             prompt_len=len(self.prompt_ids),
             advantage=self.advantage,
             train=self.train,
-            old_logprobs=self.old_logprobs,
-            ref_logprobs=self.ref_logprobs,
-            engine_logprobs=self.engine_logprobs,
+            old_logprobs=seq(self.old_logprobs, torch.float32),
+            ref_logprobs=seq(self.ref_logprobs, torch.float32),
+            engine_logprobs=seq(self.engine_logprobs, torch.float32),
             stale_len=self.stale_len,
             routed_experts=self.routed_experts,
         )
@@ -111,8 +114,7 @@ def assign_advantages(groups: list, algo: AlgorithmConfig) -> list:
     rewards = torch.tensor([s.reward for s in samples], dtype=torch.float64)
     adv = compute_advantages(algo.advantage_estimator, rewards, G, eps=algo.adv_eps)
     if algo.overlong_filter:
-        keep = overlong_filter_mask([s.finish_reason for s in samples])
-        keep = keep.reshape(-1).bool().tolist()
+        keep = overlong_filter_mask([s.finish_reason for s in samples]).reshape(-1).bool().tolist()
     else:
         keep = [True] * len(samples)
     for s, a, k in zip(samples, adv.tolist(), keep):

@@ -81,10 +81,11 @@ class Cluster:
         self.num_engines = self.world // r.num_gpus_per_engine
         # Engine e sits on the GPUs of the ranks that feed it (same node, consecutive ids).
         self.engine_plan = engine_gpu_plan(self.placements, r.num_gpus_per_engine)
-        self.actors, self.infos = [], []
-        self.trainers = None  # TrainerGroup, once build_trainers ran
+        self.actors: list = []
+        self.infos: list = []
+        self.trainers: Optional[TrainerGroup] = None  # once build_trainers ran
         self.master_addr = self.master_port = None
-        self._engine_ids = {}
+        self._engine_ids: dict = {}
         if build_trainers:
             self.build_trainers()
 
@@ -111,8 +112,9 @@ class Cluster:
         cfg, gpus = self.cfg, self.gpus
         self.master_addr, self.master_port = self.rendezvous()
         self.actors = [
-            PolicyActor.options(scheduling_strategy=self._strategy(r), num_cpus=self.bundle_cpus / 2,
-                                num_gpus=gpus * 0.5 if gpus else 0).remote(
+            PolicyActor.options(  # type: ignore[attr-defined]  # a @ray.remote class
+                scheduling_strategy=self._strategy(r), num_cpus=self.bundle_cpus / 2,
+                num_gpus=gpus * 0.5 if gpus else 0).remote(
                 r, self.world, self.master_addr, self.master_port, cfg, self.hf_dir, self.threads
             )
             for r in range(self.world)
@@ -131,7 +133,7 @@ class Cluster:
 
         r, gpus = self.cfg.rollout, self.gpus
         kw, opts = engine_options(self.cfg, self.engine_kind, i, self.engine_plan[i]["base_gpu_id"], self.tokenizer_dir)
-        handle = EngineActor.options(
+        handle = EngineActor.options(  # type: ignore[attr-defined]  # a @ray.remote class
             scheduling_strategy=self._strategy(i * r.num_gpus_per_engine), num_cpus=self.bundle_cpus / 2,
             num_gpus=gpus * 0.5 if gpus else 0, **opts,
         ).remote(self.engine_kind, self.hf_dir, self.tokenizer_dir, self.threads, **kw)
@@ -161,14 +163,19 @@ class Cluster:
                 "seconds": max(o["seconds"] for o in outs), "engines": len(handles)}
 
     # -- the hybrid step's trainer protocol (hybrid/phases.py): the trainer group's, plus the sync
+    def _group(self) -> TrainerGroup:
+        if self.trainers is None:
+            raise RuntimeError("the trainer actors are not built yet (Cluster.build_trainers)")
+        return self.trainers
+
     def onload(self) -> None:
-        self.trainers.onload()
+        self._group().onload()
 
     def offload(self) -> None:
-        self.trainers.offload()
+        self._group().offload()
 
     def probe_logprobs(self, sequences) -> list:
-        return self.trainers.probe_logprobs(sequences)
+        return self._group().probe_logprobs(sequences)
 
     def shutdown(self, engine_handles=()):
         """Kill the engine and trainer actors, then unlink the trainer processes' shared-memory

@@ -136,7 +136,7 @@ class EnginePool:
 
     # ------------------------------------------------------------------- submit ----
     def submit(self, requests: List[Request]) -> None:
-        groups = collections.OrderedDict()
+        groups: Dict[object, List[Request]] = collections.OrderedDict()
         for r in requests:
             groups.setdefault(r.group if r.group is not None else r.rid, []).append(r)
         per_engine = collections.defaultdict(list)

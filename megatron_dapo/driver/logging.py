@@ -42,7 +42,9 @@ class MetricsLogger:
 
                 os.environ.setdefault("WANDB_SILENT", "true")
                 self._wandb = wandb.init(
-                    project=wandb_project or "megatron-dapo", mode=wandb_mode, dir=run_dir, config=cfg_dict,
+                    # mode: one of --wandb-mode's choices (config validation), all wandb's own
+                    project=wandb_project or "megatron-dapo", mode=wandb_mode,  # type: ignore[arg-type]
+                    dir=run_dir, config=cfg_dict,
                     id=run_id, resume="allow" if run_id else None, reinit=True,
                 )
                 self.run_id = self._wandb.id

@@ -36,7 +36,7 @@ class TrainerGroup:
         self._get = get or _ray_get
         self.dp_size = self.infos[0]["dp_size"] if self.infos else 1
         # the rank whose results stand for DP rank d: last PP stage, lowest rank (TP rank 0)
-        self.reporters = {}
+        self.reporters: dict = {}
         for i in sorted(self.infos, key=lambda i: i["rank"]):
             if i["last_stage"]:
                 self.reporters.setdefault(i["dp_rank"], i["rank"])
@@ -131,7 +131,7 @@ class TrainerGroup:
         (``reduce_step_stats``: token-weighted means, grad norm, skipped steps, lr).
         ``progress``: a tqdm description, or None for no bar."""
         shards_per_mb = [dp_shards([s.to_item() for s in mb], self.dp_size) for mb in minibatches]
-        outs = [[] for _ in self.actors]
+        outs: list = [[] for _ in self.actors]
         steps = range(len(shards_per_mb))
         if progress:
             from tqdm.auto import tqdm

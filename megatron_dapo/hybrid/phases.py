@@ -230,7 +230,8 @@ class HybridStep:
                 "gate/up block in the wrong order, a wrong conversion). The trainer's weights at the first sync must "
                 "be --hf-checkpoint's (no --load, no --pretrained-checkpoint)")
 
-    def _probe_engines(self, engines, probe: list, ref: list) -> float:
+    def _probe_engines(self, engines, probe: Optional[list], ref: list) -> float:
+        assert probe is not None, "a reference to probe against exists only for a probe"
         probe = cut_probe(probe, self.probe_tokens)
         got = self._timed("probe_s", engines.score, probe, [1] * len(probe))
         self._event("probe_engine")
