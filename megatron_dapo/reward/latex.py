@@ -9,224 +9,58 @@ subscripts, base-n literals (204_5), |x|, tuples, intervals, sets, \\cup, \\pm, 
 Values produced: sympy expressions (matrices as ImmutableMatrix), `Seq` (tuples, bare lists,
 sets, intervals), `Rel` (relation chains) and `Text` (words). Every size that could explode
 (powers, factorials, literal lengths, nesting) is checked against `guards` first.
+
+Modules: `latex_values` (Seq, Rel, Text, PM, ParseError), `latex_tokens` (tokenizer and
+vocabulary), `sympy_build` (size-guarded numbers, powers, binomials, factorials),
+`latex_structures` (tuples, intervals, sets, matrices, sums and products) and this one (the
+grammar and `parse_latex`); the public names of all of them are importable from here.
 """
 
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import dataclass
 from functools import lru_cache
 
 import sympy
 
-from .guards import (
-    MAX_BIGOP_DIGITS,
-    MAX_BIGOP_TERM_OPS,
-    MAX_BIGOP_TERMS,
-    MAX_BINOM_ARG,
-    MAX_FACTORIAL,
-    MAX_ITEMS,
-    MAX_NESTING,
-    MAX_NUMBER_DIGITS,
-    MAX_OTHER_EXPONENT,
-    MAX_POWER_DIGITS,
-    MAX_SUM_TERMS,
-    MAX_SYMBOL_EXPONENT,
-    MAX_SYMBOLIC_EXPONENT,
-    TooComplex,
-    check_parsable,
+from .guards import MAX_ITEMS, MAX_NESTING, TooComplex, check_parsable
+from .latex_structures import _StructuresMixin, bigop_value, check_sum_cost, guarded_subs
+from .latex_tokens import (
+    _ASCII_FUNCS,
+    _FUNCS,
+    _FUNCTION_LETTERS,
+    _GREEK,
+    _IGNORED_CMDS,
+    _INVERSES,
+    _MUL_CMDS,
+    _REL_CMDS,
+    _REL_OPS,
+    tokenize,
+)
+from .latex_values import PM, ParseError, Rel, Seq, Text
+from .sympy_build import (
+    _apply_sign,
+    _div,
+    _expr,
+    _mul,
+    _sym,
+    _text_value,
+    check_power_cost,
+    make_binomial,
+    make_factorial,
+    make_number,
+    make_pow,
 )
 
-#: The ± marker: a ± b parses as a + PM*b and expands to the two values later.
-PM = sympy.Symbol("__pm__")
-
-
-class ParseError(Exception):
-    """The text is not an answer this parser understands."""
-
-
-@dataclass(frozen=True)
-class Seq:
-    """An ordered collection: kind is "tuple" ( ), "bracket" [ ], "interval" (mixed), "set" \\{ \\} or "list" (bare)."""
-
-    items: tuple
-    kind: str
-    left: str = ""
-    right: str = ""
-
-
-@dataclass(frozen=True)
-class Rel:
-    """A relation chain parts[0] ops[0] parts[1] ...; ops are "=", "<", "<=", ">", ">=", "!=", "~", "in"."""
-
-    ops: tuple
-    parts: tuple
-
-
-@dataclass(frozen=True)
-class Text:
-    """A textual answer (words), compared as a normalised string."""
-
-    text: str
-
-
-# --------------------------------------------------------------------------- tokens
-_TOKEN_RE = re.compile(
-    r"""
-    (?P<ws>\s+)
-  | (?P<num>\d+(?:\.\d+)?|\.\d+)
-  | (?P<rowsep>\\\\)
-  | (?P<cmd>\\[a-zA-Z]+|\\[{}|%$#&_])
-  | (?P<word>[a-zA-Z]+)
-  | (?P<op><=|>=|!=|=<|=>|[-+*/^_()\[\]{},;:=<>!|&'])
-    """,
-    re.VERBOSE,
-)
-
-_FUNCS = {
-    "sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan, "sec": sympy.sec, "csc": sympy.csc,
-    "cot": sympy.cot, "arcsin": sympy.asin, "arccos": sympy.acos, "arctan": sympy.atan,
-    "sinh": sympy.sinh, "cosh": sympy.cosh, "tanh": sympy.tanh, "exp": sympy.exp,
-    "ln": sympy.log, "log": sympy.log, "lg": lambda x: sympy.log(x, 10),
-}
-_ASCII_FUNCS = {"sqrt": sympy.sqrt, "cbrt": lambda x: make_pow(x, sympy.Rational(1, 3)), "abs": sympy.Abs}
-_INVERSES = {sympy.sin: sympy.asin, sympy.cos: sympy.acos, sympy.tan: sympy.atan, sympy.cot: sympy.acot,
-             sympy.sinh: sympy.asinh, sympy.cosh: sympy.acosh, sympy.tanh: sympy.atanh}
-_GREEK = {
-    "alpha", "beta", "gamma", "delta", "epsilon", "varepsilon", "zeta", "eta", "theta", "vartheta",
-    "iota", "kappa", "lambda", "mu", "nu", "xi", "rho", "sigma", "tau", "upsilon", "phi",
-    "varphi", "chi", "psi", "omega", "Gamma", "Delta", "Theta", "Lambda", "Xi", "Sigma",
-    "Phi", "Psi", "Omega",
-}
-_REL_CMDS = {
-    "le": "<=", "leq": "<=", "leqslant": "<=", "ge": ">=", "geq": ">=", "geqslant": ">=",
-    "lt": "<", "gt": ">", "ne": "!=", "neq": "!=", "approx": "~", "in": "in", "eq": "=",
-}
-_REL_OPS = {"=": "=", "<": "<", ">": ">", "<=": "<=", ">=": ">=", "=<": "<=", "=>": ">=", "!=": "!="}
-_MUL_CMDS = {"cdot", "times", "ast"}
-_IGNORED_CMDS = {"displaystyle", "textstyle", "limits", "nolimits", "circ", "degree", "angle", "mathstrut"}
-_FUNCTION_LETTERS = {"f", "g", "h"}
-_SYMBOL_CACHE: dict[str, sympy.Symbol] = {}
-
-
-def _sym(name: str) -> sympy.Symbol:
-    sym = _SYMBOL_CACHE.get(name)
-    if sym is None:
-        sym = _SYMBOL_CACHE[name] = sympy.Symbol(name)
-    return sym
-
-
-def tokenize(text: str) -> list[tuple[str, str]]:
-    """Split LaTeX into (kind, text) tokens; ParseError on a character we do not know."""
-    tokens = []
-    pos = 0
-    while pos < len(text):
-        m = _TOKEN_RE.match(text, pos)
-        if not m:
-            raise ParseError(f"unexpected character {text[pos]!r}")
-        kind = m.lastgroup
-        if kind != "ws":
-            tokens.append((kind, m.group()))
-        pos = m.end()
-    return tokens
-
-
-# --------------------------------------------------------------------------- numbers
-def make_number(text: str) -> sympy.Expr:
-    """Exact number from a decimal literal ("1000.0" -> 1000, "0.5" -> 1/2)."""
-    if len(text) > MAX_NUMBER_DIGITS:
-        raise TooComplex("number literal too long")
-    if "." in text:
-        whole, frac = text.split(".")
-        return sympy.Rational(int(whole or "0") * 10 ** len(frac) + int(frac or "0"), 10 ** len(frac))
-    return sympy.Integer(int(text))
-
-
-def _digits_estimate(value: sympy.Expr) -> float:
-    """Rough decimal size of a rational (numerator/denominator digits)."""
-    p, q = sympy.fraction(value)
-    return max(abs(int(p)).bit_length(), abs(int(q)).bit_length()) * 0.30103 + 1
-
-
-def check_power_cost(base: sympy.Expr, n: int) -> None:
-    """Raise TooComplex when ``base**e`` with ``|numerator of e| = n`` would be costly.
-
-    sympy rewrites ``((x-1)^2)^n`` as ``(x-1)^(2n)`` and ``(2x)^n`` as ``2^n x^n``, and the
-    checks later expand sums and evaluate at rational points, so each factor of the base is
-    checked with the exponent it will really carry: a rational's digits times n, a symbol's
-    total exponent, a sum's expansion degree.
-    """
-    for factor in sympy.Mul.make_args(base):
-        if factor.is_Rational:
-            if factor not in (0, 1, -1) and _digits_estimate(factor) * n > MAX_POWER_DIGITS:
-                raise TooComplex("power too large")
-        elif factor.is_Symbol:
-            if n > MAX_SYMBOL_EXPONENT:
-                raise TooComplex("symbolic power too large")
-        elif factor.is_Pow and factor.exp.is_Rational:
-            check_power_cost(factor.base, n * abs(int(factor.exp.p)))
-        elif factor.is_Add:
-            if n > MAX_SYMBOLIC_EXPONENT:
-                raise TooComplex("power of a sum too large")
-        elif n > MAX_OTHER_EXPONENT:
-            raise TooComplex("power too large")
-
-
-def make_pow(base, exp):
-    """base**exp with size guards (refuses 9^(9^(9^9)), ((x-1)^2)^(10^8) and friends)."""
-    if not isinstance(base, sympy.Basic) or not isinstance(exp, sympy.Basic):
-        raise ParseError("power of a non-expression")
-    if isinstance(base, sympy.MatrixBase):
-        if exp.is_Integer and 0 <= int(exp) <= 16:
-            return base ** int(exp)
-        raise ParseError("matrix power")
-    if exp.is_number and not exp.free_symbols:
-        if exp.is_Rational:
-            if abs(exp.p) > 10**6 and base.is_number and base not in (sympy.Integer(1), sympy.Integer(0), sympy.Integer(-1)):
-                raise TooComplex("exponent too large")
-            if abs(exp.p) > 1 and base not in (sympy.Integer(1), sympy.Integer(0), sympy.Integer(-1)):
-                check_power_cost(base, abs(int(exp.p)))
-        else:
-            approx = sympy.N(exp, 15)
-            if approx.is_real and abs(approx) > 10**6:
-                raise TooComplex("exponent too large")
-    elif exp.free_symbols and any(a.is_number and a.is_Rational and abs(a) > 10**6 for a in exp.atoms(sympy.Rational)):
-        raise TooComplex("exponent too large")
-    return sympy.Pow(base, exp)
-
-
-def make_binomial(n, k):
-    """binomial(n, k) with size guards (a huge value, or a huge argument beside a symbol)."""
-    numbers = [a for a in (n, k) if a.is_number]
-    if any(not a.is_finite for a in numbers):
-        raise ParseError("binomial of infinity")
-    if n.is_Integer and k.is_Integer:
-        small = min(int(k), int(n) - int(k))
-        if int(n) > MAX_BINOM_ARG and small > 0:
-            # log10 C(n, k) <= k log10(e n / k)
-            if small * (math.log10(int(n)) - math.log10(small) + 0.44) > MAX_POWER_DIGITS:
-                raise TooComplex("binomial too large")
-        return sympy.binomial(n, k)
-    for a in (n, k):
-        if any(abs(r) > MAX_BINOM_ARG for r in a.atoms(sympy.Rational)):
-            raise TooComplex("binomial argument too large")
-    return sympy.binomial(n, k)
-
-
-def make_factorial(value):
-    if value.is_Integer:
-        if int(value) > MAX_FACTORIAL:
-            raise TooComplex("factorial too large")
-        if int(value) < 0:
-            raise ParseError("negative factorial")
-    elif value.is_number:
-        raise ParseError("factorial of a non-integer")
-    return sympy.factorial(value)
+__all__ = [
+    "PM", "ParseError", "Rel", "Seq", "Text", "bigop_value", "check_power_cost", "check_sum_cost",
+    "guarded_subs", "make_binomial", "make_factorial", "make_number", "make_pow", "parse_latex",
+    "tokenize",
+]
 
 
 # --------------------------------------------------------------------------- parser
-class _Parser:
+class _Parser(_StructuresMixin):
     """Recursive-descent parser over the token list."""
 
     def __init__(self, tokens: list[tuple[str, str]]) -> None:
@@ -575,50 +409,6 @@ class _Parser:
         value = sympy.log(arg, base) if (base is not None and fn is sympy.log) else fn(arg)
         return make_pow(value, power) if power is not None else value
 
-    def parse_brackets(self):
-        left = self.next()[1]
-        closers = (")", "]") if left in ("(", "[") else ("\\}",)
-        value = self.parse_list(stops=closers)
-        right = self.next()[1]
-        if right not in closers:
-            raise ParseError(f"unclosed {left}")
-        if left == "\\{":
-            items = value.items if isinstance(value, Seq) and value.kind == "list" else (value,)
-            return Seq(tuple(items), "set", "{", "}")
-        if isinstance(value, Seq) and value.kind == "list":
-            kind = "tuple" if (left, right) == ("(", ")") else "bracket" if (left, right) == ("[", "]") else "interval"
-            return Seq(value.items, kind, left, right)
-        if (left, right) in (("(", ")"), ("[", "]")):
-            return value
-        raise ParseError("mismatched brackets")
-
-    def parse_matrix(self, env: str):
-        if env == "array" and self.at("{"):
-            self.raw_group()
-        rows, row = [], []
-        while True:
-            if self.at("\\end"):
-                self.next()
-                self.raw_group()
-                break
-            if self.peek()[0] == "eof":
-                raise ParseError("unclosed matrix")
-            if self.peek()[0] == "rowsep":
-                self.next()
-                if row:
-                    rows.append(row)
-                row = []
-                continue
-            if self.at("&"):
-                self.next()
-                continue
-            row.append(_expr(self.parse_expr()))
-        if row:
-            rows.append(row)
-        if not rows or len({len(r) for r in rows}) != 1:
-            raise ParseError("ragged matrix")
-        return sympy.ImmutableMatrix(rows)
-
     def parse_atom(self):
         kind, text = self.peek()
         if kind == "eof":
@@ -706,187 +496,6 @@ class _Parser:
                 return sympy.Integer(1)
             raise ParseError(f"unknown command {text}")
         raise ParseError(f"unexpected {text!r}")
-
-    def parse_bigop(self, kind: str):
-        """\\sum / \\prod with an index ``_{k=a}`` and a bound ``^{b}`` (either order, \\limits allowed).
-
-        The index letter is bound while the body is parsed (``i`` and ``e`` are then the index,
-        not the constants). Numeric bounds are evaluated term by term (`bigop_value`).
-        """
-        lower = upper = var = None
-        for _ in range(4):
-            if self.at("\\limits", "\\nolimits", "\\displaystyle"):
-                self.next()
-            elif self.at("_") and var is None:
-                self.next()
-                var, lower = self.bigop_index()
-            elif self.at("^") and upper is None:
-                self.next()
-                upper = _expr(self.parse_script())
-            else:
-                break
-        if var is None or upper is None:
-            raise ParseError(f"{kind} without limits")
-        saved = dict(self.bound)
-        self.bound[var.name] = var
-        try:
-            body = _expr(self.parse_term())
-        finally:
-            self.bound = saved
-        return bigop_value(kind, body, var, lower, upper)
-
-    def bigop_index(self):
-        """(index symbol, lower bound) of ``_{k=1}`` / ``_k=1`` / ``_{k = 1}``."""
-        braced = self.at("{")
-        if braced:
-            self.next()
-        kind, text = self.next()
-        if kind == "word" and len(text) == 1:
-            var = _sym(text)
-        elif kind == "cmd" and text[1:] in _GREEK:
-            var = _sym(text[1:])
-        else:
-            raise ParseError("sum without index")
-        if not self.at("="):
-            raise ParseError("sum without index")
-        self.next()
-        if braced:
-            lower = _expr(self.parse_list(stops=("}",)))
-            self.expect("}")
-        else:
-            lower = _expr(self.parse_script())
-        return var, lower
-
-
-def guarded_subs(expr, var: sympy.Symbol, value):
-    """`expr` with `var` replaced by `value`, rebuilt through the size guards (make_pow ...).
-
-    A plain substitution would evaluate ``k^{k}`` at k = 2000, or ``2^{2^{k}}``, before any
-    check could see it; here each power, factorial and binomial is checked as it is rebuilt.
-    """
-    if expr == var:
-        return value
-    if not expr.args or not expr.has(var):
-        return expr
-    if isinstance(expr, (sympy.Sum, sympy.Product)):
-        raise TooComplex("nested sum with a symbolic bound")
-    args = [guarded_subs(a, var, value) for a in expr.args]
-    if expr.is_Pow:
-        return make_pow(args[0], args[1])
-    if isinstance(expr, sympy.factorial):
-        return make_factorial(args[0])
-    if isinstance(expr, sympy.binomial):
-        return make_binomial(*args)
-    return expr.func(*args)
-
-
-def bigop_value(kind: str, body, var, lower, upper):
-    """The value of a sum or product.
-
-    Numeric bounds: a polynomial sum in closed form; anything else term by term, each term
-    rebuilt through the guards, at most `MAX_BIGOP_TERMS` terms and `MAX_BIGOP_DIGITS` digits
-    of exact terms in all (``\\sum_{k=1}^{2000} k^{k}`` is refused, whatever its index letter
-    or spelling, before sympy tries Euler-Maclaurin on it). Symbolic bounds: an unevaluated
-    `sympy.Sum` within `check_sum_cost`; a product with a symbolic bound is not parsed.
-    """
-    if not (lower.is_number and upper.is_number):
-        if kind == "prod":
-            raise ParseError("product with a symbolic bound")
-        check_sum_cost(body, lower, upper)
-        return sympy.Sum(body, (var, lower, upper))
-    if not (lower.is_Integer and upper.is_Integer):
-        raise ParseError(f"{kind} with non-integer bounds")
-    terms = int(upper) - int(lower) + 1
-    if terms > MAX_SUM_TERMS:
-        raise TooComplex(f"{kind} too long")
-    if terms <= 0:
-        return sympy.Integer(0 if kind == "sum" else 1)
-    if kind == "sum" and body.is_polynomial(var):
-        degree = sympy.degree(body, var) if body.has(var) else 0
-        if degree > MAX_SYMBOLIC_EXPONENT or any(abs(r) > 10**6 for r in body.atoms(sympy.Rational)):
-            raise TooComplex("sum of a high power")
-        return sympy.summation(body, (var, lower, upper))
-    if terms > MAX_BIGOP_TERMS:
-        raise TooComplex(f"{kind} of too many general terms")
-    values, digits = [], 0
-    for k in range(int(lower), int(upper) + 1):
-        term = guarded_subs(body, var, sympy.Integer(k))
-        if term.is_Rational:
-            digits += _digits_estimate(term)
-            if digits > MAX_BIGOP_DIGITS:
-                raise TooComplex(f"{kind} of huge terms")
-        elif term.is_number and sympy.count_ops(term) > MAX_BIGOP_TERM_OPS:
-            raise TooComplex(f"{kind} of complicated terms")
-        values.append(term)
-    return sympy.Add(*values) if kind == "sum" else sympy.Mul(*values)
-
-
-def check_sum_cost(body: sympy.Expr, lower: sympy.Expr, upper: sympy.Expr) -> None:
-    """Raise for a \\sum with a symbolic bound whose evaluation would be costly (high powers,
-    huge constants)."""
-    exponents = [abs(int(p.exp.p)) for p in body.atoms(sympy.Pow) if p.exp.is_Rational]
-    if max(exponents, default=1) > MAX_SYMBOLIC_EXPONENT:
-        raise TooComplex("symbolic sum of a high power")
-    if any(not p.exp.is_number for p in body.atoms(sympy.Pow)):
-        raise TooComplex("symbolic sum of a variable power")
-    if any(abs(r) > 10**6 for r in body.atoms(sympy.Rational)):
-        raise TooComplex("symbolic sum with huge constants")
-
-
-def _text_value(raw: str):
-    """\\text{...}: numbers parse as numbers, words become Text / symbols."""
-    content = raw.strip()
-    if not content:
-        return sympy.Integer(1)
-    if re.fullmatch(r"[-+]?\d+(\.\d+)?", content):
-        return make_number(content.lstrip("+")) if not content.startswith("-") else -make_number(content[1:])
-    if re.fullmatch(r"\(?[A-Za-z]\)?", content):
-        letter = content.strip("()")
-        return sympy.E if letter == "e" else sympy.I if letter == "i" else _sym(letter)
-    words = " ".join(content.split())
-    if re.fullmatch(r"[A-Za-z]+", words):
-        return _sym(words)
-    return Text(words)
-
-
-def _expr(value):
-    if isinstance(value, sympy.Basic):
-        return value
-    raise ParseError(f"expected an expression, got {type(value).__name__}")
-
-
-def _apply_sign(sign, value):
-    if sign is None or sign == "+":
-        return value
-    value = _expr(value)
-    if sign == "-":
-        return -value
-    if sign == "\\pm":
-        return PM * value
-    if sign == "\\mp":
-        return -PM * value
-    raise ParseError(sign)
-
-
-def _mul(a, b):
-    a, b = _expr(a), _expr(b)
-    if isinstance(a, sympy.MatrixBase) or isinstance(b, sympy.MatrixBase):
-        try:
-            return a * b
-        except Exception as exc:  # shape mismatch
-            raise ParseError(str(exc)) from None
-    return sympy.Mul(a, b)
-
-
-def _div(a, b):
-    a, b = _expr(a), _expr(b)
-    if isinstance(b, sympy.MatrixBase):
-        raise ParseError("division by a matrix")
-    if b == 0:
-        raise ParseError("division by zero")
-    if isinstance(a, sympy.MatrixBase):
-        return a / b
-    return sympy.Mul(a, sympy.Pow(b, -1))
 
 
 def parse_latex(text: str):
