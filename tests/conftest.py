@@ -72,7 +72,8 @@ def _one_ray_cluster_per_session():
 # that are not caches) are listed when the session starts and when it ends; a path that
 # appeared in between fails the session, naming it (a refused `tools/eval.py` once left
 # runs/eval/<model>__<data>/ in the working directory).
-_CACHES = (".venv", ".whl", ".pytest_cache", "__pycache__", ".egg-info", ".git", ".hypothesis")
+_CACHES = (".venv", ".whl", ".pytest_cache", "__pycache__", ".egg-info", ".git", ".hypothesis", ".mypy_cache",
+           ".ruff_cache")
 
 
 def _untracked_paths() -> set:
