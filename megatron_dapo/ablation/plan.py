@@ -31,7 +31,9 @@ from ..config import ConfigError, parse_args
 from ..config.cli import decode_escapes
 from ..config.validate import check_model_dir, validate, world_size
 from ..diagnostics.history import load_metrics, metrics_path
-from ..launch.plan import GPU_CAPACITY_GB, _target_is_gpu, estimate_memory, placement_plan
+from ..launch.memory_estimate import GPU_CAPACITY_GB, estimate_memory
+from ..launch.plan import _target_is_gpu
+from ..launch.rank_layout import placement_plan
 from ..models import parse_hf_config
 from .design import DEFAULT_GENERATORS, LETTERS, Design, DesignError, make_design, word_name
 

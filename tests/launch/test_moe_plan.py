@@ -1,19 +1,16 @@
-"""launch/plan.py's mixture-of-experts accounting, checked by hand for Qwen3-30B-A3B: the router
-replicated on every TP rank, experts split over ETP x EP, the distributed optimizer's expert
-state over EDP, the routed tokens' activations, and the weight sync's expert bytes per feeder,
-with an expert group wider than a node sending part of them over the network. Pure, CPU."""
+"""The dry run's mixture-of-experts accounting (launch/memory_estimate.py,
+launch/weight_sync_plan.py), checked by hand for Qwen3-30B-A3B: the router replicated on every
+TP rank, experts split over ETP x EP, the distributed optimizer's expert state over EDP, the
+routed tokens' activations, and the weight sync's expert bytes per feeder, with an expert group
+wider than a node sending part of them over the network. Pure, CPU."""
 
 import pytest
 
 from megatron_dapo.config import parse_args
-from megatron_dapo.launch.plan import (
-    _act_bytes_per_token_layer,
-    dry_run_report,
-    estimate_memory,
-    plan_warnings,
-    stage_params,
-    sync_plan,
-)
+from megatron_dapo.launch.config_warnings import plan_warnings
+from megatron_dapo.launch.memory_estimate import _act_bytes_per_token_layer, estimate_memory, stage_params
+from megatron_dapo.launch.plan import dry_run_report
+from megatron_dapo.launch.weight_sync_plan import sync_plan
 from megatron_dapo.models import parse_hf_config
 from tests.moe.test_moe_config import QWEN3_30B_A3B
 

@@ -5,17 +5,10 @@ from pathlib import Path
 import pytest
 
 from megatron_dapo.config import ConfigError, parse_args
-from megatron_dapo.launch.plan import (
-    CUDA_CONTEXT_GB,
-    sglang_graph_max_bs,
-    GB,
-    dry_run_report,
-    estimate_memory,
-    lr_schedule,
-    placement_plan,
-    rank_coord,
-    stage_params,
-)
+from megatron_dapo.launch.memory_estimate import CUDA_CONTEXT_GB, GB, estimate_memory, sglang_graph_max_bs, stage_params
+from megatron_dapo.launch.plan import dry_run_report
+from megatron_dapo.launch.rank_layout import placement_plan, rank_coord
+from megatron_dapo.launch.schedule import lr_schedule
 from megatron_dapo.models.hf_config import parse_hf_config
 
 ROOT = Path(__file__).resolve().parents[2]

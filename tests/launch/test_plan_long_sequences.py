@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from megatron_dapo.config import parse_args
-from megatron_dapo.launch.plan import GB, MARGIN_FRACTION, dry_run_report, estimate_memory, longest_fitting_sequence
+from megatron_dapo.launch.memory_estimate import GB, MARGIN_FRACTION, estimate_memory, longest_fitting_sequence
+from megatron_dapo.launch.plan import dry_run_report
 from megatron_dapo.models.hf_config import parse_hf_config
 
 QWEN32B = Path(__file__).resolve().parents[2] / "examples" / "qwen2.5-32b"

@@ -7,14 +7,9 @@ from pathlib import Path
 import pytest
 
 from megatron_dapo.config import parse_args
-from megatron_dapo.launch.plan import (
-    ENGINE_COPY_GBPS,
-    GB,
-    INTER_NODE_GBPS,
-    INTRA_NODE_GBPS,
-    dry_run_report,
-    sync_plan,
-)
+from megatron_dapo.launch.memory_estimate import GB
+from megatron_dapo.launch.plan import dry_run_report
+from megatron_dapo.launch.weight_sync_plan import ENGINE_COPY_GBPS, INTER_NODE_GBPS, INTRA_NODE_GBPS, sync_plan
 from megatron_dapo.models.hf_config import parse_hf_config
 
 ROOT = Path(__file__).resolve().parents[2]

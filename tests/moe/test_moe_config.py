@@ -5,7 +5,9 @@ import pytest
 
 from megatron_dapo.config import ConfigError, parse_args
 from megatron_dapo.config.validate import validate
-from megatron_dapo.launch.plan import dry_run_report, estimate_memory, stage_params, sync_plan
+from megatron_dapo.launch.memory_estimate import estimate_memory, stage_params
+from megatron_dapo.launch.plan import dry_run_report
+from megatron_dapo.launch.weight_sync_plan import sync_plan
 from megatron_dapo.models import ModelConfigError, parse_hf_config
 from tests.tiny import tiny_qwen3_config, tiny_qwen3_moe_config
 
