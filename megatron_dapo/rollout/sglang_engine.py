@@ -1,16 +1,32 @@
 """SGLangEngine: a thin adapter around ``sglang.Engine`` (GPU), pinned to SGLANG_VERSION.
 
-sglang is imported lazily (constructor / methods only). Everything that translates between
-our types and SGLang's lives in pure functions below, exercised by CPU tests without sglang:
-``build_engine_kwargs``, ``to_sglang_sampling_params``, ``build_generate_requests``,
-``from_sglang_output``, ``group_outputs``, ``build_score_requests``,
-``from_sglang_score_output``, ``checkpoint_weight_shapes``; the payload functions
-(``flatten_bucket`` / ``serialize_bucket``) live in ``megatron_dapo.rollout.payload``, shared with HFEngine.
+sglang is imported lazily (constructor / methods only). This module holds the adapter class
+(launch, blocking generation, scoring, the weight-update session, memory, control calls);
+its pieces live in modules of their own, all re-exported here:
+
+- rollout/sglang_api.py: ``SGLANG_VERSION``, ``INSTALL_HINT``, the environment variable names
+  and ``USED_API``, the table of everything the adapter uses of SGLang;
+- rollout/sglang_launch.py: ``build_engine_kwargs``, ``graph_saver_launch``, the process
+  environment set before SGLang starts, the lazy sglang import, and what is read from a local
+  checkpoint (``checkpoint_weight_shapes``, ``routing_shape``, ``tied_embeddings``,
+  ``config_vocab_size``);
+- rollout/sglang_translation.py: the pure functions that translate between our types and
+  SGLang's, exercised by CPU tests without sglang: ``to_sglang_sampling_params``,
+  ``build_generate_requests``, ``from_sglang_output``, ``group_outputs``,
+  ``build_score_requests``, ``from_sglang_score_output``;
+- rollout/sglang_streaming.py: the streaming client (``submit`` / ``poll`` /
+  ``abort_requests``, mixed into SGLangEngine), ``sglang_rid``, ``build_stream_request``;
+- rollout/sglang_weights.py: ``payload_entries``, ``release_cached_memory`` and the weight
+  checker's per-rank checksums (``rank_checksums``, ``diff_rank_checksums``);
+
+the payload functions (``flatten_bucket`` / ``serialize_bucket``) live in
+``megatron_dapo.rollout.payload``, shared with HFEngine.
 
 Every SGLang entry point, keyword argument, server-arg field, sampling-param name, meta_info
-key, constant and environment variable the adapter uses is listed in ``USED_API``;
-tests/rollout/test_sglang_api.py checks each against the source of the pinned wheel (read
-with ``ast``, never imported). Add to USED_API whenever you add a use of SGLang here.
+key, constant and environment variable the adapter uses is listed in ``USED_API``
+(rollout/sglang_api.py); tests/rollout/test_sglang_api.py checks each against the source of
+the pinned wheel (read with ``ast``, never imported). Add to USED_API whenever you add a use
+of SGLang here.
 
 Logprobs: with ``logprobs_mode="processed"`` (default) ``SGLANG_RETURN_ORIGINAL_LOGPROB`` is
 left unset (an existing value must be falsy) and SGLang's sampler returns
@@ -23,15 +39,6 @@ variable is process-wide: all SGLangEngines started by one process must use the 
 ``score`` uses prompt ("input") logprobs, which SGLang 0.5.23 always computes from raw logits
 (the adapter asks at temperature 1.0 anyway).
 
-Streaming (``submit`` / ``poll`` / ``abort_requests``): one ``Engine.async_generate`` task
-per request (``rid`` given, see :func:`sglang_rid`) on the Engine's own event loop, which runs
-only inside this adapter's calls (``poll`` drives it until a task ends; the scheduler process
-generates meanwhile). ``abort_requests`` first lets every target reach the scheduler (a rid
-not dispatched yet would miss its abort and run to the end), then sends
-``TokenizerManager.abort_request(rid=...)`` for each, and waits for their answers: SGLang ends a
-running request with finish reason "abort" and the output ids and logprobs so far, a queued
-one with none.
-
 Weight updates (0.5.23's protocol): ``update_weights_from_tensor`` is refused outside a
 session, so the adapter opens one (``Engine.begin_weight_update``) explicitly or at the first
 bucket and ends it (``Engine.end_weight_update``) in ``finish_weight_update``. The call
@@ -42,18 +49,10 @@ emptied). Every control call's result is checked. See docs/rollout.md.
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import functools
-import io
-import json
 import logging
-import os
-import pickle
 import random
-import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -61,21 +60,14 @@ import torch
 
 from megatron_dapo.rollout.base import (
     CUDA_GRAPH,
-    KV_CACHE,
     LOGPROBS_MODES,
     WEIGHTS,
     EngineReleasedError,
-    Finished,
-    GenerationOutput,
-    Request,
     RolloutEngine,
     SamplingParams,
     WeightUpdateError,
-    check_request,
     check_weight_action,
-    derive_seed,
 )
-from megatron_dapo.rollout.routing import decode_sglang_routed_experts
 from megatron_dapo.rollout.payload import (  # noqa: F401  (re-exported: one serializer for every engine)
     BUCKET_ALIGN_BYTES,
     BucketEntry,
@@ -84,531 +76,56 @@ from megatron_dapo.rollout.payload import (  # noqa: F401  (re-exported: one ser
     reconstruct_bucket,
     serialize_bucket,
 )
+from megatron_dapo.rollout.sglang_api import (  # noqa: F401  (re-exported: the adapter's public names)
+    FLATTENED_BUCKET,
+    GRAPH_SAVER_ENV,
+    INSTALL_HINT,
+    RAW_LOGPROB_ENV,
+    SGLANG_VERSION,
+    USED_API,
+)
+from megatron_dapo.rollout.sglang_launch import (  # noqa: F401  (re-exported)
+    _import_sglang,
+    _set_graph_saver_env,
+    _set_logprob_env,
+    build_engine_kwargs,
+    checkpoint_weight_shapes,
+    config_vocab_size,
+    graph_saver_launch,
+    routing_shape,
+    tied_embeddings,
+)
+from megatron_dapo.rollout.sglang_streaming import (  # noqa: F401  (re-exported)
+    RID_END,
+    STREAM_ABORT_TIMEOUT_S,
+    SGLangStreaming,
+    _Stream,
+    build_stream_request,
+    sglang_rid,
+)
+from megatron_dapo.rollout.sglang_translation import (  # noqa: F401  (re-exported)
+    build_generate_requests,
+    build_score_requests,
+    from_sglang_output,
+    from_sglang_score_output,
+    group_outputs,
+    parse_finish_reason,
+    to_sglang_sampling_params,
+)
+from megatron_dapo.rollout.sglang_weights import (  # noqa: F401  (re-exported)
+    FUSED_FROM_HF,
+    diff_rank_checksums,
+    hf_sources,
+    payload_entries,
+    rank_checksums,
+    release_cached_memory,
+)
 
 logger = logging.getLogger(__name__)
 
-# The pinned release (a constant, not a data file, so a non-editable install has it too).
-SGLANG_VERSION = "0.5.23"
-
-INSTALL_HINT = (
-    f"SGLangEngine needs sglang=={SGLANG_VERSION} (GPU only): pip install megatron-dapo[gpu] "
-    f"(or pip install sglang=={SGLANG_VERSION})"
-)
-
-RAW_LOGPROB_ENV = "SGLANG_RETURN_ORIGINAL_LOGPROB"
-#: Captures SGLang's CUDA graphs under its memory saver (tag "cuda_graph"); see graph_saver_launch.
-GRAPH_SAVER_ENV = "SGLANG_MEMORY_SAVER_CUDA_GRAPH"
-FLATTENED_BUCKET = "flattened_bucket"
-
-# Single source of truth for what the adapter uses of SGLang. Checked against the pinned
-# wheel by tests/rollout/test_sglang_api.py. Modules are dotted paths inside the wheel.
-USED_API: Dict[str, Any] = {
-    # (module, "Class.method" or "function", keyword arguments we pass by name)
-    "callables": [
-        ("sglang.srt.entrypoints.engine", "Engine.generate",
-         ("input_ids", "sampling_params", "return_logprob", "logprob_start_len", "return_routed_experts")),
-        ("sglang.srt.entrypoints.engine", "Engine.async_generate",
-         ("input_ids", "sampling_params", "return_logprob", "rid", "return_routed_experts")),
-        ("sglang.srt.entrypoints.engine", "Engine.update_weights_from_tensor",
-         ("named_tensors", "load_format", "flush_cache")),
-        ("sglang.srt.entrypoints.engine", "Engine.begin_weight_update", ()),
-        ("sglang.srt.entrypoints.engine", "Engine.end_weight_update", ()),
-        ("sglang.srt.entrypoints.engine", "Engine.release_memory_occupation", ("tags",)),
-        ("sglang.srt.entrypoints.engine", "Engine.resume_memory_occupation", ("tags",)),
-        ("sglang.srt.entrypoints.engine", "Engine.flush_cache", ()),
-        ("sglang.srt.entrypoints.engine", "Engine.get_server_info", ()),
-        ("sglang.srt.entrypoints.engine", "Engine.shutdown", ()),
-        ("sglang.srt.managers.tokenizer_manager", "TokenizerManager.abort_request", ("rid", "abort_all")),
-        # TokenizerManager's check_weights (the offline Engine has no method for it), called as
-        # the Engine's own methods call the tokenizer manager: loop.run_until_complete(...)
-        ("sglang.srt.managers.tokenizer_control_mixin", "TokenizerControlMixin.check_weights", ("obj", "request")),
-        ("sglang.srt.utils.common", "MultiprocessingSerializer.serialize", ("obj", "output_str")),
-        ("sglang.srt.utils.patch_torch", "monkey_patch_torch_reductions", ()),
-    ],
-    # attributes we read on instances: (module, class, attribute assigned in the class)
-    "attributes": [
-        ("sglang.srt.entrypoints.engine", "Engine", "tokenizer_manager"),
-        ("sglang.srt.entrypoints.engine", "Engine", "loop"),
-        # streaming: whether a request reached the scheduler (abort_requests waits for it)
-        ("sglang.srt.managers.tokenizer_manager", "TokenizerManager", "rid_to_state"),
-        ("sglang.srt.managers.tokenizer_manager", "ReqState", "dispatched"),
-    ],
-    # names we import: (module, name); "sglang" itself must export Engine
-    "imports": [
-        ("sglang", "Engine"),
-        ("sglang.srt.utils.common", "MultiprocessingSerializer"),
-        ("sglang.srt.utils.patch_torch", "monkey_patch_torch_reductions"),
-        ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata"),
-        ("sglang.srt.managers.io_struct", "CheckWeightsReqInput"),
-    ],
-    # Engine(**kwargs) are ServerArgs fields
-    "server_args": (
-        "model_path", "tokenizer_path", "tp_size", "mem_fraction_static", "base_gpu_id",
-        "enable_memory_saver", "dtype", "random_seed", "enable_deterministic_inference",
-        "trust_remote_code", "log_level", "disable_cuda_graph", "context_length", "port",
-        "load_format", "cuda_graph_backend_prefill",
-        # routing replay: the scheduler captures each MoE layer's top-k (arg_groups/fields/exec_.py)
-        "enable_return_routed_experts",
-    ),
-    # keys of the sampling_params dicts we send (sglang.srt.sampling.sampling_params.SamplingParams)
-    "sampling_params": (
-        "temperature", "top_p", "top_k", "max_new_tokens", "n", "stop", "stop_token_ids",
-        "ignore_eos", "sampling_seed",
-    ),
-    # dataclass fields we fill: (module, class, fields)
-    "dataclass_fields": [
-        ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata",
-         ("name", "shape", "dtype", "start_idx", "end_idx", "numel")),
-        ("sglang.srt.managers.io_struct", "CheckWeightsReqInput",
-         ("action", "allow_quant_error", "skip_tensor_list", "selector")),
-        # one per rank in check_weights' answer (we read tp/dp/pp rank and size)
-        ("sglang.srt.managers.io_struct", "ParallelismInfo",
-         ("role", "tp_rank", "tp_size", "dp_rank", "dp_size", "pp_rank", "pp_size", "rank", "size")),
-    ],
-    # string literals that must appear in a module: the receiving side of our protocols
-    "string_literals": [
-        # load_format branch and the keys of the payload dict it reads
-        ("sglang.srt.model_executor.model_runner_components.weight_updater",
-         (FLATTENED_BUCKET, "flattened_tensor", "metadata")),
-        # meta_info keys and finish_reason types we read
-        ("sglang.srt.managers.tokenizer_manager",
-         ("meta_info", "finish_reason", "output_token_logprobs", "input_token_logprobs", "output_ids",
-          "routed_experts")),
-        ("sglang.srt.managers.schedule_batch", ("type", "stop", "length", "abort")),
-        # an aborted queued request is answered with finish type "abort" and its output ids
-        ("sglang.srt.managers.tokenizer_manager", ("abort", "output_ids", "Abort in waiting queue")),
-        # the session rule we follow (refusal messages of the scheduler's weight updater)
-        ("sglang.srt.managers.scheduler_components.weight_updater",
-         ("update_weights_from_tensor must run between begin_weight_update() and end_weight_update()",)),
-        # load_format="dummy": random weights at launch, the first sync fills them
-        ("sglang.srt.configs.load_config", ("dummy",)),
-        # why the prefill graph is disabled when graphs are captured under the memory saver
-        ("sglang.srt.model_executor.runner_backend.breakable_cuda_graph_backend",
-         ("Breakable CUDA graph is not compatible with memory saver mode",)),
-        ("sglang.srt.model_executor.cuda_graph_config", ("disabled",)),
-        # the weight checker's actions we use (check_weights) and the answer's keys we read
-        ("sglang.srt.utils.weight_checker", ("reset_tensors", "checksum")),
-        ("sglang.srt.managers.scheduler_components.weight_updater",
-         ("checksums", "parallelism_info")),
-    ],
-    # module-level constants: (module, name, value)
-    "constants": [
-        ("sglang.srt.constants", "GPU_MEMORY_TYPE_WEIGHTS", WEIGHTS),
-        ("sglang.srt.constants", "GPU_MEMORY_TYPE_KV_CACHE", KV_CACHE),
-        ("sglang.srt.constants", "GPU_MEMORY_TYPE_CUDA_GRAPH", CUDA_GRAPH),
-    ],
-    # environment variables we set: (module that declares/reads it, name)
-    "env_vars": [
-        ("sglang.srt.environ", RAW_LOGPROB_ENV),
-        ("sglang.srt.layers.sampler", RAW_LOGPROB_ENV),
-        ("sglang.srt.environ", GRAPH_SAVER_ENV),
-        ("sglang.srt.model_executor.runner_backend.full_cuda_graph_backend", GRAPH_SAVER_ENV),
-    ],
-}
-
-
-# ------------------------------------------------------------------ pure functions ----
-def build_engine_kwargs(
-    model_path: str,
-    *,
-    tp_size: int = 1,
-    mem_fraction_static: float = 0.5,
-    base_gpu_id: int = 0,
-    enable_memory_saver: bool = True,
-    dtype: str = "bfloat16",
-    random_seed: Optional[int] = None,
-    enable_deterministic_inference: bool = False,
-    trust_remote_code: bool = False,
-    log_level: str = "error",
-    disable_cuda_graph: bool = False,
-    context_length: Optional[int] = None,
-    port: Optional[int] = None,
-    tokenizer_path: Optional[str] = None,
-    load_format: Optional[str] = "dummy",
-) -> Dict[str, Any]:
-    """Keyword arguments of ``sglang.Engine`` (ServerArgs fields; all in USED_API).
-
-    ``load_format="dummy"`` (default): SGLang starts with random weights instead of reading the
-    checkpoint (the first weight sync fills them); ``tokenizer_path`` defaults to ``model_path``.
-    """
-    _, graph_args = graph_saver_launch(enable_memory_saver, disable_cuda_graph)
-    kw: Dict[str, Any] = dict(
-        model_path=str(model_path),
-        tokenizer_path=str(tokenizer_path if tokenizer_path is not None else model_path),
-        tp_size=int(tp_size),
-        mem_fraction_static=float(mem_fraction_static),
-        base_gpu_id=int(base_gpu_id),
-        enable_memory_saver=bool(enable_memory_saver),
-        dtype=dtype,
-        trust_remote_code=bool(trust_remote_code),
-        log_level=log_level,
-        disable_cuda_graph=bool(disable_cuda_graph),
-        enable_deterministic_inference=bool(enable_deterministic_inference),
-        **graph_args,
-    )
-    for k, v in (("random_seed", random_seed), ("context_length", context_length),
-                 ("port", port), ("load_format", load_format)):
-        if v is not None:
-            kw[k] = v
-    return kw
-
-
-def graph_saver_launch(enable_memory_saver: bool, disable_cuda_graph: bool) -> Tuple[Dict[str, str], Dict[str, Any]]:
-    """(environment, server args) that make ``release_memory(["cuda_graph"])`` free SGLang's
-    CUDA graphs: with the memory saver on and graphs captured, ``SGLANG_MEMORY_SAVER_CUDA_GRAPH=1``
-    and ``cuda_graph_backend_prefill="disabled"``; nothing otherwise.
-
-    sglang 0.5.23 captures decode graphs under its memory saver (tag "cuda_graph", with a CPU
-    backup of the graph pool: the graphs are kept, not re-captured, their pool is copied to
-    host memory at release and back at resume) only when that variable is set
-    (``FullCudaGraphBackend.__init__``); without it the tag frees nothing. Its default prefill
-    graph backend on CUDA ("breakable") raises ``NotImplementedError`` under that variable
-    (``BreakableCudaGraphBackend.__init__``), so the prefill phase runs eagerly. docs/rollout.md.
-    """
-    if not enable_memory_saver or disable_cuda_graph:
-        return {}, {}
-    return {GRAPH_SAVER_ENV: "1"}, {"cuda_graph_backend_prefill": "disabled"}
-
-
-def to_sglang_sampling_params(params: SamplingParams, seed: Optional[int] = None) -> Dict[str, Any]:
-    """One SGLang sampling_params dict for one sample (n is always 1: we expand n ourselves
-    so that every sample gets its own seed and the output order is ours)."""
-    params.validate()
-    d: Dict[str, Any] = {
-        "temperature": float(params.temperature),  # SGLang: 0 -> greedy (top_k=1)
-        "top_p": float(params.top_p),
-        "top_k": int(params.top_k),  # -1 = whole vocabulary in both
-        "max_new_tokens": int(params.max_new_tokens),
-        "n": 1,
-        "ignore_eos": bool(params.ignore_eos),
-    }
-    if params.stop_token_ids:
-        d["stop_token_ids"] = [int(t) for t in params.stop_token_ids]
-    if params.stop:
-        d["stop"] = list(params.stop)
-    if seed is not None:
-        d["sampling_seed"] = int(seed)
-    return d
-
-
-def build_generate_requests(
-    prompts: List[List[int]], params: SamplingParams, default_seed: int
-) -> Tuple[List[List[int]], List[Dict[str, Any]], List[Tuple[int, int]]]:
-    """Expand prompts x n into flat SGLang requests: (input_ids, sampling_params, (i, j)).
-
-    Every request gets its own ``sampling_seed``: request k (prompt-major, k = i * n + j) uses
-    ``derive_seed(base, k)`` with base ``params.seed``, or ``default_seed`` when the call has
-    none. SGLang honours per-request seeds only with ``enable_deterministic_inference``, and
-    then gives every unseeded request the same seed (42), so the samples of a prompt (and
-    equal prompts) would coincide; its seeded sampler hashes (seed, position), so two
-    requests sharing a seed would share their random numbers.
-    """
-    base = params.seed if params.seed is not None else default_seed
-    input_ids, sps, index = [], [], []
-    for i, p in enumerate(prompts):
-        if len(p) == 0:
-            raise ValueError("empty prompt")
-        for j in range(params.n):
-            seed = derive_seed(base, i * params.n + j)
-            input_ids.append([int(t) for t in p])
-            sps.append(to_sglang_sampling_params(params, seed))
-            index.append((i, j))
-    return input_ids, sps, index
-
-
-#: Ends every rid the adapter gives SGLang: SGLang's scheduler aborts each request whose rid
-#: *starts with* the aborted one (``Scheduler.abort_request``), so no rid may be a prefix of another.
-RID_END = "#"
-#: How long abort_requests waits for SGLang to take and answer the aborts.
-STREAM_ABORT_TIMEOUT_S = 120.0
-
-
-def sglang_rid(prefix: str, rid: str) -> str:
-    """The rid SGLang gets for our request ``rid``: ``prefix`` (one per adapter) + rid + RID_END."""
-    if RID_END in rid or RID_END in prefix:
-        raise ValueError(f"request id {rid!r} (prefix {prefix!r}) must not contain {RID_END!r}")
-    return f"{prefix}{rid}{RID_END}"
-
-
-def build_stream_request(r: Request, default_seed: int) -> Tuple[List[int], Dict[str, Any]]:
-    """(input_ids, sampling_params) of one streamed request: its seed is ``derive_seed(seed, 0)``
-    of the request's seed or ``default_seed``, as sample 0 of a blocking call with that seed."""
-    check_request(r)
-    base = r.params.seed if r.params.seed is not None else default_seed
-    return [int(t) for t in r.prompt_ids], to_sglang_sampling_params(r.params, derive_seed(base, 0))
-
-
-_FINISH_TYPES = {"stop": "stop", "length": "length", "abort": "abort"}
-
-
-def parse_finish_reason(fr: Any) -> str:
-    """SGLang's meta_info["finish_reason"] (``{"type": ...}`` dict, or a string) -> ours."""
-    kind = fr.get("type") if isinstance(fr, dict) else fr
-    if kind not in _FINISH_TYPES:
-        raise ValueError(f"unexpected SGLang finish_reason {fr!r}")
-    return _FINISH_TYPES[kind]
-
-
-def from_sglang_output(out: Dict[str, Any], prompt_ids: List[int],
-                       routing_shape: Optional[Tuple[int, ...]] = None) -> GenerationOutput:
-    """One SGLang output dict (``return_logprob=True``) -> GenerationOutput; with
-    ``routing_shape`` (layers, top_k[, experts]) the ``meta_info["routed_experts"]`` of a request sent with
-    ``return_routed_experts`` (rollout/routing.decode_sglang_routed_experts)."""
-    meta = out["meta_info"]
-    output_ids = [int(t) for t in out["output_ids"]]
-    entries = meta.get("output_token_logprobs") or []
-    finish = parse_finish_reason(meta.get("finish_reason"))
-    if len(entries) != len(output_ids):
-        raise ValueError(
-            f"SGLang returned {len(output_ids)} output ids but {len(entries)} output_token_logprobs"
-        )
-    logprobs = []
-    for k, (entry, tok) in enumerate(zip(entries, output_ids)):
-        lp, tid = entry[0], entry[1]
-        if int(tid) != tok:
-            raise ValueError(f"logprob entry {k} is for token {tid}, output token is {tok}")
-        if lp is None:
-            raise ValueError(f"SGLang returned no logprob for output token {k}")
-        logprobs.append(float(lp))
-    routed = None
-    if routing_shape is not None and meta.get("routed_experts") is not None:
-        routed = decode_sglang_routed_experts(meta["routed_experts"], *routing_shape)
-        want = len(prompt_ids) + len(output_ids) - 1
-        if output_ids and routed.shape[0] != want:
-            raise ValueError(f"SGLang returned routed experts of {routed.shape[0]} positions, expected {want} "
-                             f"(prompt {len(prompt_ids)} + output {len(output_ids)} - 1)")
-    return GenerationOutput(
-        prompt_ids=list(prompt_ids), output_ids=output_ids, logprobs=logprobs,
-        finish_reason=finish, text=out.get("text"), routed_experts=routed if output_ids else None,
-    )
-
-
-def group_outputs(
-    flat: List[GenerationOutput], index: List[Tuple[int, int]], num_prompts: int
-) -> List[List[GenerationOutput]]:
-    if len(flat) != len(index):
-        raise ValueError(f"SGLang returned {len(flat)} outputs for {len(index)} requests")
-    result: List[List[Optional[GenerationOutput]]] = [[] for _ in range(num_prompts)]
-    for out, (i, j) in zip(flat, index):
-        if len(result[i]) != j:
-            raise ValueError("requests were not expanded in prompt-major order")
-        result[i].append(out)
-    return result  # type: ignore[return-value]
-
-
-def build_score_requests(
-    sequences: List[List[int]], prompt_lens: Sequence[int]
-) -> Tuple[List[List[int]], List[Dict[str, Any]], List[int]]:
-    """(input_ids, sampling_params, logprob_start_len) for a prefill-only scoring call.
-
-    SGLang's input_token_logprobs cover tokens ``ids[logprob_start_len:]``, the first being
-    None (no context), so start at ``prompt_len - 1`` to get logprobs of ``ids[prompt_len:]``.
-    """
-    if len(sequences) != len(prompt_lens):
-        raise ValueError("sequences and prompt_lens differ in length")
-    ids, sps, starts = [], [], []
-    for s, p in zip(sequences, prompt_lens):
-        if not 1 <= p <= len(s):
-            raise ValueError(f"prompt_len {p} out of range [1, {len(s)}]")
-        ids.append([int(t) for t in s])
-        sps.append({"max_new_tokens": 0, "temperature": 1.0})
-        starts.append(int(p) - 1)
-    return ids, sps, starts
-
-
-def _is_reported_id(reported: int, token: int, vocab_size: Optional[int]) -> bool:
-    """SGLang 0.5.23 reports input ids ``>= vocab_size - 1`` as 0 in input_token_logprobs
-    (its logprob_result_processor clips "padded hash values"); the logprob itself is the
-    real token's (the gather clamps ids to ``vocab_size - 1`` only, a no-op for real ids)."""
-    if reported == token:
-        return True
-    return reported == 0 and (vocab_size is None or token >= vocab_size - 1)
-
-
-def from_sglang_score_output(
-    out: Dict[str, Any], sequence: List[int], prompt_len: int, vocab_size: Optional[int] = None
-) -> List[float]:
-    """Logprobs of ``sequence[prompt_len:]`` from a scoring output. ``vocab_size`` is the
-    model config's (SGLang's ``model_config.vocab_size``): ids at its end come back as 0 and are
-    accepted there only; without it a 0 is accepted for any id."""
-    entries = out["meta_info"].get("input_token_logprobs") or []
-    want = len(sequence) - prompt_len
-    if want == 0:
-        return []
-    if len(entries) < want:
-        raise ValueError(f"SGLang returned {len(entries)} input logprobs, need {want}")
-    tail = entries[len(entries) - want:]
-    res = []
-    for k, (entry, tok) in enumerate(zip(tail, sequence[prompt_len:])):
-        lp, tid = entry[0], entry[1]
-        if lp is None or not _is_reported_id(int(tid), int(tok), vocab_size):
-            raise ValueError(f"bad input logprob entry {entry!r} for token {tok} at {prompt_len + k}")
-        res.append(float(lp))
-    return res
-
-
-def checkpoint_weight_shapes(model_dir) -> Dict[str, Tuple[int, ...]]:
-    """HF name -> shape of every tensor in a local safetensors checkpoint (headers only)."""
-    model_dir = Path(model_dir)
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
-    shapes: Dict[str, Tuple[int, ...]] = {}
-    for f in files:
-        with open(f, "rb") as fh:
-            n = int.from_bytes(fh.read(8), "little")
-            header = json.loads(fh.read(n))
-        for name, info in header.items():
-            if name != "__metadata__":
-                shapes[name] = tuple(info["shape"])
-    return shapes
-
-
-def routing_shape(model_dir) -> Optional[Tuple[int, ...]]:
-    """(layers, top_k, experts) of a MoE checkpoint's routed experts (config.json
-    ``num_hidden_layers``, ``num_experts_per_tok``: the rows SGLang's capturer allocates;
-    ``num_experts`` for the storage dtype); None for a dense model."""
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        return None
-    cfg = json.loads(path.read_text())
-    cfg = cfg.get("text_config", cfg)
-    if not cfg.get("num_experts_per_tok"):
-        return None
-    experts = cfg.get("num_experts", cfg.get("num_local_experts"))
-    return int(cfg["num_hidden_layers"]), int(cfg["num_experts_per_tok"]), experts
-
-
-def tied_embeddings(model_dir) -> bool:
-    cfg_path = Path(model_dir) / "config.json"
-    if not cfg_path.exists():
-        return False
-    cfg = json.loads(cfg_path.read_text())
-    return bool(cfg.get("tie_word_embeddings", cfg.get("text_config", {}).get("tie_word_embeddings", False)))
-
-
-def config_vocab_size(model_dir) -> Optional[int]:
-    """``vocab_size`` of a local checkpoint's config.json (text config for multimodal ones)."""
-    cfg_path = Path(model_dir) / "config.json"
-    if not cfg_path.exists():
-        return None
-    cfg = json.loads(cfg_path.read_text())
-    v = cfg.get("vocab_size", cfg.get("text_config", {}).get("vocab_size"))
-    return int(v) if v is not None else None
-
-
-class _Opaque:
-    """Stands in for every global a metadata-only decode does not need (tensor rebuilders,
-    storages, fd/IPC handles): constructing or calling it touches no memory."""
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def __call__(self, *args, **kwargs):
-        return self
-
-    def __setstate__(self, state):
-        pass
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    _KEEP = {("torch", "Size"), ("torch", "dtype"), ("copyreg", "__newobj__"), ("copyreg", "_reconstructor"),
-             ("builtins", "object"), ("collections", "OrderedDict")}
-
-    def find_class(self, module, name):
-        if (module, name) in self._KEEP or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
-            return super().find_class(module, name)
-        if name in ("FlattenedTensorMetadata", "BucketEntry") and module in (
-                "sglang.srt.weight_sync.tensor_bucket", "megatron_dapo.rollout.payload"):
-            return super().find_class(module, name)
-        return _Opaque
-
-
-def payload_entries(payload) -> List[Tuple[str, Tuple[int, ...]]]:
-    """(name, shape) of every tensor a serialized flattened-bucket payload describes, read
-    from its metadata without rebuilding any tensor (no CUDA IPC handle or shared memory is
-    opened)."""
-    data = base64.b64decode(payload, validate=True) if isinstance(payload, str) else bytes(payload)
-    obj = _MetadataUnpickler(io.BytesIO(data)).load()
-    if not isinstance(obj, dict) or "metadata" not in obj:
-        raise WeightUpdateError("not a flattened-bucket payload (a dict with 'flattened_tensor' and 'metadata')")
-    return [(m.name, tuple(m.shape)) for m in obj["metadata"]]
-
-
-def release_cached_memory(devices) -> None:
-    """Return the CUDA caching allocator's free blocks to the driver after buffers on these
-    devices were freed (the colocated trainer needs the memory back); nothing for CPU ones."""
-    if any(torch.device(d).type == "cuda" for d in devices):
-        torch.cuda.empty_cache()
-
 
 # --------------------------------------------------------------------- the adapter ----
-#: SGLang's fused parameters (Qwen2/Qwen3/Llama ``stacked_params_mapping``) and the HF tensors
-#: the weight sync writes into them
-FUSED_FROM_HF = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-
-
-def hf_sources(sglang_name: str) -> List[str]:
-    """The HF tensors that are loaded into SGLang's parameter ``sglang_name`` (itself when not fused)."""
-    for fused, parts in FUSED_FROM_HF.items():
-        if f".{fused}." in sglang_name:
-            return [sglang_name.replace(f".{fused}.", f".{p}.") for p in parts]
-    return [sglang_name]
-
-
-def rank_checksums(ranks) -> Dict[str, Dict[str, str]]:
-    """SGLang's ``check_weights`` answer to "checksum" (one ChecksumInfo dict per GPU rank:
-    ``checksums`` {SGLang parameter name: hash}, ``parallelism_info``) -> {rank label: checksums}."""
-    out: Dict[str, Dict[str, str]] = {}
-    for info in ranks or []:
-        p = info["parallelism_info"]
-        p = p[0] if isinstance(p, (list, tuple)) else p
-        label = f"tp rank {p['tp_rank']}"
-        if p.get("dp_size", 1) > 1:
-            label += f" dp rank {p['dp_rank']}"
-        if p.get("pp_size", 1) > 1:
-            label += f" pp rank {p['pp_rank']}"
-        if label in out:
-            raise WeightUpdateError(f"SGLang check_weights: two answers for {label}")
-        out[label] = dict(info["checksums"])
-    if not out:
-        raise WeightUpdateError("SGLang check_weights('checksum') returned no per-rank checksums")
-    return out
-
-
-def diff_rank_checksums(before: Dict[str, Dict[str, str]], after: Dict[str, Dict[str, str]]) -> List[str]:
-    """One line per SGLang parameter whose hash differs between two :func:`rank_checksums`
-    (the ranks where it differs, and the HF tensors written into it when it is fused), then
-    a line per rank or parameter present only once."""
-    differ: Dict[str, List[str]] = {}
-    extra = []
-    for label in sorted(set(before) | set(after)):
-        if label not in before or label not in after:
-            extra.append(f"{label}: answered {'only before' if label in before else 'only after'} the sync")
-            continue
-        b, a = before[label], after[label]
-        for name in sorted(set(b) | set(a)):
-            if name not in b or name not in a:
-                extra.append(f"{name} ({label}): reported {'only before' if name in b else 'only after'} the sync")
-            elif b[name] != a[name]:
-                differ.setdefault(name, []).append(label)
-    out = []
-    for name, labels in differ.items():
-        src = hf_sources(name)
-        fused = f"; written from HF {', '.join(src)}" if src != [name] else ""
-        out.append(f"{name}: hash differs on {', '.join(labels)}{fused}")
-    return out + extra
-
-
-def _import_sglang():
-    try:
-        import sglang  # noqa: F401  (sglang: GPU only, imported when an engine starts)
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError(INSTALL_HINT) from e
-    return sglang
-
-
-class SGLangEngine(RolloutEngine):
+class SGLangEngine(SGLangStreaming, RolloutEngine):
     """``sglang.Engine`` behind the RolloutEngine interface (token ids in and out).
 
     ``expected_shapes``: HF name -> shape used to validate buckets and the completeness of a
@@ -721,64 +238,7 @@ class SGLangEngine(RolloutEngine):
         flat = [from_sglang_output(o, p, shape) for o, p in zip(outs, ids)]
         return group_outputs(flat, index, len(prompts))
 
-    # streaming
-    def submit(self, requests) -> None:
-        self._check_can_generate("submit")
-        loop = self._engine.loop
-        for r in requests:
-            if r.rid in self._streams:
-                raise ValueError(f"request id {r.rid!r} is already outstanding")
-            ids, sp = build_stream_request(r, self._seed_rng.getrandbits(63))
-            srid = sglang_rid(self._rid_prefix, r.rid)
-            routed = self._wants_routing(r.params)
-            if routed:
-                coro = self._engine.async_generate(input_ids=ids, sampling_params=sp, return_logprob=True, rid=srid,
-                                                   return_routed_experts=True)
-            else:
-                coro = self._engine.async_generate(input_ids=ids, sampling_params=sp, return_logprob=True, rid=srid)
-            task = loop.create_task(coro)
-            st = _Stream(task, srid, ids, routing_shape=self._routing_shape if routed else None)
-            task.add_done_callback(functools.partial(_stamp, st))
-            self._streams[r.rid] = st
-
-    def poll(self, timeout_s: float = 1.0) -> List[Finished]:
-        tasks = [st.task for st in self._streams.values()]
-        if tasks and not any(t.done() for t in tasks):
-            self._engine.loop.run_until_complete(
-                asyncio.wait(tasks, timeout=max(0.0, float(timeout_s)), return_when=asyncio.FIRST_COMPLETED))
-        return self._take([rid for rid, st in self._streams.items() if st.task.done()])
-
-    def abort_requests(self, rids=None) -> List[Finished]:
-        want = [rid for rid in (self._streams if rids is None else rids) if rid in self._streams]
-        running = [rid for rid in want if not self._streams[rid].task.done()]
-        self._run_until(lambda: all(self._dispatched(rid) for rid in running), "reach the scheduler")
-        tm = self._engine.tokenizer_manager
-        for rid in running:
-            if not self._streams[rid].task.done():
-                tm.abort_request(rid=self._streams[rid].srid)
-        self._run_until(lambda: all(self._streams[rid].task.done() for rid in running), "answer their abort")
-        return self._take(want)
-
-    def _dispatched(self, rid: str) -> bool:
-        st = self._streams[rid]
-        state = self._engine.tokenizer_manager.rid_to_state.get(st.srid)
-        return st.task.done() or (state is not None and state.dispatched)
-
-    def _run_until(self, cond, what: str, timeout_s: float = STREAM_ABORT_TIMEOUT_S) -> None:
-        """Drive the Engine's loop until ``cond()`` holds; an error after ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        while not cond():
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"SGLang: aborted requests did not {what} within {timeout_s:.0f}s")
-            self._engine.loop.run_until_complete(asyncio.sleep(0.005))
-
-    def _take(self, rids) -> List[Finished]:
-        out = []
-        for rid in rids:
-            st = self._streams.pop(rid)
-            out.append(Finished(rid, from_sglang_output(st.task.result(), st.input_ids, st.routing_shape),
-                                st.finished_at or time.time()))
-        return out
+    # streaming: submit / poll / abort_requests are SGLangStreaming's (rollout/sglang_streaming.py)
 
     def score(self, sequences, prompt_lens):
         self._check_can_generate("score")
@@ -1002,42 +462,6 @@ class SGLangEngine(RolloutEngine):
             self._held = []
             self._engine.shutdown()
             self._engine = None
-
-
-@dataclass
-class _Stream:
-    task: Any  # asyncio.Task of Engine.async_generate
-    srid: str
-    input_ids: List[int]
-    finished_at: Optional[float] = None
-    routing_shape: Optional[Tuple[int, ...]] = None  # (layers, top_k, experts): return_routed_experts was asked
-
-
-def _stamp(st: _Stream, _task) -> None:
-    st.finished_at = time.time()
-
-
-def _set_logprob_env(mode: str) -> None:
-    cur = os.environ.get(RAW_LOGPROB_ENV)
-    if mode == "raw":
-        if cur is not None and cur.lower() not in ("1", "true", "yes", "on"):
-            raise RuntimeError(f"{RAW_LOGPROB_ENV}={cur!r} conflicts with logprobs_mode='raw'")
-        os.environ[RAW_LOGPROB_ENV] = "1"
-    elif cur is not None and cur.lower() in ("1", "true", "yes", "on"):
-        raise RuntimeError(f"{RAW_LOGPROB_ENV}={cur!r} conflicts with logprobs_mode='processed'")
-
-
-def _set_graph_saver_env(enable_memory_saver: bool, disable_cuda_graph: bool) -> None:
-    """Set what :func:`graph_saver_launch` asks before SGLang starts its scheduler processes
-    (they inherit the environment); a conflicting value already set is an error."""
-    for name, value in graph_saver_launch(enable_memory_saver, disable_cuda_graph)[0].items():
-        cur = os.environ.get(name)
-        if cur is not None and cur.lower() not in ("1", "true"):
-            raise RuntimeError(
-                f"{name}={cur!r} conflicts with enable_memory_saver=True: the 'cuda_graph' memory tag would free "
-                f"nothing (unset it, or launch with disable_cuda_graph=True)"
-            )
-        os.environ[name] = value
 
 
 def _check_result(result, what: str) -> None:

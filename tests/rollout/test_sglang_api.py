@@ -5,8 +5,9 @@ The wheel of ``sglang==SGLANG_VERSION`` is fetched once with ``pip download --no
 reused; its sources are read with ``zipfile`` + ``ast``; sglang is never imported. If the
 wheel is neither cached nor downloadable the test FAILS (an unchecked adapter is not a pass).
 
-Everything checked comes from ``USED_API`` in megatron_dapo/rollout/sglang_engine.py, and a
-second test parses the adapter itself to make sure every SGLang call/import it makes is
+Everything checked comes from ``USED_API`` in megatron_dapo/rollout/sglang_api.py, and a
+second test parses the adapter itself (megatron_dapo/rollout/sglang_engine.py and the
+sglang_*.py modules it is split into) to make sure every SGLang call/import it makes is
 listed there.
 """
 
@@ -285,8 +286,15 @@ def test_flattened_bucket_metadata_is_unpicklable_by_sglang(src):
 
 # ---------------------------------------------------------------------------------------
 # The adapter itself: every SGLang use must be listed in USED_API.
+def _adapter_files():
+    """The adapter's modules: sglang_engine.py and its pieces (rollout/sglang_*.py)."""
+    files = sorted(Path(sglang_engine.__file__).parent.glob("sglang_*.py"))
+    assert Path(sglang_engine.__file__) in files and len(files) > 1, files
+    return files
+
+
 def _adapter_tree():
-    return ast.parse(Path(sglang_engine.__file__).read_text())
+    return ast.Module(body=[n for f in _adapter_files() for n in ast.parse(f.read_text()).body], type_ignores=[])
 
 
 def test_every_engine_call_is_listed():
