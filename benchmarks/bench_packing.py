@@ -46,6 +46,10 @@ import subprocess
 import sys
 import time
 import warnings
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:  # torch is imported inside the functions that time it
+    import torch
 
 warnings.filterwarnings("ignore")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

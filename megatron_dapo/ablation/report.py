@@ -268,7 +268,7 @@ def build_report(plan: Plan, metric: str = "auto", threshold: Optional[float] = 
     level_means = {}
     for o in OUTCOMES:
         level_means[o] = {}
-        for i, f in enumerate(plan.factors):
+        for _i, f in enumerate(plan.factors):
             level_means[o][f.name] = {lv: _mean([r.outcomes.get(o) for r in done
                                                  if plan.levels(r.state.run.cell)[f.name] == lv]) for lv in (-1, 1)}
     # alerts per factor level and boundary

@@ -82,7 +82,7 @@ def _converter(flag: str, tp, optional: bool):
         try:
             return tp(s) if tp in (int, float, str) else s
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} expects {tp.__name__}, got {s!r}")
+            raise argparse.ArgumentTypeError(f"{flag} expects {tp.__name__}, got {s!r}") from None
 
     return conv
 
@@ -149,11 +149,11 @@ def _coerce(value, flag, tp, opt):
         return list(value) if isinstance(value, (list, tuple)) else [value]
     if tp in (int, float):
         if isinstance(value, bool) or (tp is int and isinstance(value, float) and not value.is_integer()):
-            raise ConfigError(f"{flag} expects {tp.__name__}, got {value!r}")
+            raise ConfigError(f"{flag} expects {tp.__name__}, got {value!r}") from None
         try:
             return tp(value)
         except (TypeError, ValueError, OverflowError):
-            raise ConfigError(f"{flag} expects {tp.__name__}, got {value!r}")
+            raise ConfigError(f"{flag} expects {tp.__name__}, got {value!r}") from None
     if isinstance(value, str) and opt and value.lower() == "none":
         return None
     return value
@@ -167,16 +167,16 @@ def load_yaml(path: str) -> dict:
         with open(path, encoding="utf-8") as fh:
             raw = yaml.safe_load(fh)
     except FileNotFoundError:
-        raise ConfigError(f"--config: file not found: {path}")
+        raise ConfigError(f"--config: file not found: {path}") from None
     except (IsADirectoryError, PermissionError) as e:
-        raise ConfigError(f"--config {path}: cannot read it ({e.strerror}); give a YAML file")
+        raise ConfigError(f"--config {path}: cannot read it ({e.strerror}); give a YAML file") from e
     except UnicodeDecodeError as e:
-        raise ConfigError(f"--config {path}: not UTF-8 text (byte {e.start}); give a YAML file")
+        raise ConfigError(f"--config {path}: not UTF-8 text (byte {e.start}); give a YAML file") from e
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or getattr(e, "context", None) or str(e)
-        raise ConfigError(f"--config {path}: invalid YAML{where}: {problem}; fix the file")
+        raise ConfigError(f"--config {path}: invalid YAML{where}: {problem}; fix the file") from e
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -220,7 +220,7 @@ def decode_escapes(flag: str, values: list) -> list:
         try:
             out.append(s.encode("latin-1", "backslashreplace").decode("unicode_escape"))
         except UnicodeDecodeError as e:
-            raise ConfigError(f"{flag} {s!r}: bad escape ({e.reason}); write a backslash as \\\\, a newline as \\n")
+            raise ConfigError(f"{flag} {s!r}: bad escape ({e.reason}); write a backslash as \\\\, a newline as \\n") from e
     return out
 
 

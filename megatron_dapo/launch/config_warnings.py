@@ -19,7 +19,7 @@ def plan_warnings(cfg: DAPOConfig, arch: ModelArch, on_gpu: bool) -> List[str]:
     """Suspicious but valid settings (the report prints them; nothing is refused here)."""
     w: List[str] = []
     p, o, r, a, d = cfg.parallel, cfg.optim, cfg.rollout, cfg.algo, cfg.data
-    tp, pp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size
+    tp = p.tensor_model_parallel_size
     dp = data_parallel_size(cfg)
     e = r.num_gpus_per_engine
     seq = d.max_prompt_length + a.max_response_length

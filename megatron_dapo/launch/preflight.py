@@ -354,7 +354,7 @@ def check_hf_checkpoint(cfg, arch, dry_run: bool) -> Check:
         if dry_run and os.path.exists(os.path.join(hf, SHAPE_ONLY_FILE)):
             return Check("hf-checkpoint", WARN, hf, f"{shape}; a model shape only ({SHAPE_ONLY_FILE}), no weights: a "
                          "real run needs --hf-checkpoint with the weights (or --pretrained-checkpoint / --load)")
-        return Check("hf-checkpoint", FAIL, hf, f"--hf-checkpoint: no model.safetensors or "
+        return Check("hf-checkpoint", FAIL, hf, "--hf-checkpoint: no model.safetensors or "
                      "model.safetensors.index.json, and the trainer's initial weights come from here (no --load or "
                      "--pretrained-checkpoint); give the HF checkpoint directory with its weights")
     return Check("hf-checkpoint", OK, hf, f"{shape}; initial weights: {len(present)} safetensors file(s), "

@@ -446,7 +446,7 @@ class HFEngine(RolloutEngine):
                 if texts[b] is None:
                     texts[b] = self.tokenizer.decode(outs_ids[b])
         result: List[List[GenerationOutput]] = [[] for _ in prompts]
-        for b, (i, j, p, _) in enumerate(rows):
+        for b, (i, _j, p, _) in enumerate(rows):
             result[i].append(
                 GenerationOutput(
                     prompt_ids=list(p),

@@ -44,7 +44,7 @@ def test_fractional_2_4_1_resolution_iv_and_its_aliases():
     assert (d.matrix[:, 3] == d.matrix[:, 0] * d.matrix[:, 1] * d.matrix[:, 2]).all()
     assert (d.matrix[:, :3] == full_factorial(3)).all()
     # main effects are aliased only with three-factor interactions; the 2FIs in pairs
-    for i, name in enumerate("ABCD"):
+    for i, _name in enumerate("ABCD"):
         assert d.low_order_aliases(frozenset({i})) == []
         assert d.separable(frozenset({i}))
     assert d.low_order_aliases(parse_word("AB", 4)) == ["CD"]

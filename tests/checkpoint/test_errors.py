@@ -10,7 +10,7 @@ import torch
 from megatron_dapo.checkpoint import dist_ckpt
 from megatron_dapo.models import parse_hf_config
 from tests.checkpoint import bodies
-from tests.checkpoint.conftest import TINY, write_hf
+from tests.checkpoint.conftest import TINY
 from tests.tiny import tiny_llama_config, tiny_qwen2_config
 
 # HF field, new value, the field named in the error, checkpoint value, model value

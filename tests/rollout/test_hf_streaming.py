@@ -115,7 +115,7 @@ def test_abort_returns_prefixes_and_a_continuation_equals_the_uninterrupted_gree
     assert set(cut) == {f"r{i}" for i in range(len(MORE))} and eng._stream.outstanding == 0
     assert all(o.finish_reason == "abort" for o in cut.values())
     assert sorted(len(o.output_ids) for o in cut.values()) == [0, 0, 3, 3, 3, 3]  # 2 never got a slot
-    for i, p in enumerate(MORE):
+    for i, _p in enumerate(MORE):
         o = cut[f"r{i}"]
         assert o.output_ids == full[i].output_ids[: len(o.output_ids)]
         assert len(o.logprobs) == len(o.output_ids)
