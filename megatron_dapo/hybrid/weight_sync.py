@@ -16,12 +16,9 @@ full HF tensors of every bucket. The other ranks only take part in collectives:
 
 Plan
 ----
-The first sync of a ``WeightSync`` exchanges, once, each stage's list of local parameters
-(name, shard shape, dtype) over the PP group; from it every participating rank computes the
-same bucket plan: the tensors of one owning stage in model order, packed into buckets of at
-most ``bucket_bytes`` (a tensor larger than a bucket goes alone), with the HF names, shapes
-and byte offsets of what each slot holds after conversion (computed with
-``mapping.megatron_to_hf`` on meta tensors).
+Once per ``WeightSync`` (its first sync) the stages' parameter lists are exchanged and every
+participating rank computes the same bucket plan: see ``bucket_plan.py`` (the resharding
+planner, no collectives), which this module only feeds and follows.
 
 One bucket, step by step (owner stage, per tensor of the bucket)
 -----------------------------------------------------------------
@@ -62,6 +59,18 @@ must have copied (or loaded) them when it returns (HFEngine copies; SGLangEngine
 parameters' device: gloo on CPU, NCCL on GPU, the same code. Collectives move raw bytes
 (``uint8`` views), so any parameter dtype is exact. Tied embeddings: the last stage's copy
 of the output layer is skipped (the engine ties ``lm_head`` itself).
+
+Modules
+-------
+* ``bucket_plan.py``: the resharding planner (which tensors in which bucket, HF names, sizes,
+  offsets), pure computation;
+* ``bucket_gather.py``: the execution of one bucket on the owner stage (TP / expert
+  all-gathers into the bucket buffer, HF conversion in place, views), buffers and scratch;
+* ``bucket_sinks.py``: who feeds which engine and how a bucket is handed over (sinks, payloads,
+  the engine protocol);
+* this module: :class:`WeightSync` (the plan's exchange, the order of the buckets, the PP
+  broadcast, the sinks, one error for the whole replica), :class:`ChecksumTap` and
+  :func:`sync_weights`; it re-exports the public names of the others.
 """
 
 from __future__ import annotations
@@ -74,66 +83,44 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from ..checkpoint import mapping
-from ..checkpoint.model_io import layer_offset, unwrap
 from ..rollout.checksum import tensor_checksum
-from ..rollout.engines import codec_for, engine_kind
-from ..rollout.payload import (
-    entries_in,
-    is_shared_cpu_buffer,
-    serialize_flat,
-    shared_cpu_buffer,
-    use_shared_memory_files,
+from .bucket_gather import BucketGather
+from .bucket_plan import DEFAULT_BUCKET_BYTES, Bucket, build_plan, local_entries, local_params, plan_hf_names
+from .bucket_sinks import (
+    BucketSink,
+    DirectSink,
+    DiscardSink,
+    EngineCalls,
+    EngineFeeding,
+    EngineProtocol,
+    PayloadSink,
+    engine_feeders,
+    engine_naming,
+    naming_for_kind,
 )
+from .sync_errors import WeightSyncError
+
+__all__ = [
+    "CHECKSUM_TAP",
+    "DEFAULT_BUCKET_BYTES",
+    "BucketSink",
+    "ChecksumTap",
+    "DirectSink",
+    "DiscardSink",
+    "EngineCalls",
+    "EngineFeeding",
+    "EngineProtocol",
+    "PayloadSink",
+    "SyncStats",
+    "WeightSync",
+    "WeightSyncError",
+    "engine_feeders",
+    "engine_naming",
+    "naming_for_kind",
+    "sync_weights",
+]
 
 log = logging.getLogger(__name__)
-
-DEFAULT_BUCKET_BYTES = 512 * 1024**2
-_ALIGN = 256  # byte alignment of every slot and HF tensor inside a bucket
-
-
-class WeightSyncError(RuntimeError):
-    """A weight sync (or its probe) failed: the engine's weights cannot be trusted."""
-
-
-def _align(n: int) -> int:
-    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
-
-
-_DTYPES = {
-    str(d): d
-    for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int8, torch.uint8)
-}
-
-
-@dataclasses.dataclass
-class _Tensor:
-    """One megatron tensor in the plan (a slot of a bucket)."""
-
-    gname: str  # megatron full name (global layer index)
-    stage: int  # owning PP rank (group rank in the PP group)
-    local_index: int  # index among the owner's local tensors (same on its TP ranks)
-    shard_shape: Tuple[int, ...]
-    dtype: torch.dtype
-    tp_dim: Optional[int]  # None: replicated over TP
-    full_shape: Tuple[int, ...] = ()
-    offset: int = 0  # byte offset of the slot in its bucket
-    nbytes: int = 0  # slot bytes (full megatron tensor, aligned)
-    hf: List[Tuple[str, Tuple[int, ...], int]] = dataclasses.field(default_factory=list)  # (name, shape, byte offset in slot)
-    # an expert stack (gname = mapping.expert_stack_name): the local experts' indices among the
-    # owner's local tensors, in local expert order; shard_shape is one expert's shard
-    experts: Optional[Tuple[int, ...]] = None
-
-    @property
-    def is_stack(self) -> bool:
-        return self.experts is not None
-
-
-@dataclasses.dataclass
-class _Bucket:
-    stage: int
-    tensors: List[_Tensor]
-    nbytes: int
 
 
 @dataclasses.dataclass
@@ -149,19 +136,9 @@ class SyncStats:
         return self.bytes / self.seconds if self.seconds > 0 else float("nan")
 
 
-def _elem_bytes(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
-
-
-class WeightSync:
-    """Bucketed megatron -> HF weight sync of one model (see the module docstring).
+class WeightSync(BucketGather):
+    """Bucketed megatron -> HF weight sync of one model (see the module docstring); the
+    gather, conversion and buffers of a bucket are :class:`~.bucket_gather.BucketGather`'s.
 
     Every rank of the job constructs it with the same arguments and calls :meth:`sync` at
     the same point; only ``feeder_ranks`` pass engines.
@@ -211,7 +188,7 @@ class WeightSync:
         self._replicas: Optional[List[frozenset]] = None  # rank -> its model-parallel replica
         self._expert_coords: Optional[list] = None  # expert group rank -> (ep rank, etp rank)
         self.device = next(iter(self._local_params()))[1].device if self._has_params() else torch.device("cpu")
-        self._plan: Optional[List[_Bucket]] = None
+        self._plan: Optional[List[Bucket]] = None
         self._local: Optional[List[torch.Tensor]] = None
         self._scratch: Optional[torch.Tensor] = None
         self._bufs: List[torch.Tensor] = []
@@ -228,38 +205,18 @@ class WeightSync:
 
     def _local_params(self) -> Iterator[Tuple[str, torch.Tensor]]:
         """(global megatron name, local parameter) of this rank, model order, tied copy skipped."""
-        for chunk in self.chunks:
-            inner = unwrap(chunk)
-            off = layer_offset(inner)
-            for local, p in inner.named_parameters():
-                gname = mapping.local_to_global(local, off)
-                if gname == "output_layer.weight" and self.arch.tie_word_embeddings:
-                    continue  # the tied copy on the last stage
-                yield gname, p
+        return local_params(self.chunks, self.arch)
 
     def _local_entries(self) -> list:
-        """This rank's plan entries, model order: ``(gname, shard shape, dtype, local index,
-        experts)``; a layer's local experts form one entry (the expert stack, placed at its
-        first expert) whose ``experts`` are their local indices in local expert order (None
-        for other tensors)."""
+        """This rank's plan entries (``bucket_plan.local_entries``); keeps its local parameters
+        (``_local``, indexed by the entries)."""
         local = list(self._local_params())
         self._local = [p for _, p in local]
-        out, stacks = [], {}
-        for i, (g, p) in enumerate(local):
-            stack = mapping.stack_of(g) if self.moe else None
-            if stack is None:
-                out.append([g, tuple(p.shape), str(p.dtype), i, None])
-                continue
-            if stack not in stacks:
-                stacks[stack] = {}
-                out.append([stack, tuple(p.shape), str(p.dtype), i, stacks[stack]])
-            stacks[stack][mapping.expert_index(g)] = i
-        for e in out:
-            if e[4] is not None:
-                e[4] = tuple(e[4][j] for j in sorted(e[4]))
-        return [tuple(e) for e in out]
+        return local_entries(local, self.moe)
 
-    def _build_plan(self) -> List[_Bucket]:
+    def _build_plan(self) -> List[Bucket]:
+        """Collective (PP group; with experts also the expert group): exchange the stages'
+        entries and the expert coordinates, then plan (``bucket_plan.build_plan``)."""
         meta = self._local_entries()
         per_stage: list = [None] * self.pp_size
         if self.pp_size > 1:
@@ -274,52 +231,11 @@ class WeightSync:
             self._expert_coords = [None] * self.expert_group_size
             dist.all_gather_object(self._expert_coords, (ps.get_expert_model_parallel_rank(),
                                                          ps.get_expert_tensor_parallel_rank()), group=self.expert_group)
-        buckets: List[_Bucket] = []
-        seen = set()
-        for stage, entries in enumerate(per_stage):
-            cur: List[_Tensor] = []
-            cur_bytes = 0
-            for gname, shard_shape, dtype_s, i, experts in entries:
-                if gname in seen:
-                    raise WeightSyncError(f"{gname} is held by two pipeline stages")
-                seen.add(gname)
-                if experts is not None:
-                    t = _Tensor(gname, stage, experts[0], shard_shape, _DTYPES[dtype_s],
-                                mapping.tp_partition_dim(mapping.stack_member(gname, 0)), experts=tuple(experts))
-                    full = list(shard_shape)
-                    if t.tp_dim is not None:
-                        full[t.tp_dim] *= etp
-                    if len(experts) * self.expert_group_size // etp != self.arch.num_experts:
-                        raise WeightSyncError(f"{gname}: {len(experts)} local experts x EP "
-                                              f"{self.expert_group_size // etp} != {self.arch.num_experts} experts")
-                    t.full_shape = (self.arch.num_experts, *full)
-                    es = _elem_bytes(t.dtype)
-                    t.nbytes = _align(_numel(t.full_shape) * es)
-                else:
-                    t = _Tensor(gname, stage, i, shard_shape, _DTYPES[dtype_s], mapping.tp_partition_dim(gname))
-                    full = list(shard_shape)
-                    if t.tp_dim is not None:
-                        full[t.tp_dim] *= self.tp_size
-                    t.full_shape = tuple(full)
-                    es = _elem_bytes(t.dtype)
-                    hf = mapping.megatron_to_hf(self.arch, gname, torch.empty(t.full_shape, dtype=t.dtype, device="meta"))
-                    pos = 0
-                    for name, ht in hf:
-                        t.hf.append((name, tuple(ht.shape), pos))
-                        pos = _align(pos + ht.numel() * es)
-                    t.nbytes = max(_align(_numel(t.full_shape) * es), pos)
-                if cur and cur_bytes + t.nbytes > self.bucket_bytes:
-                    buckets.append(_Bucket(stage, cur, cur_bytes))
-                    cur, cur_bytes = [], 0
-                t.offset = cur_bytes
-                cur.append(t)
-                cur_bytes += t.nbytes
-            if cur:
-                buckets.append(_Bucket(stage, cur, cur_bytes))
-        return buckets
+        return build_plan(per_stage, self.arch, tp_size=self.tp_size, etp=etp,
+                          expert_group_size=self.expert_group_size, bucket_bytes=self.bucket_bytes)
 
     @property
-    def plan(self) -> List[_Bucket]:
+    def plan(self) -> List[Bucket]:
         if self._plan is None:
             self._plan = self._build_plan()
         return self._plan
@@ -327,157 +243,9 @@ class WeightSync:
     def hf_names(self, naming: str = "checkpoint") -> List[str]:
         """HF names a full sync delivers to an engine of ``naming`` (collective on first use:
         builds the plan)."""
-        out = []
-        for b in self.plan:
-            for t in b.tensors:
-                if t.is_stack:
-                    meta = torch.empty(t.full_shape, dtype=t.dtype, device="meta")
-                    out += [n for n, _ in mapping.expert_stack_to_hf(self.arch, t.gname, meta, naming)]
-                else:
-                    out += [h[0] for h in t.hf]
-        return out
+        return plan_hf_names(self.plan, self.arch, naming)
 
     # ----------------------------------------------------------------- buckets ----
-    def _scratch_for(self, nbytes: int) -> torch.Tensor:
-        """A reusable temporary of at least ``nbytes`` (the "largest tensor" of the bound)."""
-        if self._scratch is None or self._scratch.numel() < nbytes:
-            self._scratch = None
-            self._scratch = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        return self._scratch[:nbytes]
-
-    def _gather_bucket(self, b: _Bucket, buf: torch.Tensor, unshard: bool = True, dense: bool = True) -> None:
-        """Owner stage: fill ``buf`` with the bucket's FULL megatron tensors (TP all-gather).
-
-        The result in each slot is ``mapping.unshard_tp`` of the TP shards, produced by the
-        collectives themselves where the layout allows (no copy):
-
-        * split along dim 0: ``all_gather_into_tensor`` concatenates in rank order;
-        * gated ``linear_fc1`` (each rank holds ``[gate_r; up_r]``): the gate halves and the
-          up halves are all-gathered separately into the two halves of the slot;
-        * split along dim 1 (row-parallel weights): gathered into the scratch tensor, then
-          concatenated along dim 1 into the slot (one copy);
-        * replicated: the local copy.
-
-        * an expert stack: all-gathered over the expert group (:meth:`_gather_stack`).
-
-        ``unshard=False`` (benchmark baseline) runs the same collectives, no copies after them.
-        ``dense=False``: the expert stacks only (a rank of a replica without a feeder).
-        """
-        works = []
-        row_parallel = []
-        stacks = []
-        for t in b.tensors:
-            if t.is_stack:
-                stacks.append(t)
-                continue
-            if not dense:
-                continue
-            p = self._local[t.local_index].detach()
-            src = p.contiguous().view(-1).view(torch.uint8)
-            n = src.numel()
-            slot = buf[t.offset : t.offset + n * (1 if t.tp_dim is None else self.tp_size)]
-            if t.tp_dim is None or (self.tp_size == 1 and not self.force_collectives):
-                slot.copy_(src)
-            elif t.tp_dim == 0 and mapping.is_gated_fc1(t.gname):
-                half = n // 2
-                for i in range(2):  # gate, then up
-                    out = slot[i * half * self.tp_size : (i + 1) * half * self.tp_size]
-                    works.append(dist.all_gather_into_tensor(out, src[i * half : (i + 1) * half], group=self.tp_group, async_op=True))
-            elif t.tp_dim == 0:
-                works.append(dist.all_gather_into_tensor(slot, src, group=self.tp_group, async_op=True))
-            else:
-                row_parallel.append((t, src, slot))
-        for t, src, slot in row_parallel:  # one scratch at a time: synchronous
-            tmp = self._scratch_for(slot.numel())
-            dist.all_gather_into_tensor(tmp, src, group=self.tp_group)
-            if unshard:
-                shards = list(tmp.view(t.dtype).view(self.tp_size, *t.shard_shape).unbind(0))
-                if t.tp_dim == 1 and len(t.shard_shape) == 2:
-                    torch.cat(shards, dim=1, out=slot.view(t.dtype).view(t.full_shape))  # == unshard_tp
-                else:
-                    slot.view(t.dtype).view(t.full_shape).copy_(mapping.unshard_tp(t.gname, shards))
-        for t in stacks:  # synchronous, one scratch at a time
-            self._gather_stack(t, buf[t.offset : t.offset + t.nbytes], unshard)
-        for w in works:
-            w.wait()
-
-    def _gather_stack(self, t: _Tensor, slot: torch.Tensor, unshard: bool = True) -> None:
-        """One layer's experts (fc1 or fc2) -> ``[E, *full expert]`` in ``slot``: this rank's
-        local experts stacked into a contiguous source, all-gathered over the expert group
-        (ETP x EP); expert ``e`` is local expert ``e % (E/EP)`` of EP rank ``e // (E/EP)``,
-        its ETP shards joined as a dense tensor's TP shards."""
-        es = _elem_bytes(t.dtype)
-        n_local = len(t.experts)
-        shard_bytes = _numel(t.shard_shape) * es
-        group = self.expert_group_size
-        full = slot[: _numel(t.full_shape) * es]
-        coords = self._expert_coords
-        etp = max(c[1] for c in coords) + 1
-        direct = etp == 1 and [c[0] for c in coords] == list(range(group))  # group order = expert order
-        # the local stack: straight into the slot when this rank's experts sit there
-        ep_rank, _ = coords[dist.get_rank(self.expert_group)]
-        if direct:
-            src = full[ep_rank * n_local * shard_bytes : (ep_rank + 1) * n_local * shard_bytes]
-        else:
-            src = self._scratch_for(n_local * shard_bytes * (group + 1))[group * n_local * shard_bytes :]
-        for j, idx in enumerate(t.experts):
-            src[j * shard_bytes : (j + 1) * shard_bytes].copy_(self._local[idx].detach().contiguous().view(-1).view(torch.uint8))
-        if group == 1 and not self.force_collectives:
-            return
-        if direct:
-            # in place (this rank's part of the output is the input) where NCCL allows it
-            dist.all_gather_into_tensor(full, src if self.device.type == "cuda" else src.clone(), group=self.expert_group)
-            return
-        tmp = self._scratch_for(n_local * shard_bytes * (group + 1))[: group * n_local * shard_bytes]
-        dist.all_gather_into_tensor(tmp, src, group=self.expert_group)
-        if not unshard:
-            return
-        parts = tmp.view(t.dtype).view(group, n_local, *t.shard_shape)
-        by_coord = {c: g for g, c in enumerate(coords)}
-        out = full.view(t.dtype).view(t.full_shape)
-        name = mapping.stack_member(t.gname, 0)
-        for ep in range(group // etp):
-            for j in range(n_local):
-                shards = [parts[by_coord[(ep, r)], j] for r in range(etp)]
-                out[ep * n_local + j].copy_(mapping.unshard_tp(name, shards))
-
-    def _convert_bucket(self, b: _Bucket, buf: torch.Tensor) -> None:
-        """In place: each slot's full megatron tensor -> its HF tensors (mapping.megatron_to_hf).
-        An expert stack needs nothing: its engine tensors are views of it (:meth:`_hf_views`)."""
-        for t in b.tensors:
-            if t.is_stack:
-                continue
-            es = _elem_bytes(t.dtype)
-            slot = buf[t.offset : t.offset + t.nbytes]
-            full = slot[: _numel(t.full_shape) * es].view(t.dtype).view(t.full_shape)
-            converted = mapping.megatron_to_hf(self.arch, t.gname, full)
-            if [(n, tuple(x.shape)) for n, x in converted] != [(n, s) for n, s, _ in t.hf]:
-                raise WeightSyncError(f"{t.gname}: conversion does not match the plan")
-            lo, hi = slot.data_ptr(), slot.data_ptr() + t.nbytes
-            moves = []
-            for (name, x), (_, shape, off) in zip(converted, t.hf):
-                dest = slot[off : off + x.numel() * es].view(t.dtype).view(shape)
-                if x.data_ptr() == dest.data_ptr() and x.is_contiguous():
-                    continue  # already in place (a view of the slot)
-                if lo <= x.data_ptr() < hi:
-                    x = x.clone()  # a view of this slot elsewhere: read it before any write
-                moves.append((dest, x))
-            for dest, x in moves:
-                dest.copy_(x)
-            del converted, full, moves
-
-    def _hf_views(self, b: _Bucket, buf: torch.Tensor, naming: str = "checkpoint") -> List[Tuple[str, torch.Tensor]]:
-        out = []
-        for t in b.tensors:
-            es = _elem_bytes(t.dtype)
-            if t.is_stack:
-                stacked = buf[t.offset : t.offset + _numel(t.full_shape) * es].view(t.dtype).view(t.full_shape)
-                out += mapping.expert_stack_to_hf(self.arch, t.gname, stacked, naming)
-                continue
-            for name, shape, off in t.hf:
-                start = t.offset + off
-                out.append((name, buf[start : start + _numel(shape) * es].view(t.dtype).view(shape)))
-        return out
 
     def iter_buckets(self, convert: bool = True, naming: str = "checkpoint") -> Iterator[List[Tuple[str, torch.Tensor]]]:
         """Drive the collectives of a full sync; yields each bucket (HF names of ``naming``,
@@ -553,26 +321,7 @@ class WeightSync:
             del bufs
             self._scratch = None
 
-    def _free_buffers(self) -> None:
-        if not self.keep_buffers:
-            self._bufs = []
-
-    def _buffers(self, size: int, n: int, shared: bool) -> List[torch.Tensor]:
-        have = [t for t in self._bufs if t.numel() >= size]
-        cpu_shared = shared and self.device.type == "cpu"
-        if len(have) < n or (cpu_shared and not all(is_shared_cpu_buffer(t) for t in have)):
-            self._bufs = []  # free the old ones before allocating
-            have = []
-            for _ in range(n):
-                if cpu_shared:  # a named /dev/shm file the engine process maps (rollout/payload.py)
-                    t = shared_cpu_buffer(_align(size))
-                else:
-                    t = torch.empty(_align(size), dtype=torch.uint8, device=self.device)
-                have.append(t)
-            self._bufs = have
-        return have[:n]
-
-    def _role(self, b: _Bucket) -> Tuple[bool, bool]:
+    def _role(self, b: Bucket) -> Tuple[bool, bool]:
         """(this rank's stage owns the bucket, this rank's PP group broadcasts it)."""
         owner = b.stage == self.stage
         # Broadcast when this PP group holds a feeder other than the owner stage's rank.
@@ -694,289 +443,6 @@ class ChecksumTap:
 
 
 CHECKSUM_TAP = ChecksumTap()
-
-
-# ------------------------------------------------------------------- who feeds whom ----
-def engine_feeders(world_size: int, gpus_per_engine: int) -> List[List[int]]:
-    """Global ranks feeding each engine: engine ``e`` sits on the GPUs of ranks
-    ``e*K .. e*K+K-1`` (K = ``gpus_per_engine``) and is fed by exactly those ranks, rank
-    ``e*K + j`` handing over the payload of the engine's TP rank ``j``. Ranks of one node are
-    consecutive (launch/placement.py), so with K dividing the GPUs per node an engine's
-    feeders share its node."""
-    if gpus_per_engine < 1 or world_size % gpus_per_engine:
-        raise ValueError(
-            f"--rollout-num-gpus-per-engine {gpus_per_engine} must divide the world size {world_size}"
-        )
-    k = gpus_per_engine
-    return [list(range(e * k, (e + 1) * k)) for e in range(world_size // k)]
-
-
-class EngineFeeding:
-    """This rank's place in :func:`engine_feeders` and the gloo groups of the feeders.
-
-    Collective: every rank of the job constructs it (one ``new_group`` per engine of more than
-    one GPU, all ranks, same order). :meth:`sink` gives this rank's :class:`PayloadSink`.
-    """
-
-    def __init__(self, gpus_per_engine: int):
-        world = dist.get_world_size()
-        self.rank = dist.get_rank()
-        self.layout = engine_feeders(world, gpus_per_engine)
-        groups = [dist.new_group(r, backend="gloo") if len(r) > 1 else None for r in self.layout]
-        self.engine = self.rank // gpus_per_engine
-        self.group = groups[self.engine]
-        self.leader = self.layout[self.engine][0]
-        self.engine_tp_rank = self.rank - self.leader
-        self.feeder_ranks = list(range(world))  # every rank feeds its own engine
-
-    def sink(self, calls: Optional["EngineCalls"], protocol: "EngineProtocol") -> "PayloadSink":
-        """This rank's sink. ``calls``: the engine's calls, used on the leader only; ``protocol``:
-        the engine's :class:`EngineProtocol`, the same on EVERY feeder of the engine."""
-        return PayloadSink(calls if self.rank == self.leader else None, self.group, self.leader,
-                           protocol=protocol, engine_index=self.engine)
-
-
-class BucketSink:
-    """Where a feeding rank hands its buckets (see :meth:`WeightSync.sync`).
-
-    ``submit(i, views, flat)`` hands over bucket ``i`` (``views``: HF names and tensors inside
-    ``flat``, this rank's bucket buffer); ``wait_free(j)`` returns once the receiver no longer
-    reads bucket ``j``'s memory (the buffer is about to be overwritten); ``finish()`` ends the
-    update. ``lag``: buckets the receiver may still read after acknowledging one (0: it copied
-    before acknowledging). ``asynchronous``: ``submit`` returns before the acknowledgement (a
-    second buffer then overlaps the next bucket's collectives with the receiver's copy).
-    ``shared_memory``: CPU buffers must be in shared memory (another process maps them).
-    A sink must not raise from ``submit``/``wait_free`` in a way that skips collectives of its
-    own; it may raise from ``finish``.
-    """
-
-    lag = 0
-    asynchronous = False
-    shared_memory = False
-    #: the engine's weight naming (``mapping.NAMINGS``; None: ``checkpoint``): how a layer's
-    #: experts are handed over (per expert, or transformers' fused tensors)
-    naming: Optional[str] = None
-
-    def submit(self, index: int, views, flat: torch.Tensor) -> None:
-        raise NotImplementedError
-
-    def wait_free(self, index: int) -> None:
-        pass
-
-    def finish(self) -> None:
-        pass
-
-
-class DirectSink(BucketSink):
-    """An engine in this process: ``update_weights(views)`` copies before it returns."""
-
-    def __init__(self, engine):
-        self.engine = engine
-        self.error: Optional[BaseException] = None
-        self.naming = engine_naming(engine)
-
-    def submit(self, index, views, flat):
-        if self.error is None:
-            try:
-                self.engine.update_weights(views)
-            except Exception as exc:  # noqa: BLE001 - reported by finish
-                self.error = exc
-
-    def finish(self):
-        if self.error is not None:
-            raise self.error
-        self.engine.finish_weight_update()
-
-
-def engine_naming(engine) -> str:
-    """The weight naming of an in-process engine (``mapping.NAMINGS``): its own
-    ``weight_naming`` when it says, else by the names it expects: a transformers model's fused
-    experts (``mlp.experts.gate_up_proj``, HFEngine) or the checkpoint's (SGLang)."""
-    naming = getattr(engine, "weight_naming", None)
-    if naming:
-        return naming
-    try:
-        names = engine.expected_weight_names()
-    except Exception:  # noqa: BLE001 - an engine that cannot say takes the checkpoint's names
-        return "checkpoint"
-    return "transformers" if any(n.endswith(".mlp.experts.gate_up_proj") for n in names) else "checkpoint"
-
-
-def naming_for_kind(kind: str) -> str:
-    """The weight naming of an engine kind (``--rollout-engine``): HFEngine loads a
-    transformers model (fused experts), SGLang the checkpoint's names."""
-    return engine_kind(kind).weight_naming
-
-
-class DiscardSink(BucketSink):
-    """A feeder whose engine is not synced this time (e.g. another engine was restarted): it
-    takes part in the collectives and hands nothing over."""
-
-    def submit(self, index, views, flat):
-        pass
-
-
-class EngineCalls:
-    """How the leader of an engine's feeders reaches the engine (the driver builds it, e.g.
-    over Ray): ``send(payloads) -> future`` (one payload per engine TP rank, in TP order),
-    ``resolve(future)`` (waits; raises the engine's error), ``finish()`` (ends the engine's
-    weight update: ``finish_weight_update``). Only the leader holds one; what every feeder
-    must know about the engine is its :class:`EngineProtocol`."""
-
-    def __init__(self, send, resolve, finish):
-        self.send, self.resolve, self.finish = send, resolve, finish
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineProtocol:
-    """What EVERY feeder of one engine must agree on, leader or not.
-
-    ``kind``: the engine kind (``hf``, ``sglang``). ``lag``: buckets the engine may still read
-    after acknowledging one (1 for SGLang, whose call returns once its copy is enqueued; 0
-    for HFEngine, which copies before it returns); it sizes the feeder's buffer ring
-    (``lag + 2``) and so the order of the group's collectives. ``codec``: (serializer,
-    metadata class) of the payloads: each engine TP rank unpickles its own feeder's payload
-    (SGLang: its ``SafeUnpickler``, which admits only its own ``FlattenedTensorMetadata``; on
-    a GPU the feeder must also have SGLang's patched CUDA reductions, which name the device by
-    UUID). A feeder that disagreed would hang the group's collectives or make the engine's TP
-    rank refuse its payload, so :class:`PayloadSink` checks the agreement once per sync."""
-
-    kind: str = "hf"
-    lag: int = 0
-    codec: Optional[tuple] = None
-
-    @classmethod
-    def for_engine(cls, kind: str) -> "EngineProtocol":
-        """The protocol of an engine of ``kind``; for SGLang this imports SGLang and patches
-        this process's tensor reductions (``rollout.payload.sglang_codec``): call it in every
-        feeder process."""
-        return cls(kind=kind, lag=engine_kind(kind).lag, codec=codec_for(kind))
-
-    def describe(self) -> tuple:
-        """What the feeders compare: kind, lag and the codec's qualified names."""
-        names = tuple(f"{getattr(x, '__module__', '?')}.{getattr(x, '__qualname__', type(x).__name__)}"
-                      for x in (self.codec or ()))
-        return (self.kind, self.lag, names)
-
-
-class PayloadSink(BucketSink):
-    """Feed one engine from the ranks of its group (:func:`engine_feeders`), by memory handles.
-
-    Every feeder serializes a payload of its OWN bucket buffer (``rollout/payload.py``: CUDA
-    IPC handles on GPU, shared-memory handles on CPU; no tensor bytes), the payloads are
-    gathered on the group's first rank (``group``: a gloo group of the feeders, in engine TP
-    order; None for a group of one), which sends them to the engine in one small message and
-    keeps the future. ``wait_free(j)``: the leader waits for the acknowledgement of bucket
-    ``j + lag`` and broadcasts it to the group (``lag`` 1 for SGLang, whose call returns after
-    enqueueing its copy: a bucket is free once the NEXT call has returned; 0 for HFEngine,
-    which copies before it returns). ``protocol`` (:class:`EngineProtocol`: lag and codec) is
-    the same on every rank of the group, checked when the sink is made; ``calls`` only on the
-    leader. Engine errors are recorded, the collectives continue, and ``finish`` raises on
-    every rank of the group.
-    """
-
-    asynchronous = True
-    shared_memory = True
-
-    def __init__(self, calls: Optional[EngineCalls], group, leader: int, *, protocol: EngineProtocol,
-                 engine_index: int = 0):
-        self.group = group
-        self.leader = int(leader)
-        self.rank = dist.get_rank()
-        self.is_leader = self.rank == self.leader
-        self.size = dist.get_world_size(group) if group is not None else 1
-        if self.is_leader and calls is None:
-            raise ValueError("the leader of an engine's feeders needs its EngineCalls")
-        if not isinstance(protocol, EngineProtocol):
-            raise TypeError(f"PayloadSink needs the engine's EngineProtocol on every feeder, got {protocol!r}")
-        self.calls = calls
-        self.protocol = protocol
-        self.lag = protocol.lag
-        self.naming = naming_for_kind(protocol.kind)
-        self.engine_index = engine_index
-        self.serializer, self.metadata_cls = protocol.codec or codec_for(protocol.kind)
-        use_shared_memory_files()
-        self._check_agreement()
-        self.futures: dict = {}
-        self.acked = -1  # highest bucket index acknowledged (known to the whole group)
-        self.submitted = -1
-        self.error: Optional[BaseException] = None
-        self.failed = False  # the group knows the engine failed
-
-    def _check_agreement(self) -> None:
-        """Every feeder of the engine holds the same protocol (one small all-gather over the
-        group per sync): a feeder with another lag would wait in another collective from the
-        ring's first reuse on (a hang), one with another codec would send a payload the
-        engine's TP rank refuses."""
-        if self.size == 1:
-            return
-        mine = self.protocol.describe()
-        seen = [None] * self.size
-        dist.all_gather_object(seen, mine, group=self.group)
-        if any(x != seen[0] for x in seen):
-            ranks = dist.get_process_group_ranks(self.group)
-            detail = "; ".join(f"rank {r}: kind {k}, lag {lag}, codec {', '.join(c) or 'default'}"
-                               for r, (k, lag, c) in zip(ranks, seen))
-            raise WeightSyncError(f"the feeders of engine {self.engine_index} disagree on its protocol ({detail})")
-
-    def submit(self, index, views, flat):
-        payload = serialize_flat(flat, entries_in(flat, views), 1, metadata_cls=self.metadata_cls,
-                                 serializer=self.serializer)[0]
-        if self.size > 1:
-            gathered = [None] * self.size if self.is_leader else None
-            dist.gather_object(payload, gathered, dst=self.leader, group=self.group)
-        else:
-            gathered = [payload]
-        if self.is_leader and self.error is None:
-            try:
-                self.futures[index] = self.calls.send(gathered)
-            except Exception as exc:  # noqa: BLE001 - reported by finish, on every rank
-                self.error = exc
-        self.submitted = index
-
-    def _resolve_through(self, index: int) -> None:
-        """Leader: wait for every sent bucket up to ``index``; then tell the group."""
-        if self.is_leader:
-            for j in sorted(k for k in self.futures if k <= index):
-                fut = self.futures.pop(j)
-                if self.error is None:
-                    try:
-                        self.calls.resolve(fut)
-                    except Exception as exc:  # noqa: BLE001
-                        self.error = exc
-        state = torch.tensor([index, 0 if self.error is None else 1], dtype=torch.int64)
-        if self.size > 1:
-            dist.broadcast(state, src=self.leader, group=self.group)
-        self.acked = max(self.acked, int(state[0]))
-        self.failed = self.failed or bool(state[1])
-
-    def wait_free(self, index):
-        need = min(index + self.lag, self.submitted)
-        if need > self.acked:
-            self._resolve_through(need)
-
-    def finish(self):
-        self._resolve_through(self.submitted)
-        if self.is_leader and self.error is None and not self.failed:
-            try:
-                self.calls.finish()
-            except Exception as exc:  # noqa: BLE001
-                self.error = exc
-        state = torch.tensor([0 if self.error is None else 1], dtype=torch.int64)
-        if self.size > 1:
-            dist.broadcast(state, src=self.leader, group=self.group)
-        why = f"{type(self.error).__name__}: {self.error}" if self.error is not None else None
-        if (state.item() or self.failed) and self.size > 1:
-            # every feeder names the engine's own error (a launcher may stop the leader before it prints)
-            box = [why]
-            dist.broadcast_object_list(box, src=self.leader, group=self.group)
-            why = why or box[0]
-        if self.error is not None:
-            raise WeightSyncError(f"engine {self.engine_index} failed to load the weights: {why}") from self.error
-        if state.item() or self.failed:
-            raise WeightSyncError(
-                f"engine {self.engine_index} failed to load the weights (feeder rank {self.leader} reports: {why})"
-            )
 
 
 def sync_weights(

@@ -124,6 +124,8 @@ COLLECTIVE_MODULES = {
     "megatron_dapo/checkpoint/hf_export.py": "tests/training/test_export_hf.py (object collectives, barriers)",
     "megatron_dapo/checkpoint/model_io.py": "tests/checkpoint/test_roundtrip.py (TP export gather)",
     "megatron_dapo/distributed.py": "barrier; dp_token_counts: tests/training/test_trainer_device.py, tests/training",
+    "megatron_dapo/hybrid/bucket_gather.py": "tests/hybrid/test_weight_sync.py (TP gathers), tests/moe/test_moe_sync.py (experts)",
+    "megatron_dapo/hybrid/bucket_sinks.py": "tests/hybrid/test_transport.py, tests/hybrid/test_sglang_feeders.py",
     "megatron_dapo/hybrid/weight_sync.py": "tests/hybrid/test_weight_sync.py, tests/hybrid/test_transport.py",
     "megatron_dapo/models/attention.py": "tests/foundation/test_models.py (CP attention)",
     "megatron_dapo/training/dapo_step.py": "tests/training, tests/e2e",
