@@ -89,10 +89,15 @@ def start_ray(address: Optional[str] = None, num_cpus: Optional[float] = None, *
 #: the workers inherit them. A value already in the environment wins.
 RAY_START_ENV = {
     # the driver's wait for its raylet to register with the GCS (Ray: 30 s)
-    "RAY_raylet_start_wait_time_s": "90",
+    "RAY_raylet_start_wait_time_s": "120",
     # an agent's registration with its raylet (Ray: 30 s; newer releases also use it for the
     # dashboard agent's port files, which Ray 2.60 waits for 15 s, fixed)
     "RAY_agent_register_timeout_ms": "120000",
+    # Ray starts its workers at nice 15, so that its own daemons stay responsive; but the trainer
+    # and engine actors are the job: at nice 15 a busy loop at nice 0 takes ~97% of their core
+    # (kernel weights 36 vs 1024), and a one-step tiny run with 4 busy loops on 2 cores did not
+    # finish in 15 minutes (docs/benchmarks-log.md, "Suite time on an AMD EPYC")
+    "RAY_worker_niceness": "0",
 }
 #: Attempts at a local start; the second comes after a clean shutdown of the first.
 RAY_START_ATTEMPTS = 2

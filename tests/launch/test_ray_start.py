@@ -54,12 +54,15 @@ def cpu_burners(n: int):
 
 @pytest.mark.slow
 def test_local_ray_comes_up_with_every_core_busy():
-    n = 2 * (os.cpu_count() or 2)  # two burners per core, beside whatever else the suite runs
+    n = os.cpu_count() or 2  # one burner per core, beside whatever else the suite runs
     with private_ray_tmpdir() as tmp, cpu_burners(n) as burners:
         r = run_in_session(CHECK, 400, grace_s=RAY_SHUTDOWN_GRACE_S, env=_env(tmp), cwd=ROOT)
         assert all(p.poll() is None for p in burners), "a burner ended before the start was over"
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     assert "UP " in r.stdout, r.stdout
+    # the task ran at the driver's priority, not Ray's nice 15 (starved behind the burners)
+    nice = dict(kv.split("=") for kv in r.stdout.split("UP ", 1)[1].split()[1:])
+    assert nice["worker_nice"] == nice["driver_nice"], r.stdout
     assert not r.leftovers, r.leftovers
 
 
@@ -134,6 +137,7 @@ def test_ray_waits_are_set_before_ray_is_imported_and_a_users_value_wins():
     got = placement.set_ray_start_env(env)
     assert got["RAY_raylet_start_wait_time_s"] == "600"  # the user's
     assert int(got["RAY_agent_register_timeout_ms"]) > 30_000  # above Ray's default
+    assert got["RAY_worker_niceness"] == "0"  # the actors are the job (Ray's default: 15)
     r = subprocess.run([sys.executable, "-c", "import os, sys; from megatron_dapo.launch.placement import start_ray; "
                         "import megatron_dapo.train; assert 'ray' not in sys.modules; print('no ray yet')"],
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
