@@ -177,9 +177,9 @@ def vocab_parallel_entropy(  # the trainer's entropy before chunked_logprobs_ent
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 
     from megatron_dapo.training.forward import mask_vocab_padding, tempered
-    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 
     if true_vocab is not None:
         logits = mask_vocab_padding(logits, true_vocab)
@@ -207,7 +207,6 @@ def logprob_memory(variant: str, tokens: int, vocab: int) -> int:
     import torch
 
     from megatron_dapo.distributed import free_port, init_distributed, init_parallel
-
     from megatron_dapo.training.forward import token_logprobs
     from megatron_dapo.training.logprobs import chunked_logprobs_entropy
 

@@ -70,8 +70,7 @@ def model_config(args) -> dict:
 
 def build_model(hf_cfg: dict, dtype):
     """The local megatron stage/shard, parameters left uninitialised (fast to build)."""
-    from megatron_dapo.models import ModelBuildOptions, build_gpt_model
-    from megatron_dapo.models import provider
+    from megatron_dapo.models import ModelBuildOptions, build_gpt_model, provider
 
     orig = provider.transformer_config_from_arch
 

@@ -16,7 +16,6 @@ import torch.distributed as dist
 
 from . import platform
 
-
 # Ports for rendezvous are drawn from here, above Ray's worker ports (10002-19999 by default)
 # and below the kernel's ephemeral range, where port-0 binds and outgoing connections (Ray's
 # gRPC, the other jobs of the node) take theirs: a port picked there and bound a moment later

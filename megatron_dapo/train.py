@@ -36,7 +36,8 @@ from .driver.logging import MetricsLogger
 from .driver.metrics import step_metrics, summary_line
 from .driver.plots import plot_training_curves
 from .driver.rollout_manager import EnginePool, RolloutManager
-from .driver.signals import SIGTERM_SEEN as _SIGTERM, Terminated, check_not_terminated, stop_on_sigterm  # noqa: F401
+from .driver.signals import SIGTERM_SEEN as _SIGTERM  # noqa: F401
+from .driver.signals import check_not_terminated, stop_on_sigterm
 from .errors import report_user_error
 from .eval.runner import evaluate_in_training
 from .hybrid.phases import HybridStep

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 _COMMON = dict(
     vocab_size=256,
     hidden_size=64,

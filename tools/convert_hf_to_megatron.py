@@ -31,7 +31,6 @@ from megatron_dapo.checkpoint.model_io import HFWeights  # noqa: E402
 from megatron_dapo.checkpoint.output_dir import check_output_dir  # noqa: E402
 from megatron_dapo.errors import exit_on_user_error  # noqa: E402
 
-
 #: safetensors dtype names -> our dtype names (megatron_dapo.checkpoint.dist_ckpt).
 SAFETENSORS_DTYPES = {"BF16": "bf16", "F16": "fp16", "F32": "fp32"}
 

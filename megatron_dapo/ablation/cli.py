@@ -21,8 +21,18 @@ from typing import List, Optional, Sequence
 
 from ..errors import OneLineArgumentParser, exit_on_user_error
 from .launch import format_states, grid_states, launch_local, submit_slurm, task_args
-from .plan import (DEFAULT_FACTORS, PLAN_FILE, AblationError, build_plan, check_and_cost, differences, fit_budget,
-                   format_plan, load_plan, resolve_factors)
+from .plan import (
+    DEFAULT_FACTORS,
+    PLAN_FILE,
+    AblationError,
+    build_plan,
+    check_and_cost,
+    differences,
+    fit_budget,
+    format_plan,
+    load_plan,
+    resolve_factors,
+)
 from .report import write_report
 
 PROG = "ablate.py"

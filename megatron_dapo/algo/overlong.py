@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Sequence, Union
-
 import numbers
+from typing import Any, Iterable, Optional, Sequence, Union
 
 import torch
 

@@ -6,14 +6,7 @@ from typing import Dict, Optional, Tuple, Union
 
 import torch
 
-from ._checks import (
-    as_tensor,
-    check_2d,
-    check_float_tensor,
-    check_real,
-    check_same_shape,
-    mask_as,
-)
+from ._checks import as_tensor, check_2d, check_float_tensor, check_real, check_same_shape, mask_as
 
 #: The log-ratio ``logp - old_logp`` is clamped to this range before ``exp``: beyond it
 #: the ratio is ``e^20 ~ 4.9e8`` (or its inverse), far outside any clip range, so the

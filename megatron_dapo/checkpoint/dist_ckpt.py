@@ -420,7 +420,8 @@ def save_checkpoint(
     its optimizer's fields there).
     """
     import torch.distributed as dist
-    from megatron.core import dist_checkpointing, parallel_state as ps
+    from megatron.core import dist_checkpointing
+    from megatron.core import parallel_state as ps
 
     directory = os.fspath(directory)  # (CPU patches: applied by distributed.init_distributed)
     rank = dist.get_rank()

@@ -25,7 +25,6 @@ from ..algo.config import apply_preset
 from ..errors import ConfigError, OneLineArgumentParser
 from .schema import SECTIONS, DAPOConfig, flag_of
 
-
 #: Flags that existed once and were removed: giving one (flag or YAML key) is an error that
 #: says what to do instead, rather than "unrecognized arguments".
 REMOVED_FLAGS = {

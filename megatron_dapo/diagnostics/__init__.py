@@ -21,11 +21,7 @@ from megatron_dapo.diagnostics.analysis import (
 )
 from megatron_dapo.diagnostics.history import History, load_metrics
 from megatron_dapo.diagnostics.plot import plot_diagnosis  # matplotlib is imported only when it draws
-from megatron_dapo.diagnostics.repetition import (
-    find_repetition_loop,
-    has_repetition_loop,
-    repetition_rate,
-)
+from megatron_dapo.diagnostics.repetition import find_repetition_loop, has_repetition_loop, repetition_rate
 from megatron_dapo.diagnostics.report import format_report, print_report
 from megatron_dapo.diagnostics.thresholds import Thresholds, load_thresholds
 

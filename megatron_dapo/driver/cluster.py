@@ -16,8 +16,15 @@ from typing import Optional
 import torch
 
 from ..config import ConfigError, world_size
-from ..launch.placement import (PlacementError, bundle_placements, create_placement_group, engine_gpu_plan,
-                               on_bundle, ranks_to_bundles, start_ray)
+from ..launch.placement import (
+    PlacementError,
+    bundle_placements,
+    create_placement_group,
+    engine_gpu_plan,
+    on_bundle,
+    ranks_to_bundles,
+    start_ray,
+)
 from ..rollout.engines import engine_kind, resolve_engine_kind
 from ..rollout.payload import remove_shared_memory_files, remove_stale_shared_memory_files
 from .trainer_group import TrainerGroup

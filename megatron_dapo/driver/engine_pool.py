@@ -73,7 +73,10 @@ class RayTransport:
     """EngineActor handles (megatron_dapo.driver.actors)."""
 
     def __init__(self):
-        from ray.exceptions import GetTimeoutError, RayActorError  # Ray: not at import time (train.py imports this module)
+        from ray.exceptions import (  # Ray: not at import time (train.py imports this module)
+            GetTimeoutError,
+            RayActorError,
+        )
 
         self.dead = (RayActorError, GetTimeoutError)
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
-from .batch import dp_partition, dp_shards
 from ..training.stats import reduce_step_stats
+from .batch import dp_partition, dp_shards
 
 
 def _ray_get(futures):

@@ -154,7 +154,7 @@ class BucketGather:
                 raise WeightSyncError(f"{t.gname}: conversion does not match the plan")
             lo, hi = slot.data_ptr(), slot.data_ptr() + t.nbytes
             moves = []
-            for (name, x), (_, shape, off) in zip(converted, t.hf):
+            for (_name, x), (_, shape, off) in zip(converted, t.hf):
                 dest = slot[off : off + x.numel() * es].view(t.dtype).view(shape)
                 if x.data_ptr() == dest.data_ptr() and x.is_contiguous():
                     continue  # already in place (a view of the slot)

@@ -48,8 +48,16 @@ from typing import List, Optional, Sequence
 import torch
 
 from ..rollout.base import MEMORY_TAGS, WEIGHTS
-from .probe import (PROBE_TOKENS, check_probe_stats, compare_checksums, cut_probe, default_threshold, probe_stats,
-                    reference_checksums, should_check)
+from .probe import (
+    PROBE_TOKENS,
+    check_probe_stats,
+    compare_checksums,
+    cut_probe,
+    default_threshold,
+    probe_stats,
+    reference_checksums,
+    should_check,
+)
 from .weight_sync import CHECKSUM_TAP, WeightSyncError
 
 log = logging.getLogger(__name__)

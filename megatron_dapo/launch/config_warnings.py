@@ -10,7 +10,8 @@ from typing import List
 from ..config.schema import DAPOConfig
 from ..config.validate import data_parallel_size
 from ..models.hf_config import ModelArch
-from ..rollout.engines import AUTO, engine_kind as engine_kind_spec
+from ..rollout.engines import AUTO
+from ..rollout.engines import engine_kind as engine_kind_spec
 from .rank_layout import expert_group_size
 from .schedule import lr_schedule
 

@@ -26,10 +26,20 @@ from ..config.schema import DAPOConfig
 from ..config.validate import validate
 from ..models.hf_config import ModelArch
 from ..rollout.base import MEMORY_TAGS, WEIGHTS
-from ..rollout.engines import AUTO, engine_kind as engine_kind_spec, resolve_engine_kind
+from ..rollout.engines import AUTO, resolve_engine_kind
+from ..rollout.engines import engine_kind as engine_kind_spec
 from .config_warnings import plan_warnings
-from .memory_estimate import (CUDA_CONTEXT_GB, GB, GPU_CAPACITY_GB, LOGPROB_CHUNK, MARGIN_FRACTION, RESERVE_GB,
-                              MemoryEstimate, estimate_memory, longest_fitting_sequence)
+from .memory_estimate import (
+    CUDA_CONTEXT_GB,
+    GB,
+    GPU_CAPACITY_GB,
+    LOGPROB_CHUNK,
+    MARGIN_FRACTION,
+    RESERVE_GB,
+    MemoryEstimate,
+    estimate_memory,
+    longest_fitting_sequence,
+)
 from .rank_layout import PlacementPlan, _span, expert_group_size, placement_plan
 from .schedule import lr_schedule
 from .weight_sync_plan import ENGINE_COPY_GBPS, INTER_NODE_GBPS, INTRA_NODE_GBPS, sync_plan

@@ -39,11 +39,11 @@ from ..checkpoint.dist_ckpt import CheckpointError, check_metadata, read_metadat
 from ..config import ConfigError
 from ..config.validate import data_parallel_size, world_size
 from ..data.dataset import DataError, check_columns, check_fingerprint, load_prompt_dataset, read_rows
-from ..outputs import checkpoint_dirs as checkpoints
-from ..outputs.run_dir import prepare_outputs
 from ..errors import one_line, user_error_types
 from ..eval.runner import load_eval_problems
 from ..models.hf_config import generation_eos_ids
+from ..outputs import checkpoint_dirs as checkpoints
+from ..outputs.run_dir import prepare_outputs
 from ..reward.plugins import RewardRouter, parse_reward_sources, reward_needs_label, spec_kind
 from ..training.train_checkpoint import run_layout
 from .plan import dry_run_report

@@ -28,6 +28,7 @@ from .extract import clean_answer
 from .guards import MAX_EXPANSION_TERMS, MAX_ITEMS, MAX_SIMPLIFY_OPS
 from .latex import PM, Rel, Seq, Text, parse_latex
 
+
 class Labeled:
     """A top-level answer item "label = value" (the label kept for equation comparisons)."""
 

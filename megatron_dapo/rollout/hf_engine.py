@@ -46,12 +46,12 @@ import torch
 
 from megatron_dapo.rollout.base import (
     KV_CACHE,
-    Finished,
-    Request,
     LOGPROBS_MODES,
     WEIGHTS,
     EngineReleasedError,
+    Finished,
     GenerationOutput,
+    Request,
     RolloutEngine,
     SamplingParams,
     WeightUpdateError,

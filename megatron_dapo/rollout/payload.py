@@ -47,7 +47,6 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 import torch.multiprocessing as torch_mp  # registers torch's tensor reductions with ForkingPickler
 
-
 BUCKET_ALIGN_BYTES = 64
 
 

@@ -20,15 +20,15 @@ import torch
 import torch.distributed as dist
 
 from ..algo import aggregate_loss, kl_penalty
-from ..checkpoint.model_io import unwrap
-from ..distributed import collective_device, dp_token_counts
+from ..algo.config import AlgorithmConfig
 from ..algo.policy_losses import POLICY_LOSSES
 from ..algo.tis import mismatch_kl
-from ..algo.config import AlgorithmConfig
+from ..checkpoint.model_io import unwrap
+from ..distributed import collective_device, dp_token_counts
 from . import packing as pk
 from .forward import forward_backward
-from .routing_replay import collect_stats
 from .logprobs import chunked_logprobs_entropy
+from .routing_replay import collect_stats
 from .setup import Policy, optimizer_step, set_moe_aux_loss_scale
 from .stats import LossStats, StepStats
 from .token_weights import weigh_items

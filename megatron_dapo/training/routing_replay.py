@@ -35,7 +35,7 @@ from typing import Optional
 import torch
 from megatron.core.transformer.moe.router_replay import RouterReplay
 
-from ..algo.routing_metrics import topk_agreement, router_entropy
+from ..algo.routing_metrics import router_entropy, topk_agreement
 from ..distributed import collective_device
 
 FREE = -1  # a position without the engine's routing: the router's own top-k
@@ -159,7 +159,6 @@ def set_targets(model, routed: Optional[torch.Tensor]) -> None:
             r.set_target_indices(None, torch.is_grad_enabled())
         return
     from megatron.core import parallel_state as ps
-
     from megatron.core.utils import get_model_config
 
     sp = bool(getattr(get_model_config(model), "sequence_parallel", False))

@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 
 from megatron_dapo.ablation.design import (
-    Design, DesignError, contrast, full_factorial, make_design, parse_generator, parse_word, student_t_ppf, t_interval,
+    Design,
+    DesignError,
+    contrast,
+    full_factorial,
+    make_design,
+    parse_generator,
+    parse_word,
+    student_t_ppf,
+    t_interval,
     word_name,
 )
 

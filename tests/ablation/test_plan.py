@@ -9,8 +9,15 @@ import pytest
 
 from megatron_dapo.ablation.cli import main
 from megatron_dapo.ablation.plan import (
-    DEFAULT_FACTORS, AblationError, build_plan, calibrated_step_seconds, estimate_step_seconds, expected_config,
-    load_plan, parse_factor, resolve_factors,
+    DEFAULT_FACTORS,
+    AblationError,
+    build_plan,
+    calibrated_step_seconds,
+    estimate_step_seconds,
+    expected_config,
+    load_plan,
+    parse_factor,
+    resolve_factors,
 )
 from tests.ablation.synthetic import base_args, make_plan, write_config, write_metrics
 

@@ -5,6 +5,7 @@ run (the real megatron_dapo.train --dry-run) validates the cell's configuration.
 
 import json
 import os
+
 import pytest
 
 from tests.e2e.fixtures import make_prompts, make_tiny_qwen2_dir

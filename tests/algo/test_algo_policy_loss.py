@@ -7,12 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megatron_dapo.algo import (
-    aggregate_loss,
-    count_valid_sequences,
-    count_valid_tokens,
-    policy_loss,
-)
+from megatron_dapo.algo import aggregate_loss, count_valid_sequences, count_valid_tokens, policy_loss
 
 SETTINGS = settings(max_examples=50, deadline=None)
 

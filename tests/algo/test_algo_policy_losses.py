@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from megatron_dapo.algo import AlgorithmConfig, aggregate_loss, policy_loss
-from megatron_dapo.algo.policy_losses import POLICY_LOSSES, POLICY_LOSS_METRICS
+from megatron_dapo.algo.policy_losses import POLICY_LOSS_METRICS, POLICY_LOSSES
 from megatron_dapo.config import ConfigError, parse_args
 
 # two sequences: 3 and 2 valid tokens (the third of sequence 1 is padding holding garbage)

@@ -13,6 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import bench_rollout as B  # noqa: E402
+
 from megatron_dapo.config import parse_args  # noqa: E402
 from megatron_dapo.driver.batch import Sample  # noqa: E402
 from megatron_dapo.rollout.base import Request, SamplingParams  # noqa: E402

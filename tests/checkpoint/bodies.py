@@ -113,8 +113,8 @@ def _extra_state(names):
     """A sharded state dict of small replicated tensors (what an optimizer adds)."""
     if not names:
         return None
-    from megatron.core.dist_checkpointing.mapping import ShardedTensor
     import torch.distributed as dist
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
 
     return {
         "extra": {

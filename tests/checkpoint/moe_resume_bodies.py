@@ -13,7 +13,6 @@ def _policy(hf_cfg: dict, ep: int):
     from megatron_dapo.distributed import init_parallel
     from megatron_dapo.models import ModelBuildOptions
     from megatron_dapo.training.setup import OptimizerOptions, build_policy
-
     from tests.tolerances import COMPARE_ADAM_EPS
 
     init_parallel(1, 1, seed=1234, expert_model_parallel_size=ep)

@@ -3,12 +3,12 @@ boundary's alert and no other; a healthy run raises none; missing keys are toler
 
 import json
 
+import diag_synthetic as S
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import diag_synthetic as S
 from megatron_dapo.diagnostics import (
     BOUNDARIES,
     History,

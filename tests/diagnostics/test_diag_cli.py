@@ -5,9 +5,9 @@ import os
 import subprocess
 import sys
 
+import diag_synthetic as S
 import pytest
 
-import diag_synthetic as S
 from megatron_dapo.diagnostics import History, diagnose, plot_diagnosis
 from megatron_dapo.diagnostics.cli import main
 

@@ -1,9 +1,9 @@
 """The engine/trainer mismatch (exploration) and the partial-rollout off-policy share (reward
 interpretation) in the diagnosis and its dashboard."""
 
+import diag_synthetic as S
 import numpy as np
 
-import diag_synthetic as S
 from megatron_dapo.diagnostics import History, diagnose, plot_diagnosis
 
 

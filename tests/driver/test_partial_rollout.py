@@ -11,8 +11,8 @@ import torch
 
 from megatron_dapo.config import parse_args
 from megatron_dapo.data.dataset import PromptRecord, ResumableSampler
-from megatron_dapo.driver.rollout_manager import RolloutManager, extend_sample
 from megatron_dapo.driver.batch import Sample
+from megatron_dapo.driver.rollout_manager import RolloutManager, extend_sample
 from megatron_dapo.reward import RewardResult
 from megatron_dapo.rollout.base import GenerationOutput, SamplingParams
 from tests.driver.scripted import ScriptedEngine, Tok, local_pool, sample_index

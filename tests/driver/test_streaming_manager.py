@@ -9,7 +9,7 @@ import pytest
 from megatron_dapo.config import parse_args
 from megatron_dapo.data.dataset import PromptRecord, ResumableSampler
 from megatron_dapo.driver.rollout_manager import RolloutManager, RolloutStallError
-from tests.driver.scripted import ScriptedEngine, Scorer, Tok, local_pool, sample_index
+from tests.driver.scripted import Scorer, ScriptedEngine, Tok, local_pool, sample_index
 
 
 def length_of(i: int, j: int) -> int:

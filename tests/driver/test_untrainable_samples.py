@@ -19,7 +19,12 @@ import pytest
 from megatron_dapo.config import parse_args
 from megatron_dapo.data.dataset import PromptRecord, ResumableSampler
 from megatron_dapo.driver.batch import (
-    Sample, assign_advantages, has_trainable_token, minibatches, optimizer_steps, training_samples,
+    Sample,
+    assign_advantages,
+    has_trainable_token,
+    minibatches,
+    optimizer_steps,
+    training_samples,
 )
 from megatron_dapo.driver.rollout_manager import RolloutManager
 from megatron_dapo.reward import RewardResult

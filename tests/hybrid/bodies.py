@@ -86,8 +86,8 @@ def sync_into_engine(hf_cfg: dict, tp: int, pp: int, feeders, bucket_sizes, thre
     """Trained policy -> HFEngine(s) on ``feeders`` for each bucket size; probe each time."""
     import torch.distributed as dist
 
-    from tests.hybrid.probe_helpers import check_weight_sync, default_probe_tokens
     from megatron_dapo.hybrid.weight_sync import WeightSync
+    from tests.hybrid.probe_helpers import check_weight_sync, default_probe_tokens
 
     policy = build_trained_policy(hf_cfg, tp, pp)
     rank = dist.get_rank()
@@ -131,8 +131,8 @@ class SwapQKEngine:
 def corrupted_sync(hf_cfg: dict, tp: int, pp: int, bucket_bytes: int):
     import torch.distributed as dist
 
-    from tests.hybrid.probe_helpers import check_weight_sync, default_probe_tokens
     from megatron_dapo.hybrid.weight_sync import WeightSyncError, sync_weights
+    from tests.hybrid.probe_helpers import check_weight_sync, default_probe_tokens
 
     policy = build_trained_policy(hf_cfg, tp, pp)
     engine = SwapQKEngine(make_engine(hf_cfg), policy.arch.head_dim) if dist.get_rank() == 0 else None
@@ -323,10 +323,10 @@ def bf16_sync(hf_cfg: dict, tp: int, pp: int, bucket_bytes: int):
 
     from megatron_dapo.checkpoint.model_io import load_hf_weights
     from megatron_dapo.distributed import init_parallel
-    from tests.hybrid.probe_helpers import check_weight_sync, default_probe_tokens
     from megatron_dapo.hybrid.weight_sync import sync_weights
     from megatron_dapo.models import ModelBuildOptions, build_gpt_model, padded_vocab_size
     from megatron_dapo.rollout.hf_engine import HFEngine
+    from tests.hybrid.probe_helpers import check_weight_sync, default_probe_tokens
     from tests.tiny import random_hf_model
 
     init_parallel(tp, pp, seed=1234)

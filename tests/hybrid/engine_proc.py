@@ -100,9 +100,8 @@ def _serve(hf_cfg: dict, seed: int) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from tests.hybrid.bodies import hf_config_obj
-
     from megatron_dapo.rollout.hf_engine import HFEngine
+    from tests.hybrid.bodies import hf_config_obj
 
     torch.manual_seed(seed)
     engine = HFEngine(hf_config_obj(hf_cfg))

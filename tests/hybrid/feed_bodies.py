@@ -14,9 +14,9 @@ def feed_engines(hf_cfg: dict, tp: int, pp: int, gpus_per_engine: int, bucket_si
     independent reference weights."""
     import torch.distributed as dist
 
-    from tests.hybrid.probe_helpers import check_weight_sync, default_probe_tokens
     from megatron_dapo.hybrid.weight_sync import EngineFeeding, EngineProtocol, WeightSync
     from tests.hybrid.engine_proc import EngineProcess
+    from tests.hybrid.probe_helpers import check_weight_sync, default_probe_tokens
 
     policy = build_trained_policy(hf_cfg, tp, pp)
     feeding = EngineFeeding(gpus_per_engine)

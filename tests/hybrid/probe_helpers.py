@@ -4,9 +4,8 @@ halves in ``hybrid.phases`` through ``PolicyWorker.probe_logprobs`` instead)."""
 
 from __future__ import annotations
 
-from typing import Optional
-
 import logging
+from typing import Optional
 
 import torch
 import torch.distributed as dist

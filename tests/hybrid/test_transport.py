@@ -159,9 +159,8 @@ def test_load_payload_refuses_foreign_objects():
 
 
 def _engine(cfg, seed=99):
-    from tests.hybrid.bodies import hf_config_obj
-
     from megatron_dapo.rollout.hf_engine import HFEngine
+    from tests.hybrid.bodies import hf_config_obj
 
     torch.manual_seed(seed)
     return HFEngine(hf_config_obj(cfg))

@@ -7,12 +7,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from megatron_dapo.launch.placement import (
-    PlacementError,
-    _infeasible_reason,
-    default_cpus_per_bundle,
-    missing_nodes,
-)
+from megatron_dapo.launch.placement import PlacementError, _infeasible_reason, default_cpus_per_bundle, missing_nodes
 from tests.launch.procs import RAY_SHUTDOWN_GRACE_S, private_ray_tmpdir, run_in_session
 
 HERE = Path(__file__).resolve().parent
@@ -70,8 +65,13 @@ def local_ray():
 
 
 def test_local_placement(local_ray):
-    from megatron_dapo.launch.placement import (bundle_node_ids, bundle_placements, create_placement_group, on_bundle,
-                                                ranks_to_bundles)
+    from megatron_dapo.launch.placement import (
+        bundle_node_ids,
+        bundle_placements,
+        create_placement_group,
+        on_bundle,
+        ranks_to_bundles,
+    )
 
     pg = create_placement_group(2, 0, cpus_per_bundle=0.25, timeout_s=30)
     try:

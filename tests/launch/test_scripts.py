@@ -7,8 +7,8 @@ and whatever it started is killed when the test ends, also when it fails or time
 """
 
 import os
-import shutil
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path

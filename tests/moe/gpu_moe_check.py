@@ -33,9 +33,9 @@ def main() -> int:
     from megatron_dapo.models import ModelBuildOptions, build_gpt_model, padded_vocab_size
     from megatron_dapo.rollout.hf_engine import HFEngine
     from megatron_dapo.training.setup import OptimizerOptions, build_policy, train_step
+    from tests.foundation.bodies import _nll_loss_fn
     from tests.moe.bodies import megatron_logits
     from tests.tiny import checkpoint_state_dict, random_hf_model, tiny_qwen3_moe_config
-    from tests.foundation.bodies import _nll_loss_fn
 
     dev = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     print(f"device {dev} torch {torch.__version__}", flush=True)

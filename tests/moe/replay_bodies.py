@@ -12,13 +12,12 @@ def replay_logprobs(hf_cfg: dict, sd: dict, samples: list, ep: int, packing: boo
     router replay off then on: rank 0 returns ``{on: (logprobs, stats)}`` and whether, with
     replay, every router used exactly the engine's experts on every position that has them."""
     import torch.distributed as dist
+    from megatron.core import parallel_state as ps
 
     from megatron_dapo.training import dapo_step as ds
     from megatron_dapo.training import packing as pk
     from megatron_dapo.training import routing_replay as rr
     from tests.moe.bodies import build_from_hf
-
-    from megatron.core import parallel_state as ps
 
     model, arch = build_from_hf(hf_cfg, sd, pp=pp, ep=ep, cp=cp)
     assert rr.install(model) == hf_cfg["num_hidden_layers"] // pp

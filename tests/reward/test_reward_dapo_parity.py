@@ -13,6 +13,7 @@ import pytest
 from megatron_dapo.reward import compute_score, is_equivalent
 from megatron_dapo.reward.dapo import minerva_normalize
 from tests.data import DATA
+
 FILLER = "We simplify the expression step by step and check every case carefully. "  # 72 chars
 
 

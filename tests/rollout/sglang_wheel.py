@@ -13,8 +13,8 @@ Used by tests/rollout/test_sglang_protocol.py.
 """
 
 from __future__ import annotations
-
 import __future__
+
 import ast
 import base64
 import binascii
