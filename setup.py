@@ -50,7 +50,17 @@ EXTRAS = {
     # dependencies (llm, llama-cpp-python) compile a llama.cpp runtime we never use; we
     # only read the GGUF file it ships.
     "demo": ["gguf>=0.10", "accelerate>=1.0"],
-    "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.100", "packaging>=24"],
+    "dev": [
+        "pytest>=8",
+        "pytest-timeout>=2.3",
+        "pytest-xdist>=3.5",
+        "hypothesis>=6.100",
+        "packaging>=24",
+        # the style checks of tests/foundation/test_style.py (ruff.toml, mypy.ini); pinned: a new
+        # release may add rules or change the formatting
+        "ruff==0.17.6",
+        "mypy==2.4.1",
+    ],
 }
 
 setup(

@@ -6,7 +6,7 @@
 # worker (--dist loadfile: a file's module fixtures and its order are kept), the files with slow
 # tests handed out first (tests/conftest.py). Two workers on two cores: much of the suite waits
 # (process and Ray start-ups, rendezvous, subprocess timeouts), and the other worker fills that
-# time (docs/benchmarks.md, "Suite time"). TEST_WORKERS=0 runs in one process, in file order;
+# time (docs/benchmarks.md, "Test suite: time"). TEST_WORKERS=0 runs in one process, in file order;
 # an explicit `-n N` or `-p no:xdist` among the arguments wins.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +15,7 @@ VENV=${VENV:-.venv}
 WORKERS=${TEST_WORKERS:-2}
 # Byte-compile the project once: every gloo rank, Ray actor and driver subprocess of the suite
 # imports it, and where PYTHONDONTWRITEBYTECODE is set (as on these machines) each would compile
-# its 26k lines again (about 1.9 s of CPU per process, measured; docs/benchmarks.md, "Suite time
+# its 26k lines again (about 1.9 s of CPU per process, measured; docs/benchmarks-log.md, "Suite time
 # on an AMD EPYC"). __pycache__ is git-ignored; Python recompiles a file whose source changed.
 "$VENV/bin/python" -m compileall -q -j 0 megatron_dapo tests tools benchmarks >/dev/null || true
 case "$WORKERS" in ''|*[!0-9]*) echo "[tests] TEST_WORKERS must be a whole number (0: no workers), got '$WORKERS'" >&2; exit 2;; esac

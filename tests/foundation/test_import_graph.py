@@ -179,7 +179,8 @@ def layer_violations(graph: dict, layers: dict) -> list:
 def test_the_layer_check_finds_an_upward_import():
     layers = {"a": 0, "b": 1}
     assert layer_violations({"megatron_dapo.a.x": {"megatron_dapo.b.y"}, "megatron_dapo.b.y": set()}, layers) == [
-        "megatron_dapo.a.x (layer 0) imports megatron_dapo.b.y (layer 1)"]
+        "megatron_dapo.a.x (layer 0) imports megatron_dapo.b.y (layer 1)"
+    ]
     assert layer_violations({"megatron_dapo.b.y": {"megatron_dapo.a.x"}, "megatron_dapo.a.x": set()}, layers) == []
 
 
@@ -188,9 +189,22 @@ def test_packages_keep_the_layers_of_docs_design():
     packages = {_package(m) for m in _modules()} - {""}
     assert packages == set(layers), (
         f"packages without a layer in docs/design.md: {sorted(packages - set(layers))}; "
-        f"layers naming no package: {sorted(set(layers) - packages)}")
+        f"layers naming no package: {sorted(set(layers) - packages)}"
+    )
     bad = layer_violations(import_graph(call_time=True), layers)
     assert not bad, "imports against the layers of docs/design.md:\n" + "\n".join(bad)
+
+
+MAX_LINES = 800
+
+
+def test_no_production_file_past_800_lines():
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in sorted(PKG.rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"files past {MAX_LINES} lines (split them by concern): {long}"
 
 
 def _importable() -> list:
@@ -201,12 +215,7 @@ def _importable() -> list:
 @pytest.mark.parametrize("order", ["sorted", "reversed"])
 def test_every_module_imports_in_a_fresh_process(order):
     mods = _importable() if order == "sorted" else _importable()[::-1]
-    code = (
-        "import importlib, sys\n"
-        f"for m in {mods!r}:\n"
-        "    importlib.import_module(m)\n"
-        "print(len(sys.modules))\n"
-    )
+    code = f"import importlib, sys\nfor m in {mods!r}:\n    importlib.import_module(m)\nprint(len(sys.modules))\n"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
 
@@ -214,20 +223,20 @@ def test_every_module_imports_in_a_fresh_process(order):
 HEAVY = ("ray", "sglang", "transformer_engine", "megatron.core", "transformers", "matplotlib")
 
 
-@pytest.mark.parametrize("entry,allowed", [
-    ("megatron_dapo", ()),
-    ("megatron_dapo.config", ()),
-    ("megatron_dapo.reward", ()),
-    ("megatron_dapo.rollout.engines", ()),
-    ("megatron_dapo.config.registries", ()),
-    ("megatron_dapo.diagnostics", ()),
-    ("megatron_dapo.train", ()),
-])
+@pytest.mark.parametrize(
+    "entry,allowed",
+    [
+        ("megatron_dapo", ()),
+        ("megatron_dapo.config", ()),
+        ("megatron_dapo.reward", ()),
+        ("megatron_dapo.rollout.engines", ()),
+        ("megatron_dapo.config.registries", ()),
+        ("megatron_dapo.diagnostics", ()),
+        ("megatron_dapo.train", ()),
+    ],
+)
 def test_entry_points_import_nothing_heavy(entry, allowed):
-    code = (
-        f"import sys, {entry}\n"
-        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules and m not in {allowed!r}))\n"
-    )
+    code = f"import sys, {entry}\nprint(sorted(m for m in {HEAVY!r} if m in sys.modules and m not in {allowed!r}))\n"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1] == "[]", f"import {entry} imported {r.stdout.strip()}"
