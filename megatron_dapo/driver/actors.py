@@ -145,7 +145,7 @@ def engine_calls(handle, engine_kind: str):
     )
 
 
-@ray.remote(concurrency_groups={"control": 2})  # type: ignore[call-overload]  # Ray's stubs lack the keyword
+@ray.remote(concurrency_groups={"control": 2})
 class EngineActor:
     """One rollout engine in its own process; threaded so ``abort`` can interrupt ``generate``."""
 
