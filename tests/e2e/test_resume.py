@@ -1,7 +1,7 @@
 """Exact resume in --deterministic mode after a crash during a save (kill -9), and SIGTERM.
 
-A: 4 steps uninterrupted. B: the same run killed (SIGKILL) in the middle of its step-3 save,
-then resumed with --load from the step-2 checkpoint. Metrics (except timings) and the final
+A: 3 steps uninterrupted. B: the same run killed (SIGKILL) in the middle of its step-2 save,
+then resumed with --load from the step-1 checkpoint. Metrics (except timings) and the final
 weights must be identical, bitwise. D: SIGTERM to the driver alone
 (as scancel or a time limit sends it) stops the run with everything it started, and its
 trainers' shared-memory bucket buffers are gone; E: the same while the driver waits in
@@ -67,25 +67,25 @@ def tiny(tmp_path_factory):
 
 
 def test_a_crash_during_a_save_keeps_the_previous_checkpoint_and_the_resume_is_exact(tiny, tmp_path):
-    """B dies by SIGKILL in the middle of its step-3 save (after the ranks wrote their shards,
+    """B dies by SIGKILL in the middle of its step-2 save (after the ranks wrote their shards,
     before the driver state and the commit; then everything it started is killed): ``latest``
-    still names step 2, the partial save is a ``.tmp-`` directory, and the resumed run, which
-    redoes step 3, ends bitwise where the uninterrupted run A ends."""
+    still names step 1, the partial save is a ``.tmp-`` directory, and the resumed run, which
+    redoes step 2 and runs step 3, ends bitwise where the uninterrupted run A ends."""
     hf, prompts = tiny
     run_a, save_a = str(tmp_path / "a"), str(tmp_path / "a_ckpt")
-    _run(_cmd(hf, prompts, run_a, save_a, 4))
+    _run(_cmd(hf, prompts, run_a, save_a, 3))
 
     run_b, save_b = str(tmp_path / "b"), str(tmp_path / "b_ckpt")
-    r = _run(_cmd(hf, prompts, run_b, save_b, 4, extra=["--debug-crash-during-save-step", "3"]), check=False)
+    r = _run(_cmd(hf, prompts, run_b, save_b, 3, extra=["--debug-crash-during-save-step", "2"]), check=False)
     assert r.returncode == -signal.SIGKILL, r.stdout[-3000:] + r.stderr[-3000:]
-    assert _latest(save_b) == "step_000002"  # the interrupted save never became 'latest'
-    assert any(n.startswith(".tmp-step_000003") for n in os.listdir(save_b))
-    out = _run(_cmd(hf, prompts, run_b, save_b, 4, extra=["--load", save_b]))
-    assert "continuing after step 2" in out.stdout
+    assert _latest(save_b) == "step_000001"  # the interrupted save never became 'latest'
+    assert any(n.startswith(".tmp-step_000002") for n in os.listdir(save_b))
+    out = _run(_cmd(hf, prompts, run_b, save_b, 3, extra=["--load", save_b]))
+    assert "continuing after step 1" in out.stdout
     assert not any(n.startswith(".tmp-") for n in os.listdir(save_b))  # stale partial save removed
 
     a, b = read_metrics(run_a), read_metrics(run_b)
-    assert [r["step"] for r in b] == [1, 2, 3, 4]
+    assert [r["step"] for r in b] == [1, 2, 3]
     assert _strip(a) == _strip(b)
     wa = load_file(os.path.join(run_a, "final_hf", "model.safetensors"))
     wb = load_file(os.path.join(run_b, "final_hf", "model.safetensors"))

@@ -18,6 +18,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
+from megatron_dapo.launch.placement import set_ray_start_env  # noqa: E402
+
+set_ray_start_env()  # before Ray: its nodes' workers at the driver's priority, its waits (as start_ray)
+
 import ray  # noqa: E402
 import torch  # noqa: E402
 from ray.cluster_utils import Cluster as RayTestCluster  # noqa: E402

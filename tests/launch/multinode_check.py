@@ -12,6 +12,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from megatron_dapo.launch.placement import set_ray_start_env  # noqa: E402
+
+set_ray_start_env()  # before Ray: its nodes' workers at the driver's priority, its waits (as start_ray)
+
 import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util.placement_group import placement_group_table  # noqa: E402

@@ -67,7 +67,10 @@ def in_ns(pid: int, *cmd):
 
 
 def ray_env(temp: str) -> dict:
+    from megatron_dapo.launch.placement import RAY_START_ENV
+
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(RAY_START_ENV)  # as examples/slurm/submit_dapo.sbatch exports them for `ray start`
     # the nodes' only interface; token auth off for head, workers and driver alike (docs/slurm.md)
     env.update(GLOO_SOCKET_IFNAME="eth0", RAY_TMPDIR=temp, RAY_AUTH_MODE="disabled", PYTHONPATH=ROOT)
     return env

@@ -117,6 +117,18 @@ def test_sbatch_dry_run_without_slurm(tmp_path, shim):
     assert p2.returncode == 0 and "nodes (16): node01" in p2.stdout, p2.stdout + p2.stderr
 
 
+def test_sbatch_exports_the_ray_start_env_of_a_local_start():
+    """The nodes' `ray start` gets the waits and the worker priority that start_ray sets for a
+    local start (launch/placement.RAY_START_ENV), each a default a user's value overrides."""
+    import re
+
+    from megatron_dapo.launch.placement import RAY_START_ENV
+
+    text = SBATCH.read_text()
+    for k, v in RAY_START_ENV.items():
+        assert re.search(rf'^export {k}="\$\{{{k}:-{re.escape(v)}\}}"$', text, re.M), (k, v)
+
+
 def test_sbatch_refuses_to_run_outside_slurm(tmp_path, shim):
     p = _run(["bash", str(SBATCH)], _env(tmp_path, shim))
     assert p.returncode == 2 and "not under Slurm" in p.stderr
