@@ -158,7 +158,7 @@ def compute_score(
 
     `dapo` mode is the official DAPO-Math rule (last 300 characters, last "Answer:" line,
     Minerva normalisation, exact match). `math` mode reads the final answer (the last box,
-    "Answer:" line or answer sentence, see `extract.read_answer` and docs/verifier.md) and
+    "Answer:" line or answer sentence, see `answer_reading.read_answer` and docs/verifier.md) and
     checks it with sympy-based equivalence; a response that commits to several different
     answers (a hedge) is wrong. Both give +1.0 / -1.0. End-of-sequence text
     (`<|im_end|>`, `<|endoftext|>`, `eos_text`) is removed first. Raises ValueError when

@@ -24,7 +24,7 @@ from functools import lru_cache
 import sympy
 from sympy.core.function import AppliedUndef
 
-from .extract import clean_answer
+from .answer_cleanup import clean_answer
 from .guards import MAX_EXPANSION_TERMS, MAX_ITEMS, MAX_SIMPLIFY_OPS
 from .latex import PM, Rel, Seq, Text, parse_latex
 

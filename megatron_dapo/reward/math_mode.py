@@ -1,16 +1,16 @@
 """Mode `math`: sympy-based answer equivalence that accepts what strict matching misses.
 
-Pipeline: extract the final answer (`extract.extract_final_answer`), clean presentation
-LaTeX (`extract.clean_answer`), split top-level lists and "label = value" items
-(`extract.split_top`, `extract.split_label`), parse each item (`latex.parse_latex`) and
-compare (`equiv.values_equal`). Anything the parser refuses (unknown LaTeX) or that the
-guards reject (huge powers, 10^5-digit numbers, deep nesting) falls back to exact
-comparison of the cleaned strings, so it can still be right when identical and is never
-evaluated. Multiple-choice golds ("C", "(D) Alina") compare the chosen letter (a letter
-inside a list of letters chose nothing). Short worded answers on both sides compare as
-normalised strings. A side with a percent or degree sign is also read as a fraction or in
-radians against a side without one, and a gold given to 2-3 decimals also accepts an exact
-response that rounds to it (`_rounded_gold_equal`).
+Pipeline: extract the final answer (`answer_reading.extract_final_answer`), clean
+presentation LaTeX (`answer_cleanup.clean_answer`), split top-level lists and
+"label = value" items (`answer_cleanup.split_top`, `answer_cleanup.split_label`), parse each
+item (`latex.parse_latex`) and compare (`equiv.values_equal`). Anything the parser refuses
+(unknown LaTeX) or that the guards reject (huge powers, 10^5-digit numbers, deep nesting)
+falls back to exact comparison of the cleaned strings, so it can still be right when
+identical and is never evaluated. Multiple-choice golds ("C", "(D) Alina") compare the
+chosen letter (a letter inside a list of letters chose nothing). Short worded answers on
+both sides compare as normalised strings. A side with a percent or degree sign is also read
+as a fraction or in radians against a side without one, and a gold given to 2-3 decimals
+also accepts an exact response that rounds to it (`_rounded_gold_equal`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ import re
 
 import sympy
 
+from .answer_cleanup import clean_answer, split_label, split_top
+from .answer_reading import Reading, extract_final_answer, read_answer
 from .equiv import Labeled, _dedupe, _flatten, expand_pm, ratio_value, values_equal
-from .extract import Reading, clean_answer, extract_final_answer, read_answer, split_label, split_top
 from .latex import Seq, Text, parse_latex
 from .result import RewardResult, check_ground_truth
 
@@ -371,7 +372,7 @@ def _has_text(value) -> bool:
 
 
 def extract_response_answer(response: str) -> str | None:
-    """The final answer of a response for `math` mode (`extract.read_answer`: the last box,
+    """The final answer of a response for `math` mode (`answer_reading.read_answer`: the last box,
     "Answer:" line, answer sentence or concluding sentence). None when it states none."""
     reading = read_answer(response, response=True)
     if reading is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from megatron_dapo.reward import compute_score, is_equivalent
-from megatron_dapo.reward.extract import read_answer
+from megatron_dapo.reward.answer_reading import read_answer
 
 
 def score(response: str, gold: str):
