@@ -10,19 +10,13 @@
 Command line: ``python tools/diagnose.py RUN_DIR``; docs/diagnosis.md explains everything.
 """
 
-from megatron_dapo.diagnostics.analysis import (
-    BOUNDARIES,
-    Alert,
-    Boundary,
-    BoundaryReport,
-    Diagnosis,
-    MetricSummary,
-    diagnose,
-)
+from megatron_dapo.diagnostics.analysis import BOUNDARIES, Boundary, BoundaryReport, Diagnosis, diagnose
+from megatron_dapo.diagnostics.detectors import Alert
 from megatron_dapo.diagnostics.history import History, load_metrics
 from megatron_dapo.diagnostics.plot import plot_diagnosis  # matplotlib is imported only when it draws
 from megatron_dapo.diagnostics.repetition import find_repetition_loop, has_repetition_loop, repetition_rate
 from megatron_dapo.diagnostics.report import format_report, print_report
+from megatron_dapo.diagnostics.series import MetricSummary
 from megatron_dapo.diagnostics.thresholds import Thresholds, load_thresholds
 
 

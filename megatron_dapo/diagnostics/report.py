@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from megatron_dapo.diagnostics.analysis import Diagnosis, _fmt, _step
+from megatron_dapo.diagnostics.analysis import Diagnosis
+from megatron_dapo.diagnostics.series import _fmt, _step
 
 __all__ = ["format_report", "print_report"]
 

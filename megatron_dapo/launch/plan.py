@@ -114,7 +114,7 @@ def dry_run_report(
     ``on_gpu``: the target hardware; by default a GPU cluster when the config asks for GPU
     features (``--bf16``, ``--rollout-engine sglang``, ``--sequence-parallel``), else CPU
     (context parallelism runs on both). Raises ``ConfigError`` on an invalid configuration.
-    ``checks``: the preflight checks (``launch.preflight.Checks``: data, tokenizer, checkpoints,
+    ``checks``: the preflight checks (``launch.preflight_result.Checks``: data, tokenizer, checkpoints,
     disk, outputs), printed last, one ``[check]`` line each.
     """
     if on_gpu is None:

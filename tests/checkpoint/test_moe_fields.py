@@ -82,12 +82,13 @@ def test_preflight_names_the_expert_field_in_one_check_line(tmp_path):
     """The dry run's and the launch's preflight (--pretrained-checkpoint / --ref-load / --load all
     read the metadata this way): one FAIL line naming the field, before anything starts."""
     from megatron_dapo.config import parse_args
-    from megatron_dapo.launch import preflight
+    from megatron_dapo.launch.preflight_checkpoints import check_torch_dist
+    from megatron_dapo.launch.preflight_result import FAIL
 
     d = tmp_path / "ckpt"
     d.mkdir()
     (d / dist_ckpt.METADATA_FILE).write_text(json.dumps(dist_ckpt.checkpoint_metadata(tiny_qwen3_moe_config())))
-    c = preflight.check_torch_dist(parse_args([]), parse_hf_config(tiny_qwen3_moe_config(num_experts_per_tok=4)),
-                                   "--pretrained-checkpoint", str(d))
-    assert c.status == preflight.FAIL, c
+    c = check_torch_dist(parse_args([]), parse_hf_config(tiny_qwen3_moe_config(num_experts_per_tok=4)),
+                         "--pretrained-checkpoint", str(d))
+    assert c.status == FAIL, c
     assert "\n" not in c.line and "moe_router_topk (HF num_experts_per_tok): the checkpoint has 2, model has 4" in c.line, c.line

@@ -1,6 +1,7 @@
-"""The dry run as a validator (launch/preflight.py): each check with a real failing input and a
-passing one, the driver's dry run with several mistakes at once, the real run's checks before Ray,
-and run_qwen32b.sh never substituting a path the user gave.
+"""The dry run as a validator (launch/preflight.py; the checks in preflight_inputs.py and
+preflight_checkpoints.py): each check with a real failing input and a passing one, the driver's
+dry run with several mistakes at once, the real run's checks before Ray, and run_qwen32b.sh never
+substituting a path the user gave.
 
 Real inputs: the Qwen2 tokenizer and the DAPO-Math / AIME files of tests/data, a tiny HF model
 converted to torch_dist by tools/convert_hf_to_megatron.py; broken files are made from them in
@@ -17,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from megatron_dapo.config import parse_args
-from megatron_dapo.launch import preflight as pf
+from megatron_dapo.launch.preflight_checkpoints import check_disk, check_hf_checkpoint, check_load, check_torch_dist
+from megatron_dapo.launch.preflight_inputs import check_eval_data, check_prompt_data, check_reward, load_tokenizer
+from megatron_dapo.launch.preflight_result import FAIL, OK, SHAPE_ONLY_FILE, WARN
 from megatron_dapo.models.hf_config import parse_hf_config
 from tests.data import DATA, qwen2_tokenizer_dir
 from tests.launch.procs import run_in_session
@@ -48,7 +51,7 @@ def _config_dir(path, marker=False, **over) -> str:
     base = json.loads(QWEN25_32B.read_text()) if over.pop("qwen32b", False) else tiny_qwen2_config()
     (path / "config.json").write_text(json.dumps({**base, **over}))
     if marker:
-        (path / pf.SHAPE_ONLY_FILE).write_text("shape only\n")
+        (path / SHAPE_ONLY_FILE).write_text("shape only\n")
     return str(path)
 
 
@@ -85,8 +88,8 @@ def test_a_tokenizer_larger_than_the_vocabulary_fails_naming_both(tmp_path, tok_
 
     small = _config_dir(tmp_path / "small", vocab_size=151000, eos_token_id=151643)
     cfg = _cfg(small, "--tokenizer", tok_dir)
-    c, got = pf.load_tokenizer(cfg, parse_hf_config(small), dry_run=True)
-    assert c.status == pf.FAIL and got is None, c.line
+    c, got = load_tokenizer(cfg, parse_hf_config(small), dry_run=True)
+    assert c.status == FAIL and got is None, c.line
     # the real Qwen2 vocabulary: 151,643 BPE tokens, then <|endoftext|>, <|im_start|>, <|im_end|>
     assert "--tokenizer has 151,936 tokens" in c.detail and "vocab_size is 151,000" in c.detail, c.line
     assert "643 ordinary and 3 special token ids >= 151,000" in c.detail and f"--hf-checkpoint {small}" in c.detail
@@ -97,37 +100,37 @@ def test_a_tokenizer_larger_than_the_vocabulary_fails_naming_both(tmp_path, tok_
         torch.nn.functional.embedding(torch.tensor(ids["input_ids"]), torch.zeros(151000, 4))
 
     ok = _config_dir(tmp_path / "ok", qwen32b=True)  # Qwen2.5-32B: vocab_size 152064
-    c, got = pf.load_tokenizer(_cfg(ok, "--tokenizer", tok_dir), parse_hf_config(ok), dry_run=True)
-    assert c.status == pf.OK and got is not None, c.line
+    c, got = load_tokenizer(_cfg(ok, "--tokenizer", tok_dir), parse_hf_config(ok), dry_run=True)
+    assert c.status == OK and got is not None, c.line
     assert "151,936 tokens <= vocab_size 152,064" in c.detail and "eos '<|endoftext|>' 151643 (a stop token" in c.detail
 
 
 def test_filler_tokens_past_the_vocabulary_warn_and_a_foreign_eos_fails(tmp_path, tok_dir):
     # the e2e tiny model's vocabulary (151680) stops inside the tokenizer's [PAD...] fillers
     fill = _config_dir(tmp_path / "fill", vocab_size=151680, eos_token_id=151643)
-    c, got = pf.load_tokenizer(_cfg(fill, "--tokenizer", tok_dir), parse_hf_config(fill), dry_run=True)
-    assert c.status == pf.WARN and got is not None, c.line
+    c, got = load_tokenizer(_cfg(fill, "--tokenizer", tok_dir), parse_hf_config(fill), dry_run=True)
+    assert c.status == WARN and got is not None, c.line
     assert "256 plain added tokens have ids >= vocab_size 151,680" in c.detail and "[PAD151680]" in c.detail
     foreign = _config_dir(tmp_path / "foreign", qwen32b=True, eos_token_id=200000)
-    c, _ = pf.load_tokenizer(_cfg(foreign, "--tokenizer", tok_dir), parse_hf_config(foreign), dry_run=True)
-    assert c.status == pf.FAIL and "eos_token_id 200000" in c.detail and "outside the model vocabulary" in c.detail
+    c, _ = load_tokenizer(_cfg(foreign, "--tokenizer", tok_dir), parse_hf_config(foreign), dry_run=True)
+    assert c.status == FAIL and "eos_token_id 200000" in c.detail and "outside the model vocabulary" in c.detail
 
 
 def test_a_missing_or_empty_tokenizer_directory_fails_and_a_shape_only_model_warns_in_the_dry_run(tmp_path):
     hf = _config_dir(tmp_path / "hf", qwen32b=True)
     arch = parse_hf_config(hf)
-    c, _ = pf.load_tokenizer(_cfg(hf, "--tokenizer", str(tmp_path / "typo")), arch, dry_run=True)
-    assert c.status == pf.FAIL and "not found (--tokenizer)" in c.detail, c.line
-    c, _ = pf.load_tokenizer(_cfg(hf), arch, dry_run=True)  # config.json only: no tokenizer there
-    assert c.status == pf.FAIL and "no tokenizer files" in c.detail and "--tokenizer DIR" in c.detail, c.line
+    c, _ = load_tokenizer(_cfg(hf, "--tokenizer", str(tmp_path / "typo")), arch, dry_run=True)
+    assert c.status == FAIL and "not found (--tokenizer)" in c.detail, c.line
+    c, _ = load_tokenizer(_cfg(hf), arch, dry_run=True)  # config.json only: no tokenizer there
+    assert c.status == FAIL and "no tokenizer files" in c.detail and "--tokenizer DIR" in c.detail, c.line
     (Path(hf) / "tokenizer_config.json").write_text("{}")  # transformers builds an empty Qwen2 tokenizer from it
-    c, _ = pf.load_tokenizer(_cfg(hf), arch, dry_run=True)
-    assert c.status == pf.FAIL and "a tokenizer without a vocabulary" in c.detail, c.line
+    c, _ = load_tokenizer(_cfg(hf), arch, dry_run=True)
+    assert c.status == FAIL and "a tokenizer without a vocabulary" in c.detail, c.line
     marked = _config_dir(tmp_path / "marked", marker=True, qwen32b=True)
-    c, _ = pf.load_tokenizer(_cfg(marked), arch, dry_run=True)
-    assert c.status == pf.WARN and "a model shape only" in c.detail, c.line
-    c, _ = pf.load_tokenizer(_cfg(marked), arch, dry_run=False)  # the real run needs the tokenizer
-    assert c.status == pf.FAIL, c.line
+    c, _ = load_tokenizer(_cfg(marked), arch, dry_run=True)
+    assert c.status == WARN and "a model shape only" in c.detail, c.line
+    c, _ = load_tokenizer(_cfg(marked), arch, dry_run=False)  # the real run needs the tokenizer
+    assert c.status == FAIL, c.line
 
 
 # ----------------------------------------------------------------------------- data
@@ -143,14 +146,14 @@ def test_prompt_data_counts_the_prompts_within_the_length_filter(tok):
     within = sum(n <= limit for n in lengths)
     assert 0 < within < 16
     cfg = _cfg("unused", "--prompt-data", DAPO, "--max-prompt-length", str(limit), "--rollout-batch-size", "4")
-    c, ds = pf.check_prompt_data(cfg, tok, None)
-    assert c.status == pf.OK and len(ds) == within, c.line
+    c, ds = check_prompt_data(cfg, tok, None)
+    assert c.status == OK and len(ds) == within, c.line
     assert c.line.startswith(f"[check] prompt-data {DAPO}: parquet, 16 rows, columns ok, {within} prompts within "
                              f"--max-prompt-length {limit} (longest {max(n for n in lengths if n <= limit)} tokens; "
                              f"0 duplicates removed, {16 - within} too long skipped"), c.line
     cfg = _cfg("unused", "--prompt-data", DAPO, "--max-prompt-length", "5")
-    c, _ = pf.check_prompt_data(cfg, tok, None)
-    assert c.status == pf.FAIL and "16 prompt(s) are longer than --max-prompt-length 5" in c.detail, c.line
+    c, _ = check_prompt_data(cfg, tok, None)
+    assert c.status == FAIL and "16 prompt(s) are longer than --max-prompt-length 5" in c.detail, c.line
     assert "--prompt-overflow truncate-left" in c.detail
 
 
@@ -172,23 +175,23 @@ def test_broken_prompt_and_eval_files_fail_naming_the_file_and_the_fix(tmp_path,
     why = {"empty": "the file is empty (0 bytes)", "truncated": "not a parquet file, or truncated",
            "csv": "not a parquet file, or truncated", "columns": "no 'prompt' column (columns: answer, question)"}
     for kind, path in _broken(tmp_path).items():
-        c, _ = pf.check_prompt_data(_cfg("unused", "--prompt-data", path), tok, None)
-        assert c.status == pf.FAIL and c.line.startswith(f"[check] FAIL prompt-data {path}: --prompt-data: "), c.line
+        c, _ = check_prompt_data(_cfg("unused", "--prompt-data", path), tok, None)
+        assert c.status == FAIL and c.line.startswith(f"[check] FAIL prompt-data {path}: --prompt-data: "), c.line
         assert why[kind] in c.detail and "\n" not in c.line, c.line
         if kind != "columns":
             assert "re-download or re-export it" in c.detail
-            c, _ = pf.check_eval_data(_cfg("unused", "--eval-interval", "5"), path, None)
-            assert c.status == pf.FAIL and c.line.startswith(f"[check] FAIL eval-data {path}: --eval-data: "), c.line
-    c, _ = pf.check_eval_data(_cfg("unused"), str(tmp_path / "typo.parquet"), None)
-    assert c.status == pf.FAIL and "file not found" in c.detail
+            c, _ = check_eval_data(_cfg("unused", "--eval-interval", "5"), path, None)
+            assert c.status == FAIL and c.line.startswith(f"[check] FAIL eval-data {path}: --eval-data: "), c.line
+    c, _ = check_eval_data(_cfg("unused"), str(tmp_path / "typo.parquet"), None)
+    assert c.status == FAIL and "file not found" in c.detail
 
 
 def test_eval_data_is_read_as_the_evaluator_reads_it():
-    c, problems = pf.check_eval_data(_cfg("unused", "--eval-interval", "10"), AIME, None)
-    assert c.status == pf.OK and len(problems) == 30, c.line
+    c, problems = check_eval_data(_cfg("unused", "--eval-interval", "10"), AIME, None)
+    assert c.status == OK and len(problems) == 30, c.line
     assert c.detail == "parquet, 960 rows, 30 problems (32 copies each); evaluated every 10 steps"
-    c, _ = pf.check_eval_data(_cfg("unused"), AIME, None)
-    assert c.status == pf.WARN and "never evaluated during training: --eval-interval is 0" in c.detail
+    c, _ = check_eval_data(_cfg("unused"), AIME, None)
+    assert c.status == WARN and "never evaluated during training: --eval-interval is 0" in c.detail
 
 
 # ----------------------------------------------------------------------------- reward
@@ -198,22 +201,22 @@ def test_reward_sources_are_checked_and_mapped_to_the_data_sources(tmp_path):
     for entry, why in (("aime", "must look like DATA_SOURCE=SPEC"),
                        ("aime=no_such_module_for_preflight:score", "cannot import module 'no_such_module_for_preflight'"),
                        ("aime=http://", "remote reward model URL must look like")):
-        c = pf.check_reward(_cfg("unused", "--reward-source", entry))
-        assert c.status == pf.FAIL and f"--reward-source {entry}: " in c.detail and why in c.detail, c.line
-    c = pf.check_reward(_cfg("unused", "--reward-fn", "no_such_module_for_preflight:score"))
-    assert c.status == pf.FAIL and "--reward-fn no_such_module_for_preflight:score" in c.detail, c.line
+        c = check_reward(_cfg("unused", "--reward-source", entry))
+        assert c.status == FAIL and f"--reward-source {entry}: " in c.detail and why in c.detail, c.line
+    c = check_reward(_cfg("unused", "--reward-fn", "no_such_module_for_preflight:score"))
+    assert c.status == FAIL and "--reward-fn no_such_module_for_preflight:score" in c.detail, c.line
 
     # the real files' sources: DAPO-Math rows and AIME problems
     from megatron_dapo.data import read_rows
 
     sources = Counter(r["data_source"] for r in read_rows(AIME)[:1] + read_rows(DAPO))
     (aime_source,) = {r["data_source"] for r in read_rows(AIME)}
-    c = pf.check_reward(_cfg("unused", "--reward-source", f"{aime_source}=math"), sources)
-    assert c.status == pf.OK, c.line
+    c = check_reward(_cfg("unused", "--reward-source", f"{aime_source}=math"), sources)
+    assert c.status == OK, c.line
     assert f"data source {aime_source!r} (1 prompts) -> math (--reward-source)" in c.detail
     assert "default dapo (--reward-mode)" in c.detail
-    c = pf.check_reward(_cfg("unused", "--reward-source", f"{aime_source}x=math"), sources)  # a typo
-    assert c.status == pf.WARN and f"{aime_source + 'x'!r} that no row of the data has" in c.detail, c.line
+    c = check_reward(_cfg("unused", "--reward-source", f"{aime_source}x=math"), sources)  # a typo
+    assert c.status == WARN and f"{aime_source + 'x'!r} that no row of the data has" in c.detail, c.line
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -222,42 +225,42 @@ def test_reward_sources_are_checked_and_mapped_to_the_data_sources(tmp_path):
 def test_hf_weights_are_required_where_they_are_the_initial_weights(tmp_path, converted):
     hf, td = converted
     arch = parse_hf_config(hf)
-    c = pf.check_hf_checkpoint(_cfg(hf), arch, dry_run=True)
-    assert c.status == pf.OK and "initial weights: 1 safetensors file(s)" in c.detail, c.line
+    c = check_hf_checkpoint(_cfg(hf), arch, dry_run=True)
+    assert c.status == OK and "initial weights: 1 safetensors file(s)" in c.detail, c.line
     bare = _config_dir(tmp_path / "bare", num_hidden_layers=2)
-    c = pf.check_hf_checkpoint(_cfg(bare), arch, dry_run=True)
-    assert c.status == pf.FAIL and "no model.safetensors or model.safetensors.index.json" in c.detail, c.line
-    c = pf.check_hf_checkpoint(_cfg(bare, "--pretrained-checkpoint", td), arch, dry_run=False)
-    assert c.status == pf.OK and "come from --pretrained-checkpoint" in c.detail, c.line
+    c = check_hf_checkpoint(_cfg(bare), arch, dry_run=True)
+    assert c.status == FAIL and "no model.safetensors or model.safetensors.index.json" in c.detail, c.line
+    c = check_hf_checkpoint(_cfg(bare, "--pretrained-checkpoint", td), arch, dry_run=False)
+    assert c.status == OK and "come from --pretrained-checkpoint" in c.detail, c.line
     (Path(bare) / "model.safetensors.index.json").write_text(json.dumps(
         {"metadata": {}, "weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors"}}))
-    c = pf.check_hf_checkpoint(_cfg(bare), arch, dry_run=True)
-    assert c.status == pf.FAIL and "names 1 missing shard file(s) (model-00001-of-00002.safetensors)" in c.detail
+    c = check_hf_checkpoint(_cfg(bare), arch, dry_run=True)
+    assert c.status == FAIL and "names 1 missing shard file(s) (model-00001-of-00002.safetensors)" in c.detail
     marked = _config_dir(tmp_path / "marked", marker=True, num_hidden_layers=2)
-    assert pf.check_hf_checkpoint(_cfg(marked), arch, dry_run=True).status == pf.WARN
-    assert pf.check_hf_checkpoint(_cfg(marked), arch, dry_run=False).status == pf.FAIL
+    assert check_hf_checkpoint(_cfg(marked), arch, dry_run=True).status == WARN
+    assert check_hf_checkpoint(_cfg(marked), arch, dry_run=False).status == FAIL
 
 
 def test_torch_dist_paths_are_checked_against_the_model(tmp_path, converted):
     hf, td = converted
     arch = parse_hf_config(hf)
-    c = pf.check_torch_dist(_cfg(hf), arch, "--pretrained-checkpoint", td)
-    assert c.status == pf.OK, c.line
+    c = check_torch_dist(_cfg(hf), arch, "--pretrained-checkpoint", td)
+    assert c.status == OK, c.line
     assert c.detail.startswith("torch_dist, fp32, saved at TP 1 x PP 1") and "architecture matches the model" in c.detail
-    c = pf.check_torch_dist(_cfg(hf), arch, "--pretrained-checkpoint", str(tmp_path / "typo"))
-    assert c.status == pf.FAIL and c.line.startswith(f"[check] FAIL pretrained-checkpoint {tmp_path / 'typo'}: "
-                                                      "--pretrained-checkpoint: not found"), c.line
-    c = pf.check_torch_dist(_cfg(hf), arch, "--ref-load", hf)  # the HF directory instead of its conversion
-    assert c.status == pf.FAIL and "convert it with tools/convert_hf_to_megatron.py" in c.detail, c.line
+    c = check_torch_dist(_cfg(hf), arch, "--pretrained-checkpoint", str(tmp_path / "typo"))
+    assert c.status == FAIL and c.line.startswith(f"[check] FAIL pretrained-checkpoint {tmp_path / 'typo'}: "
+                                                   "--pretrained-checkpoint: not found"), c.line
+    c = check_torch_dist(_cfg(hf), arch, "--ref-load", hf)  # the HF directory instead of its conversion
+    assert c.status == FAIL and "convert it with tools/convert_hf_to_megatron.py" in c.detail, c.line
     other = _config_dir(tmp_path / "three", num_hidden_layers=3)
-    c = pf.check_torch_dist(_cfg(other), parse_hf_config(other), "--pretrained-checkpoint", td)
-    assert c.status == pf.FAIL and "num_layers (HF num_hidden_layers): the checkpoint has 2, model has 3" in c.detail
+    c = check_torch_dist(_cfg(other), parse_hf_config(other), "--pretrained-checkpoint", td)
+    assert c.status == FAIL and "num_layers (HF num_hidden_layers): the checkpoint has 2, model has 3" in c.detail
     partial = tmp_path / "partial"
     shutil.copytree(td, partial, ignore=shutil.ignore_patterns("*.distcp"))  # a copy that stopped early
-    c = pf.check_torch_dist(_cfg(hf), arch, "--pretrained-checkpoint", str(partial))
-    assert c.status == pf.FAIL and "incomplete" in c.detail and ".distcp" in c.detail, c.line
-    c = pf.check_torch_dist(_cfg(hf), arch, "--ref-load", td)
-    assert c.status == pf.WARN and "unused: --kl-coef is 0" in c.detail
+    c = check_torch_dist(_cfg(hf), arch, "--pretrained-checkpoint", str(partial))
+    assert c.status == FAIL and "incomplete" in c.detail and ".distcp" in c.detail, c.line
+    c = check_torch_dist(_cfg(hf), arch, "--ref-load", td)
+    assert c.status == WARN and "unused: --kl-coef is 0" in c.detail
 
 
 def test_load_reports_its_layout_and_refuses_changed_data(tmp_path, converted, tok):
@@ -269,27 +272,27 @@ def test_load_reports_its_layout_and_refuses_changed_data(tmp_path, converted, t
     arch = parse_hf_config(hf)
     save = tmp_path / "save"
     shutil.copytree(td, save / "step_000003")
-    _, ds = pf.check_prompt_data(_cfg(hf, "--prompt-data", DAPO, "--rollout-batch-size", "4"), tok, None)
+    _, ds = check_prompt_data(_cfg(hf, "--prompt-data", DAPO, "--rollout-batch-size", "4"), tok, None)
     torch.save({"step": 3, "data_fingerprint": ds.fingerprint}, save / "step_000003" / "trainer_state.pt")
     (save / "latest").write_text("step_000003\n")
 
-    c = pf.check_load(_cfg(hf, "--load", str(save), "--prompt-data", DAPO), arch, ds)
-    assert c.status == pf.OK and "step_000003: torch_dist, architecture matches the model, saved at TP 1 x PP 1" \
+    c = check_load(_cfg(hf, "--load", str(save), "--prompt-data", DAPO), arch, ds)
+    assert c.status == OK and "step_000003: torch_dist, architecture matches the model, saved at TP 1 x PP 1" \
         in c.detail and "same layout" in c.detail and "step 3, the same prompt data" in c.detail, c.line
     wider = _cfg(hf, "--load", str(save), "--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2",
                  "--rollout-num-gpus-per-engine", "2")
-    c = pf.check_load(wider, arch)
+    c = check_load(wider, arch)
     if hasattr(dist_ckpt, "resume_note"):  # the checkpoint module's verdict on the layout change
-        assert c.status == pf.OK and "saved at TP 1 x PP 1" in c.detail and "same layout" not in c.detail, c.line
+        assert c.status == OK and "saved at TP 1 x PP 1" in c.detail and "same layout" not in c.detail, c.line
     else:
-        assert c.status == pf.WARN and "resumed at TP 2 x PP 1 x CP 1 x DP 1 (world 2, 1 node)" in c.detail, c.line
+        assert c.status == WARN and "resumed at TP 2 x PP 1 x CP 1 x DP 1 (world 2, 1 node)" in c.detail, c.line
 
     torch.save({"step": 3, "data_fingerprint": "0123456789abcdef"}, save / "step_000003" / "trainer_state.pt")
-    c = pf.check_load(_cfg(hf, "--load", str(save), "--prompt-data", DAPO), arch, ds)
-    assert c.status == pf.FAIL and "the dataset changed since the checkpoint" in c.detail, c.line
+    c = check_load(_cfg(hf, "--load", str(save), "--prompt-data", DAPO), arch, ds)
+    assert c.status == FAIL and "the dataset changed since the checkpoint" in c.detail, c.line
     assert "--allow-data-change" in c.detail
-    c = pf.check_load(_cfg(hf, "--load", str(tmp_path)), arch)
-    assert c.status == pf.FAIL and "no checkpoint found" in c.detail
+    c = check_load(_cfg(hf, "--load", str(tmp_path)), arch)
+    assert c.status == FAIL and "no checkpoint found" in c.detail
 
     meta_file = save / "step_000003" / dist_ckpt.METADATA_FILE
     meta = json.loads(meta_file.read_text())
@@ -297,8 +300,8 @@ def test_load_reports_its_layout_and_refuses_changed_data(tmp_path, converted, t
         # what a trainer saved with --use-distributed-optimizer records; resumed without it: refused by the verdict
         meta["layout"]["distributed_optimizer"] = True
         meta_file.write_text(json.dumps(meta))
-        c = pf.check_load(_cfg(hf, "--load", str(save)), arch)
-        assert c.status == pf.FAIL and "cannot resume at this layout" in c.detail, c.line
+        c = check_load(_cfg(hf, "--load", str(save)), arch)
+        assert c.status == FAIL and "cannot resume at this layout" in c.detail, c.line
 
 
 # ----------------------------------------------------------------------------- disk
@@ -315,28 +318,28 @@ def _layers_for(tmp_path, target_bytes: float, bf16: bool) -> int:
 def test_disk_space_for_a_checkpoint(tmp_path):
     free = shutil.disk_usage(tmp_path).free
     tiny = _config_dir(tmp_path / "tiny")
-    (c,) = pf.check_disk(_cfg(tiny, "--save", str(tmp_path / "save")), parse_hf_config(tiny))
-    assert c.status == pf.OK and "one checkpoint ~" in c.detail and " MB (" in c.detail, c.line
+    (c,) = check_disk(_cfg(tiny, "--save", str(tmp_path / "save")), parse_hf_config(tiny))
+    assert c.status == OK and "one checkpoint ~" in c.detail and " MB (" in c.detail, c.line
 
     # more than the filesystem holds: a known filesystem (--save's parent exists) fails, an unknown one warns
     huge = _config_dir(tmp_path / "huge", qwen32b=True, num_hidden_layers=_layers_for(tmp_path, 3 * free, True))
     arch = parse_hf_config(huge)
-    (c,) = pf.check_disk(_cfg(huge, "--bf16", "--save", str(tmp_path / "save")), arch)
-    assert c.status == pf.FAIL and "the first save cannot fit" in c.detail, c.line
+    (c,) = check_disk(_cfg(huge, "--bf16", "--save", str(tmp_path / "save")), arch)
+    assert c.status == FAIL and "the first save cannot fit" in c.detail, c.line
     assert "bf16 weights 2 + fp32 main params 4 + Adam m, v 8" in c.detail and c.detail.startswith("--save: ")
-    (c,) = pf.check_disk(_cfg(huge, "--bf16", "--save", str(tmp_path / "not" / "mounted" / "save")), arch)
-    assert c.status == pf.WARN and "(--save and its parent do not exist yet)" in c.detail, c.line
+    (c,) = check_disk(_cfg(huge, "--bf16", "--save", str(tmp_path / "not" / "mounted" / "save")), arch)
+    assert c.status == WARN and "(--save and its parent do not exist yet)" in c.detail, c.line
 
     # one fits, --keep-last 2 + 1 do not: a warning
     mid = _config_dir(tmp_path / "mid", qwen32b=True, num_hidden_layers=_layers_for(tmp_path, 0.6 * free, False))
-    (c,) = pf.check_disk(_cfg(mid, "--save", str(tmp_path / "save"), "--keep-last", "2"), parse_hf_config(mid))
-    assert c.status == pf.WARN and "do not fit; lower --keep-last" in c.detail, c.line
+    (c,) = check_disk(_cfg(mid, "--save", str(tmp_path / "save"), "--keep-last", "2"), parse_hf_config(mid))
+    assert c.status == WARN and "do not fit; lower --keep-last" in c.detail, c.line
 
     # HF exports are never rotated: a warning when they add up past the free space
-    checks = pf.check_disk(_cfg(huge, "--bf16", "--run-dir", str(tmp_path / "run"), "--save-hf-interval", "10",
-                                "--num-rollout", "30"), arch)
+    checks = check_disk(_cfg(huge, "--bf16", "--run-dir", str(tmp_path / "run"), "--save-hf-interval", "10",
+                             "--num-rollout", "30"), arch)
     (c,) = checks
-    assert c.status == pf.WARN and "3 HF export(s)" in c.detail and "they do not all fit" in c.detail, c.line
+    assert c.status == WARN and "3 HF export(s)" in c.detail and "they do not all fit" in c.detail, c.line
 
 
 # ----------------------------------------------------------------------------- the driver
