@@ -1,8 +1,9 @@
 """Differential verifier test: `math` mode next to math-verify on generated model-style responses.
 
 The cases come from `benchmarks/verifier_cases.py` (seeded; built from the gold answers of
-tests/data/eval/math500.jsonl; every label proved by construction with an independent
-reader, see that module). For each half (`dev`: looked at while the rules were written,
+tests/data/eval/math500.jsonl and the templates of benchmarks/data/verifier/case_templates.json;
+every label proved by construction with an independent reader, benchmarks/verifier_reader.py,
+see those modules). For each half (`dev`: looked at while the rules were written,
 `heldout`: measured only) this prints recall (correct responses accepted) and false accepts
 (wrong responses accepted) of
 

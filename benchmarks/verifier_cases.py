@@ -15,15 +15,19 @@ each wrapped in a response shape (a box, an "Answer:" line, an answer sentence, 
 concluding sentence, with some reasoning text and distracting numbers before it).
 
 Every label is proved independently of the verifier under test: the answer text written
-into the response is read back by this module's own reader (LaTeX -> sympy through
-`parse_expr`, nothing from `megatron_dapo.reward`), then an equivalent must be exactly equal
-to the gold (sympy ``simplify`` of the difference is 0, and it vanishes at 50 digits at
-random points) and a wrong answer must differ from it (the difference is nonzero at 50
-digits at some random point; a hedge has a candidate that differs from a single-valued
-gold). A case whose label cannot be proved is dropped, and counted.
+into the response is read back by the generator's own reader (``verifier_reader.py``:
+LaTeX -> sympy through `parse_expr`, nothing from `megatron_dapo.reward`), then an
+equivalent must be exactly equal to the gold (sympy ``simplify`` of the difference is 0,
+and it vanishes at 50 digits at random points) and a wrong answer must differ from it (the
+difference is nonzero at 50 digits at some random point; a hedge has a candidate that
+differs from a single-valued gold). A case whose label cannot be proved is dropped, and
+counted. ``read_value`` and ``values_equal`` are the reader's, imported here.
 
 Cases are split by problem: ``split`` is ``dev`` or ``heldout`` from a hash of the
 problem's ``unique_id``, so rewrites of one gold never straddle the halves.
+
+The templates (the answer rewrites, hedges and traps that are fixed texts, the response
+shapes, leads and tails) are data: ``data/verifier/case_templates.json``, filled here.
 """
 
 from __future__ import annotations
@@ -36,307 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import sympy
-from sympy.parsing.sympy_parser import (
-    convert_xor,
-    implicit_multiplication_application,
-    parse_expr,
-    rationalize,
-    standard_transformations,
-)
+from verifier_reader import TEMPLATES_PATH, Unreadable, Value, read_value, scalars_equal, values_equal
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDS_PATH = ROOT / "tests" / "data" / "eval" / "math500.jsonl"
-
-# --------------------------------------------------------------------------- reading
-_T = standard_transformations + (implicit_multiplication_application, convert_xor, rationalize)
-_LOCAL = {c: sympy.Symbol(c) for c in "abcdefghjklmnopqrstuvwxyzABCDEFGHJKLMNOPQRSTUVWXYZ"}
-_LOCAL.update(
-    pi=sympy.pi, I=sympy.I, oo=sympy.oo, sqrt=sympy.sqrt, root=sympy.root, sin=sympy.sin, cos=sympy.cos,
-    tan=sympy.tan, cot=sympy.cot, sec=sympy.sec, csc=sympy.csc, log=sympy.log, ln=sympy.log,
-)
-
-
-class Unreadable(Exception):
-    """The reader does not understand this text (the case is dropped)."""
-
-
-def _group(s: str, i: int) -> tuple[str, int]:
-    """The argument at s[i]: a {group} (its inside) or one character / command."""
-    while i < len(s) and s[i] == " ":
-        i += 1
-    if i >= len(s):
-        raise Unreadable("missing argument")
-    if s[i] == "{":
-        depth = 0
-        for j in range(i, len(s)):
-            depth += {"{": 1, "}": -1}.get(s[j], 0)
-            if depth == 0:
-                return s[i + 1 : j], j + 1
-        raise Unreadable("unclosed brace")
-    if s[i] == "\\":
-        m = re.match(r"\\[a-zA-Z]+", s[i:])
-        return m.group(), i + m.end()
-    return s[i], i + 1
-
-
-def latex_to_python(s: str) -> str:
-    """A LaTeX scalar (fractions, roots, pi, powers, i) as a Python expression for parse_expr."""
-    s = re.sub(r"\\left|\\right|\\!|\\,|\\;|\\displaystyle", "", s)
-    s = re.sub(r"\\[dt]frac", r"\\frac", s)
-    out, i = [], 0
-    while i < len(s):
-        if s.startswith("\\frac", i):
-            num, i = _group(s, i + 5)
-            den, i = _group(s, i)
-            out.append(f"(({latex_to_python(num)})/({latex_to_python(den)}))")
-        elif s.startswith("\\sqrt", i):
-            i += 5
-            index = None
-            if i < len(s) and s[i] == "[":
-                j = s.index("]", i)
-                index, i = s[i + 1 : j], j + 1
-            arg, i = _group(s, i)
-            inner = latex_to_python(arg)
-            out.append(f"sqrt({inner})" if index is None else f"root({inner},{latex_to_python(index)})")
-        elif s[i] == "\\":
-            m = re.match(r"\\([a-zA-Z]+)", s[i:])
-            if not m:
-                raise Unreadable(s[i : i + 2])
-            name = m.group(1)
-            mapping = {"pi": " pi ", "infty": " oo ", "cdot": "*", "times": "*", "cot": " cot ", "sin": " sin ",
-                       "cos": " cos ", "tan": " tan ", "ln": " ln ", "log": " log "}
-            if name not in mapping:
-                raise Unreadable(f"\\{name}")
-            out.append(mapping[name])
-            i += m.end()
-        elif s[i] == "{":
-            out.append("(")
-            i += 1
-        elif s[i] == "}":
-            out.append(")")
-            i += 1
-        elif s[i] == "^":
-            out.append("**")
-            i += 1
-        else:
-            out.append(s[i])
-            i += 1
-    text = "".join(out)
-    return re.sub(r"(?<![A-Za-z])i(?![A-Za-z])", "I", text)
-
-
-def read_scalar(text: str) -> sympy.Expr:
-    """A scalar answer in LaTeX or ASCII (``3\\sqrt{13}``, ``3*sqrt(13)``, ``3√13``, ``6 - 5i``)."""
-    s = text.strip().strip("$").strip()
-    for a, b in (("√", "\\sqrt"), ("π", "\\pi"), ("−", "-"), ("·", "*"), ("²", "^2"), ("³", "^3"), ("∞", "\\infty")):
-        s = s.replace(a, b)
-    if re.fullmatch(r"[-+]?\d{1,3}(?:(?:,|\\,|\{,\}|,\\!)\d{3})+(?:\.\d+)?", s):
-        s = re.sub(r"\\,|\{,\}|,\\!|,", "", s)
-    s = re.sub(r"\\sqrt\s*(\d+|[a-zA-Z])", r"\\sqrt{\1}", s)  # √13 -> \sqrt13 -> \sqrt{13}
-    m = re.fullmatch(r"(-?)(\d+)\s*\\frac\{(\d+)\}\{(\d+)\}", s) or re.fullmatch(r"(-?)(\d+) (\d+)/(\d+)", s)
-    if m:  # mixed number
-        value = int(m.group(2)) + sympy.Rational(int(m.group(3)), int(m.group(4)))
-        return -value if m.group(1) else value
-    py = latex_to_python(s) if "\\" in s or "{" in s or "^" in s else re.sub(r"(?<![A-Za-z])i(?![A-Za-z])", "I", s)
-    py = py.replace("√", "sqrt")
-    try:
-        value = parse_expr(py, local_dict=dict(_LOCAL), transformations=_T)
-    except Exception as exc:  # noqa: BLE001 - anything parse_expr refuses
-        raise Unreadable(f"{text!r}: {exc}") from None
-    if not isinstance(value, sympy.Expr):
-        raise Unreadable(text)
-    return value
-
-
-@dataclass
-class Value:
-    """A read answer: kind is scalar, tuple, list, interval, matrix, equation, text, mcq or base."""
-
-    kind: str
-    items: tuple = ()  # scalar: (expr,); tuple/list/matrix rows: exprs; interval: pieces
-    text: str = ""  # text / mcq / base: the normalised string
-
-
-def _split_top(s: str, sep: str = ",") -> list[str]:
-    parts, depth, start = [], 0, 0
-    i = 0
-    while i < len(s):
-        ch = s[i]
-        if ch == "\\" and s[i + 1 : i + 2] in "{}":
-            depth += 1 if s[i + 1] == "{" else -1
-            i += 2
-            continue
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif ch == sep and depth == 0:
-            parts.append(s[start:i])
-            start = i + 1
-        i += 1
-    parts.append(s[start:])
-    return parts
-
-
-def _norm_text(s: str) -> str:
-    s = re.sub(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}", r"\1", s)
-    words = re.sub(r"[^A-Za-z ]", " ", s).lower().split()
-    return " ".join(w for w in words if w not in ("the", "a", "an"))
-
-
-def _interval_piece(s: str) -> tuple:
-    s = s.strip()
-    parts = _split_top(s[1:-1])
-    if s[:1] not in "([" or s[-1:] not in ")]" or len(parts) != 2:
-        raise Unreadable(s)
-    return (s[0], read_scalar(parts[0]), read_scalar(parts[1]), s[-1])
-
-
-def read_value(text: str) -> Value:
-    """Read a gold or a written answer into a `Value` (raises Unreadable)."""
-    s = text.strip()
-    if s.startswith("$") and s.endswith("$"):
-        s = s.strip("$").strip()
-    s = re.sub(r"\\left|\\right|\\!|\\displaystyle", "", s).strip()
-    if re.fullmatch(r"(?:\\\$)?\d{1,3}(?:(?:,|\\,|\{,\})\s*\d{3})+", s):  # 11,\! 111,\! 100; \$32,\!348
-        return Value("scalar", items=(sympy.Integer(re.sub(r"\D", "", s)),))
-    m = re.fullmatch(r"(?:\\text\{)?\(?([A-E])\)?\}?", s)
-    if m and (s.startswith("\\text") or "(" in s):
-        return Value("mcq", text=m.group(1))
-    if re.fullmatch(r"(?:\\text(?:bf)?\{\s*)?[A-Za-z][A-Za-z ]*\}?\.?", s) and len(_norm_text(s)) > 2:
-        return Value("text", text=_norm_text(s))
-    m = re.fullmatch(r"(\d+)_\{?(\d+)\}?", s)
-    if m:
-        return Value("base", text=f"{m.group(1)}_{m.group(2)}")
-    if s.startswith("\\begin{") and "matrix" in s:
-        body = re.sub(r"\\(?:begin|end)\{[pb]?matrix\}", "", s)
-        rows = [r for r in re.split(r"\\\\", body) if r.strip()]
-        table = tuple(tuple(read_scalar(c) for c in r.split("&")) for r in rows)
-        return Value("matrix", items=table)
-    if "\\cup" in s or " U " in s:
-        return Value("interval", items=tuple(_interval_piece(p) for p in re.split(r"\\cup| U ", s)))
-    if "\\pm" in s:
-        a, b = s.split("\\pm", 1)
-        base = read_scalar(a) if a.strip() else sympy.Integer(0)
-        off = read_scalar(b)
-        return Value("list", items=(base + off, base - off))
-    if s.startswith("\\{") and s.endswith("\\}"):
-        return Value("list", items=tuple(x for part in _split_top(s[2:-2]) for x in read_value(part).items))
-    if s[:1] in "([" and s[-1:] in ")]" and len(_split_top(s[1:-1])) >= 2:
-        parts = _split_top(s[1:-1])
-        values = tuple(read_scalar(p) for p in parts)
-        if len(parts) == 2 and (s[0] + s[-1] in ("(]", "[)", "[]") or any(v.has(sympy.oo) for v in values)):
-            return Value("interval", items=((s[0], values[0], values[1], s[-1]),))
-        return Value("tuple", items=values)
-    if "=" in s:
-        lhs, rhs = s.split("=", 1)
-        if re.fullmatch(r"\s*[a-z]\s*", lhs) and not read_scalar(rhs).free_symbols:
-            return Value("scalar", items=(read_scalar(rhs),))  # "x=5": a labelled number
-        return Value("equation", items=(read_scalar(lhs) - read_scalar(rhs),))
-    if "\\in" in s:
-        return read_value(s.split("\\in", 1)[1])
-    parts = _split_top(s)
-    if len(parts) >= 2:
-        return Value("list", items=tuple(read_scalar(p) for p in parts))
-    s = re.sub(r"\^\s*\{?\\circ\}?|°|\\text\{\s*degrees\}", "", s)
-    s = re.sub(r"\\(?:text|mbox)\{\s*[a-z ]+\}(\^2)?$", "", s).replace("\\$", "").strip()
-    return Value("scalar", items=(read_scalar(s),))
-
-
-# --------------------------------------------------------------------------- proofs
-_RNG_POINTS = random.Random(20261204)
-
-
-def _points(symbols, n: int = 3) -> list[dict]:
-    return [{s: sympy.Rational(_RNG_POINTS.randint(-97, 97) or 1, _RNG_POINTS.randint(1, 13)) + sympy.Rational(1, 7) for s in symbols}
-            for _ in range(n)]
-
-
-def _num(expr, point) -> complex | None:
-    try:
-        v = sympy.N(expr.subs(point), 50)
-        return complex(v) if v.is_number else None
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def scalars_equal(a: sympy.Expr, b: sympy.Expr) -> bool | None:
-    """True when proved equal (simplify gives 0 and 50-digit values agree at random points),
-    False when proved different (some point gives a nonzero difference), None otherwise."""
-    if a.has(sympy.oo) or b.has(sympy.oo) or a.has(-sympy.oo) or b.has(-sympy.oo):
-        return a == b
-    diff = a - b
-    points = _points(sorted(diff.free_symbols, key=str)) if diff.free_symbols else [{}]
-    values = [_num(diff, p) for p in points]
-    if any(v is None for v in values):
-        return None
-    scale = max([1.0] + [abs(x) for p in points if (x := _num(b, p)) is not None])
-    if any(abs(v) > 1e-20 * scale for v in values):
-        return False
-    try:
-        if sympy.simplify(diff) == 0 or sympy.expand(diff) == 0:
-            return True
-    except Exception:  # noqa: BLE001
-        return None
-    return None
-
-
-def _multiset(xs, ys) -> bool | None:
-    if len(xs) != len(ys):
-        return False
-    remaining = list(ys)
-    for x in xs:
-        verdicts = [scalars_equal(x, y) for y in remaining]
-        if True in verdicts:
-            del remaining[verdicts.index(True)]
-        elif all(v is False for v in verdicts):
-            return False
-        else:
-            return None
-    return True
-
-
-def values_equal(a: Value, b: Value) -> bool | None:
-    """Proved equality of two read answers (True / False), None when not provable."""
-    if a.kind in ("text", "mcq", "base") or b.kind in ("text", "mcq", "base"):
-        return a.kind == b.kind and a.text == b.text
-    if a.kind != b.kind:
-        if {a.kind, b.kind} == {"matrix", "tuple"}:  # a column vector written as a tuple
-            m, t = (a, b) if a.kind == "matrix" else (b, a)
-            if all(len(r) == 1 for r in m.items):
-                return values_equal(Value("tuple", tuple(r[0] for r in m.items)), t)
-        return None
-    if a.kind == "scalar" or a.kind == "equation":
-        if a.kind == "equation":  # lhs - rhs up to a nonzero constant factor
-            ratio = sympy.simplify(a.items[0] / b.items[0])
-            if ratio.is_number and ratio != 0:
-                return True
-            return False if ratio.free_symbols else None
-        return scalars_equal(a.items[0], b.items[0])
-    if a.kind in ("tuple",):
-        if len(a.items) != len(b.items):
-            return False
-        verdicts = [scalars_equal(x, y) for x, y in zip(a.items, b.items)]
-        return False if False in verdicts else (True if all(verdicts) else None)
-    if a.kind == "list":
-        return _multiset(list(a.items), list(b.items))
-    if a.kind == "matrix":
-        if [len(r) for r in a.items] != [len(r) for r in b.items]:
-            return False
-        verdicts = [scalars_equal(x, y) for ra, rb in zip(a.items, b.items) for x, y in zip(ra, rb)]
-        return False if False in verdicts else (True if all(verdicts) else None)
-    if a.kind == "interval":
-        if len(a.items) != len(b.items):
-            return False
-        for (l1, lo1, hi1, r1), (l2, lo2, hi2, r2) in zip(a.items, b.items):
-            if (l1, r1) != (l2, r2):
-                return False
-            for x, y in ((lo1, lo2), (hi1, hi2)):
-                v = scalars_equal(x, y)
-                if v is not True:
-                    return v
-        return True
-    return None
+# The templates (answer rewrites, hedges, traps, response shapes): data, read once; this module
+# holds the logic that fills them. Reading answers and proving labels: verifier_reader.py.
+_DATA = json.loads(TEMPLATES_PATH.read_text(encoding="utf-8"))
+_ANSWERS, _RESPONSES = _DATA["answers"], _DATA["responses"]
 
 
 # --------------------------------------------------------------------------- writing
@@ -431,17 +142,16 @@ class Answer:
     shape: str = ""  # a fixed response shape (hedges with boxes), else chosen later
 
 
+def _fill(template: dict, candidates: list[str] | None = None, **fields) -> Answer:
+    """The answer of a template of case_templates.json, its text filled with `fields`."""
+    text, shape = template["text"].format(**fields), template.get("shape", "")
+    return Answer(text, template["style"], template["label"], template["transform"], candidates or [], shape)
+
+
 def _scalar_rewrites(gold: str, e: sympy.Expr, gtype: str, rng: random.Random) -> list[Answer]:
     out = [Answer(gold, "latex", 1, "identity")]
     if gtype in ("degrees", "units"):
-        num = latex_form(e)
-        if gtype == "degrees":
-            out += [Answer(f"{ascii_form(e)}°", "ascii", 1, "degree-sign"), Answer(f"{num}^{{\\circ}}", "latex", 1, "degree-braced"),
-                    Answer(f"{ascii_form(e)} degrees", "ascii", 1, "degree-word"), Answer(num, "latex", 1, "degree-bare"),
-                    Answer(f"{num}\\text{{ degrees}}", "latex", 1, "degree-text")]
-        else:
-            out += [Answer(num, "latex", 1, "unit-dropped")]
-        return out
+        return out + [_fill(t, ascii=ascii_form(e), latex=latex_form(e)) for t in _ANSWERS[gtype]]
     lf = latex_form(e)
     if lf.replace(" ", "") != gold.replace(" ", ""):
         out.append(Answer(lf, "latex", 1, "latex-respelled"))
@@ -473,8 +183,7 @@ def _scalar_rewrites(gold: str, e: sympy.Expr, gtype: str, rng: random.Random) -
         out.append(Answer(f"{'-' if e < 0 else ''}\\frac{abs(e.p)}{e.q}", "latex", 1, "frac-shorthand"))
     if e.is_Integer and abs(e) >= 1000:
         n = f"{int(e):,}"
-        out += [Answer(n, "ascii", 1, "thousands-comma"), Answer(n.replace(",", "\\,"), "latex", 1, "thousands-thin"),
-                Answer(n.replace(",", "{,}"), "latex", 1, "thousands-brace")]
+        out += [Answer(n.replace(",", t["separator"]), t["style"], 1, t["transform"]) for t in _ANSWERS["thousands"]]
     if not e.free_symbols:
         out.append(Answer(f"x = {lf}", "latex", 1, "label"))
         if not e.is_Rational and not e.has(sympy.I) or (e.is_Rational and not e.is_Integer and decimal_form(e) is None):
@@ -678,15 +387,13 @@ def _structured_rewrites(gold: str, value: Value, rng: random.Random) -> tuple[l
     elif value.kind in ("text", "mcq"):
         word = value.text
         if value.kind == "mcq":
-            eq += [Answer(word, "text", 1, "mcq-letter"), Answer(f"({word})", "text", 1, "mcq-parens"),
-                   Answer(f"\\text{{{word}}}", "latex", 1, "mcq-text")]
+            eq += [_fill(t, word=word) for t in _ANSWERS["mcq"]]
             other = rng.choice([c for c in "ABCDE" if c != word])
-            wrong += [Answer(f"({other})", "text", 0, "mcq-other"), Answer(f"{word} or {other}", "text", 0, "hedge-or"),
-                      Answer(", ".join(sorted({word, other, rng.choice('ABCDE')})), "text", 0, "hedge-list")]
+            trio = ", ".join(sorted({word, other, rng.choice("ABCDE")}))
+            wrong += [_fill(t, word=word, other=other, trio=trio) for t in _ANSWERS["mcq_wrong"]]
         else:
             plain = re.sub(r"\\text\{([^{}]*)\}", r"\1", gold)
-            eq += [Answer(plain, "text", 1, "text-plain"), Answer(plain.lower(), "text", 1, "text-case"),
-                   Answer(f"\\textbf{{{plain.capitalize()}}}", "latex", 1, "text-bold")]
+            eq += [_fill(t, plain=plain, lower=plain.lower(), title=plain.capitalize()) for t in _ANSWERS["text"]]
     elif value.kind == "base":
         digits, base = value.text.split("_")
         eq.append(Answer(f"{digits}_{{{base}}}", "latex", 1, "base-braced"))
@@ -720,22 +427,17 @@ def _hedges(gold: str, value: Value, gtype: str, wrong: list[Answer], rng: rando
     w = rng.choice(wrong)
     g_text, w_text = _same_style(gold, w, rng)
     a, b = (g_text, w_text) if rng.random() < 0.5 else (w_text, g_text)
-    out = [
-        Answer(f"{a} or {b}", "mixed", 0, "hedge-or", [gold, w.text]),
-        Answer(f"either {a} or {b}", "mixed", 0, "hedge-either", [gold, w.text]),
-        Answer(f"\\boxed{{{w.text}}}", "latex", 0, "hedge-two-boxes", [gold, w.text], shape="two-boxes"),
-        Answer(w.text, "latex", 0, "box-then-wrong-line", [gold, w.text], shape="box-then-wrong-line"),
-        Answer(f"{gold} \\text{{ or }} {w.text}", "latex", 0, "hedge-text-or", [gold, w.text]),
-    ]
+    out = [_fill(t, [gold, w.text], a=a, b=b, gold=gold, w=w.text) for t in _ANSWERS["hedges"]]
     if value.kind == "scalar" and not value.items[0].free_symbols:
         w2 = rng.choice(wrong)
         if w2.text != w.text:
             items = [gold, w.text, w2.text]
             rng.shuffle(items)
             out.append(Answer(", ".join(items), "latex", 0, "hedge-list", items))
+        more = _ANSWERS["scalar_hedges"]
         if value.items[0] != 0 and gtype not in ("degrees", "units"):
-            out.append(Answer(f"\\pm {latex_form(value.items[0])}", "latex", 0, "hedge-pm", [gold, latex_form(-value.items[0])]))
-        out.append(Answer(f"x = {gold} \\text{{ or }} x = {w.text}", "latex", 0, "hedge-labelled", [gold, w.text]))
+            out.append(_fill(more["pm"], [gold, latex_form(-value.items[0])], pm=latex_form(value.items[0])))
+        out.append(_fill(more["labelled"], [gold, w.text], gold=gold, w=w.text))
     return out
 
 
@@ -744,10 +446,10 @@ def _traps(gold: str, value: Value, gtype: str, wrong: list[Answer], rng: random
     out = []
     if gtype == "integer" and value.items[0] > 0:
         g = value.items[0]
-        for text, style in ((f"2*pi + {g}", "ascii"), (f"{g}\\sqrt{{2}}", "latex"), (f"15x - {g}", "ascii"),
-                            (f"\\frac{{1}}{{{g}}}", "latex"), (f"{g}^2", "ascii"), (f"2^{{{g}}}", "latex")):
+        for t in _ANSWERS["last_number"]:
+            text = t["text"].format(g=g)
             if text not in ("1^2", "2^{1}") and not (text.startswith("2^") and g > 60):  # no 2^{10^{10}}
-                out.append(Answer(text, style, 0, "last-number", [text.replace("*", "")]))
+                out.append(_fill(t, [text.replace("*", "")], g=g))
     if wrong:
         w = rng.choice([w for w in wrong if not w.candidates] or wrong)
         out.append(Answer(w.text, w.style, 0, "intermediate-gold", shape="intermediate"))
@@ -755,88 +457,42 @@ def _traps(gold: str, value: Value, gtype: str, wrong: list[Answer], rng: random
 
 
 # --------------------------------------------------------------------------- responses
-_LEADS = [
-    "Let's solve this step by step.",
-    "We start from the given conditions.",
-    "First, let me restate what is asked.",
-    "I'll work through the problem carefully.",
-]
-_MIDDLES = [
-    "Substituting, we get {a} + {b} = {c}, and then {c} \\cdot 2 = {d}.",
-    "Note that $ {a} \\times {b} = {ab} $, so the next step uses {c}.",
-    "Checking the case n = {a}: it gives {b}, which is too small.",
-    "From step {a}, the remaining quantity is {c} - {b} = {cb}.",
-]
-_SHAPES = ("boxed", "boxed-display", "answer-line", "answer-bold", "sentence", "final-sentence", "conclusion",
-           "header", "bold-sentence", "answer-caps", "answer-colon")
-
-
 def _lead(rng: random.Random) -> str:
     a, b = rng.randint(2, 40), rng.randint(2, 40)
     c = a + b
-    middle = rng.choice(_MIDDLES).format(a=a, b=b, c=c, d=2 * c, ab=a * b, cb=c - b)
-    return f"{rng.choice(_LEADS)} {middle}"
+    middle = rng.choice(_RESPONSES["middles"]).format(a=a, b=b, c=c, d=2 * c, ab=a * b, cb=c - b)
+    return f"{rng.choice(_RESPONSES['leads'])} {middle}"
 
 
-def _math(text: str, style: str, rng: random.Random | None = None) -> str:
+def _math(text: str, style: str, rng: random.Random) -> str:
     """Inline math: $...$, or \\(...\\) now and then."""
     if style != "latex":
         return text
-    return f"\\({text}\\)" if rng is not None and rng.random() < 0.2 else f"${text}$"
-
-
-_TAILS = ["", "", "", " This completes the solution.", " Let me know if you need anything else!", "\n\nI hope this helps."]
+    return f"\\({text}\\)" if rng.random() < 0.2 else f"${text}$"
 
 
 def write_response(ans: Answer, gold: str, rng: random.Random) -> tuple[str, str]:
-    """(response text, shape) for an answer."""
+    """(response text, shape) for an answer: a lead, then the answer in a shape of case_templates.json."""
     lead = _lead(rng)
-    if ans.shape == "two-boxes":
-        w = ans.candidates[1]
-        first, second = (w, gold) if rng.random() < 0.5 else (gold, w)
-        return f"{lead} This gives $\\boxed{{{first}}}$. Let me double-check with another method.\n\nSo the answer is $\\boxed{{{second}}}$.", "two-boxes"
-    if ans.shape == "box-then-wrong-line":
-        return f"{lead}\n\nThe final answer is $\\boxed{{{gold}}}$.\n\nAnswer: {ans.text}", "box-then-wrong-line"
-    if ans.shape == "box-twice":  # the same value boxed twice, in two forms: no hedge
-        first = ans.candidates[0]
-        return f"{lead} So far this gives $\\boxed{{{first}}}$.\n\nSimplifying, the final answer is $\\boxed{{{ans.text}}}$.", "box-twice"
-    if ans.shape == "box-and-line":  # a box and an "Answer:" line with the same value
-        return f"{lead}\n\nThe final answer is $\\boxed{{{ans.candidates[0]}}}$.\n\nAnswer: {ans.text}", "box-and-line"
-    if ans.shape == "intermediate":
-        return f"{lead} Along the way we found the value {_math(gold, 'latex')}, but that is not what is asked.\n\nAnswer: {ans.text}", "intermediate"
-    if ans.style in ("text", "mixed"):
-        shapes = ["answer-line", "sentence", "answer-bold"] if ans.style == "mixed" else ["answer-line", "sentence", "boxed"]
-    elif ans.style == "ascii":
-        shapes = ["answer-line", "answer-bold", "sentence", "conclusion", "bold-sentence", "answer-caps", "answer-colon"]
-    else:
-        shapes = list(_SHAPES)
-    shape = rng.choice(shapes)
-    a = ans.text
-    if shape == "boxed":
-        body = f"The final answer is $\\boxed{{{a}}}$." if ans.style != "text" else f"So the answer is $\\boxed{{\\text{{{a}}}}}$."
-    elif shape == "boxed-display":
-        body = f"**Final Answer**\n\\[\n\\boxed{{{a}}}\n\\]" if rng.random() < 0.7 else f"$$\\boxed{{{a}}}$$"
-    elif shape == "answer-line":
-        body = f"Answer: {_math(a, ans.style, rng) if rng.random() < 0.5 else a}"
-        if ans.label == 1 and rng.random() < 0.15:
-            body += rng.choice([" (as required)", ", as computed above.", " (this satisfies every condition)"])
-    elif shape == "answer-bold":
-        body = f"**Answer:** {_math(a, ans.style, rng)}"
-    elif shape == "sentence":
-        body = f"Therefore, the answer is {_math(a, ans.style, rng)}."
-    elif shape == "final-sentence":
-        body = f"The final answer is {_math(a, ans.style, rng)}. I hope it is correct."
-    elif shape == "conclusion":
-        body = f"Thus, the value we are looking for is {_math(a, ans.style, rng)}."
-    elif shape == "header":
-        body = f"### Final Answer\n\n$\\boxed{{{a}}}$"
-    elif shape == "bold-sentence":
-        body = f"So the answer is **{_math(a, ans.style, rng)}**."
-    elif shape == "answer-caps":
-        body = f"ANSWER: {a}"
-    else:
-        body = f"The final answer is: {_math(a, ans.style, rng)}"
-    tail = rng.choice(_TAILS) if shape not in ("answer-line", "answer-caps", "answer-bold", "answer-colon") else ""
+    if ans.shape:  # a fixed shape: two boxes, a box then a wrong line, the same value twice, ...
+        first, second = (ans.candidates + [gold, gold])[:2]
+        if ans.shape == "two-boxes" and rng.random() < 0.5:
+            first, second = second, first
+        text = _RESPONSES["fixed"][ans.shape].format(lead=lead, gold=gold, text=ans.text, first=first, second=second)
+        return text, ans.shape
+    shape = rng.choice(_RESPONSES["shapes_by_style"].get(ans.style, _RESPONSES["shapes"]))
+    bodies = _RESPONSES["bodies"]
+    body = bodies[shape]
+    if shape == "boxed" and ans.style == "text":
+        body = bodies["boxed/text"]
+    elif shape == "boxed-display" and rng.random() >= 0.7:
+        body = bodies["boxed-display/dollars"]
+    elif shape == "answer-line" and rng.random() >= 0.5:
+        body = bodies["answer-line/plain"]
+    body = body.format(a=ans.text, m=_math(ans.text, ans.style, rng) if "{m}" in body else None)
+    if shape == "answer-line" and ans.label == 1 and rng.random() < 0.15:
+        body += rng.choice(_RESPONSES["answer_line_remarks"])
+    tail = rng.choice(_RESPONSES["tails"]) if shape not in _RESPONSES["untailed"] else ""
     return f"{lead}\n\n{body}{tail}", shape
 
 
