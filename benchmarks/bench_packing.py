@@ -69,14 +69,16 @@ def draw_samples(n: int, median: float, sigma: float, seed: int, scale: int = 1)
         resp = min(CAP, max(1, int(rng.lognormvariate(0.0, sigma) * median)))
         prompt = rng.randint(100, 400)
         p, r = max(2, prompt // scale), max(1, resp // scale)
-        out.append(TrainItem(tokens=[5] * (p + r), prompt_len=p, advantage=rng.choice([-1.0, 1.0]),
-                             old_logprobs=[-1.0] * r))
+        out.append(
+            TrainItem(tokens=[5] * (p + r), prompt_len=p, advantage=rng.choice([-1.0, 1.0]), old_logprobs=[-1.0] * r)
+        )
     return out
 
 
 def accounting(args) -> dict:
     from megatron_dapo.driver.batch import dp_shards
     from megatron_dapo.training import packing as pk
+
     dp, gbs = 16, 512
     useful = padded = packed = 0
     n_pad = n_pack = 0
@@ -96,8 +98,15 @@ def accounting(args) -> dict:
             parts = pk.pack_microbatches(lens, BUDGET, mult)
             packed += sum(pk.padded_len(lens[i], mult) for p in parts for i in p)
             n_pack += len(parts)
-    return {"useful": useful, "padded": padded, "packed": packed, "mb_padded": n_pad, "mb_packed": n_pack,
-            "imb_kk": max(imb_kk), "imb_count": max(imb_count)}
+    return {
+        "useful": useful,
+        "padded": padded,
+        "packed": packed,
+        "mb_padded": n_pad,
+        "mb_packed": n_pack,
+        "imb_kk": max(imb_kk),
+        "imb_count": max(imb_count),
+    }
 
 
 def padded_microbatches(lengths: list, rows: int, max_tokens: int) -> list:
@@ -124,10 +133,23 @@ def _tiny_model():
 
     init_distributed(rank=0, world_size=1, master_port=free_port())
     init_parallel(1, 1, 1, seed=1)
-    hf = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": 4096, "hidden_size": 128,
-          "intermediate_size": 384, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-          "max_position_embeddings": 1024, "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
-          "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2}
+    hf = {
+        "model_type": "qwen2",
+        "architectures": ["Qwen2ForCausalLM"],
+        "vocab_size": 4096,
+        "hidden_size": 128,
+        "intermediate_size": 384,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 1024,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
     model, arch, cfg = build_gpt_model(hf, ModelBuildOptions())
     cfg.calculate_per_token_loss = True
     torch.manual_seed(0)
@@ -150,8 +172,10 @@ def throughput(args) -> dict:
     loss_fn = dapo_loss_fn(AlgorithmConfig(), arch.vocab_size, g_tok, float(len(samples)))
     # both THD (the one batching path): consecutive samples, at most --micro-batch-size 32 (the
     # default grouping) vs token-budget packing (--use-packing)
-    layouts = {"consecutive": lambda: make_microbatches(model, samples, 32, budget)[0],
-               "packed": lambda: make_microbatches(model, samples, 32, budget, packing=True)[0]}
+    layouts = {
+        "consecutive": lambda: make_microbatches(model, samples, 32, budget)[0],
+        "packed": lambda: make_microbatches(model, samples, 32, budget, packing=True)[0],
+    }
     times = {k: [] for k in layouts}
     for _ in range(args.repeats):
         for name, build in layouts.items():  # interleaved, so drift hits both alike
@@ -261,19 +285,35 @@ def main() -> int:
 
     mem = {}
     for variant in ("previous", "chunked"):
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--_logprob-mem", variant,
-                              "--mem-tokens", str(args.mem_tokens), "--mem-vocab", str(args.mem_vocab)],
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--_logprob-mem",
+                variant,
+                "--mem-tokens",
+                str(args.mem_tokens),
+                "--mem-vocab",
+                str(args.mem_vocab),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         mem[variant] = json.loads(out.stdout.strip().splitlines()[-1])["peak_bytes"]
     fp32 = args.mem_tokens * args.mem_vocab * 4
-    print(f"logprob+entropy fwd+bwd, bf16 logits [{args.mem_tokens} x {args.mem_vocab}] "
-          f"(one fp32 copy = {fp32 / 2**20:.0f} MiB): peak RSS rise previous {mem['previous'] / 2**20:.0f} MiB, "
-          f"chunked {mem['chunked'] / 2**20:.0f} MiB")
+    print(
+        f"logprob+entropy fwd+bwd, bf16 logits [{args.mem_tokens} x {args.mem_vocab}] "
+        f"(one fp32 copy = {fp32 / 2**20:.0f} MiB): peak RSS rise previous {mem['previous'] / 2**20:.0f} MiB, "
+        f"chunked {mem['chunked'] / 2**20:.0f} MiB"
+    )
 
     tput = throughput(args)
-    print(f"tiny model, lengths / {args.scale}, {tput['useful_small']} useful tokens per mini-batch: "
-          f"consecutive (THD, --micro-batch-size 32) {tput['consecutive']:.0f} tokens/s, packed {tput['packed']:.0f} "
-          f"tokens/s, packed/consecutive {tput['packed'] / tput['consecutive']:.2f}x")
+    print(
+        f"tiny model, lengths / {args.scale}, {tput['useful_small']} useful tokens per mini-batch: "
+        f"consecutive (THD, --micro-batch-size 32) {tput['consecutive']:.0f} tokens/s, packed {tput['packed']:.0f} "
+        f"tokens/s, packed/consecutive {tput['packed'] / tput['consecutive']:.2f}x"
+    )
     print(f"padded/useful tokens: {acc['padded'] / acc['useful']:.2f}")
     print(f"packed/useful tokens: {acc['packed'] / acc['useful']:.2f}")
     return 0

@@ -136,9 +136,13 @@ def engine_costs(gpu: str, context: float) -> dict:
     m, g = QWEN25_32B, GPUS[gpu]
     weights = m["params"] * m["bytes"] / TP
     kv_token = 2 * m["layers"] * m["kv_heads"] * m["head_dim"] * m["bytes"] / TP
-    return {"floor": weights / g["hbm_bytes_s"], "c": context * kv_token / g["hbm_bytes_s"],
-            "prefill": 2 * m["params"] / TP / (PREFILL_MFU * g["bf16_flops"]),
-            "weights_gb": weights / 1e9, "kv_token_kib": kv_token / 1024}
+    return {
+        "floor": weights / g["hbm_bytes_s"],
+        "c": context * kv_token / g["hbm_bytes_s"],
+        "prefill": 2 * m["params"] / TP / (PREFILL_MFU * g["bf16_flops"]),
+        "weights_gb": weights / 1e9,
+        "kv_token_kib": kv_token / 1024,
+    }
 
 
 # ---------------------------------------------------------------------------- workload
@@ -385,6 +389,7 @@ def trainable_tokens(samples: list, algo, offpolicy, check: int = 4) -> int:
     ``--partial-rollout-offpolicy mask`` the first ``stale_len`` tokens: none; else every token),
     and the first ``check`` samples (and every entirely stale one) through ``weigh_items``
     itself, which must agree (the whole list through it costs minutes per run)."""
+
     def rule(s):
         n = len(s.response_ids)
         if not s.train:
@@ -393,8 +398,10 @@ def trainable_tokens(samples: list, algo, offpolicy, check: int = 4) -> int:
 
     def weighed(batch):
         items = [dataclasses.replace(s.to_item(), old_logprobs=list(s.engine_logprobs)) for s in batch]
-        return [int(float(y.weights.keep.sum())) if y.weights is not None else 0
-                for y in weigh_items(items, algo, offpolicy)]
+        return [
+            int(float(y.weights.keep.sum())) if y.weights is not None else 0
+            for y in weigh_items(items, algo, offpolicy)
+        ]
 
     if algo.tis_mode not in ("none", "token-truncate"):  # a mask mode could reject: weigh every sample
         return sum(weighed(samples))
@@ -408,11 +415,25 @@ def trainable_tokens(samples: list, algo, offpolicy, check: int = 4) -> int:
 
 def run(args, seed: int, kind: tuple, costs: dict, t0: float) -> dict:
     _, blocking, abortable, offpolicy = kind
-    argv = ["--rollout-batch-size", str(args.batch), "--n-samples-per-prompt", str(args.group),
-            "--over-sampling-batch-size", str(args.batch * args.over_sampling), "--global-batch-size",
-            str(args.batch), "--max-response-length", str(args.max_len), "--overlong-buffer-length",
-            str(min(4096, args.max_len // 4)), "--max-num-gen-batches", "1000",
-            "--partial-rollout", "true" if offpolicy else "false", "--no-progress"]
+    argv = [
+        "--rollout-batch-size",
+        str(args.batch),
+        "--n-samples-per-prompt",
+        str(args.group),
+        "--over-sampling-batch-size",
+        str(args.batch * args.over_sampling),
+        "--global-batch-size",
+        str(args.batch),
+        "--max-response-length",
+        str(args.max_len),
+        "--overlong-buffer-length",
+        str(min(4096, args.max_len // 4)),
+        "--max-num-gen-batches",
+        "1000",
+        "--partial-rollout",
+        "true" if offpolicy else "false",
+        "--no-progress",
+    ]
     if offpolicy:
         argv += ["--partial-rollout-offpolicy", offpolicy]
     cfg = parse_args(argv)
@@ -420,11 +441,18 @@ def run(args, seed: int, kind: tuple, costs: dict, t0: float) -> dict:
     work = Workload(n_prompts, seed, args.length_median, args.length_sigma, args.max_len, 0.24, 0.34)
     sim = Sim(work, args.prompt_len, args.group, t0, costs["c"], costs["prefill"])
     engines = [SimEngine(sim, args.slots, blocking, abortable) for _ in range(args.engines)]
-    pool = EnginePool(lambda i: engines[i], len(engines), lambda handles: None, timeout_s=1e9,
-                      transport=LocalTransport())
+    pool = EnginePool(
+        lambda i: engines[i], len(engines), lambda handles: None, timeout_s=1e9, transport=LocalTransport()
+    )
     pool.clock = lambda: sim.now
-    mgr = RolloutManager(cfg, Prompts(n_prompts, args.prompt_len), ResumableSampler(n_prompts, seed=seed, shuffle=True),
-                         pool, Scorer(), Tok())
+    mgr = RolloutManager(
+        cfg,
+        Prompts(n_prompts, args.prompt_len),
+        ResumableSampler(n_prompts, seed=seed, shuffle=True),
+        pool,
+        Scorer(),
+        Tok(),
+    )
     tot = {"time": 0.0, "trainable": 0, "kept_tokens": 0, "kept": 0, "left_out": 0}
     for step in range(1, args.steps + 1):
         with contextlib.redirect_stdout(io.StringIO()):  # the manager's "[rollout] ... round k" lines
@@ -468,18 +496,24 @@ def main(argv=None) -> int:
     ctx = mean_context(args.prompt_len, args.length_median, args.length_sigma, args.max_len)
     costs = engine_costs(args.gpu, ctx)
     gpus = args.engines * TP
-    print(f"Qwen2.5-32B, TP {TP}, {args.gpu.upper()}: weights {costs['weights_gb']:.2f} GB per GPU per decode step "
-          f"-> floor {costs['floor'] * 1e3:.2f} ms; KV {costs['kv_token_kib']:.0f} KiB per token per GPU x mean "
-          f"context {ctx:.0f} -> c {costs['c'] * 1e6:.1f} us (floor = {costs['floor'] / costs['c']:.0f} c); prefill "
-          f"{costs['prefill'] * 1e6:.1f} us per token; {args.engines} engines = {gpus} GPUs, {args.slots} slots each",
-          flush=True)
+    print(
+        f"Qwen2.5-32B, TP {TP}, {args.gpu.upper()}: weights {costs['weights_gb']:.2f} GB per GPU per decode step "
+        f"-> floor {costs['floor'] * 1e3:.2f} ms; KV {costs['kv_token_kib']:.0f} KiB per token per GPU x mean "
+        f"context {ctx:.0f} -> c {costs['c'] * 1e6:.1f} us (floor = {costs['floor'] / costs['c']:.0f} c); prefill "
+        f"{costs['prefill'] * 1e6:.1f} us per token; {args.engines} engines = {gpus} GPUs, {args.slots} slots each",
+        flush=True,
+    )
     best = {}
     for mult in floors:
         t0 = mult * costs["floor"]
-        print(f"\nt0 = {mult:g} x floor = {t0 * 1e3:.2f} ms, c = {costs['c'] * 1e6:.1f} us "
-              f"({args.seeds} seed(s) x {args.steps} steps pooled)")
-        print(f"{'engine':<46} {'trainable tok/s':>15} {'per GPU-s':>10} {'decoded/trainable':>17} "
-              f"{'untrainable':>11} {'vs best blocking':>16}")
+        print(
+            f"\nt0 = {mult:g} x floor = {t0 * 1e3:.2f} ms, c = {costs['c'] * 1e6:.1f} us "
+            f"({args.seeds} seed(s) x {args.steps} steps pooled)"
+        )
+        print(
+            f"{'engine':<46} {'trainable tok/s':>15} {'per GPU-s':>10} {'decoded/trainable':>17} "
+            f"{'untrainable':>11} {'vs best blocking':>16}"
+        )
         rows = []
         for kind in KINDS:
             acc = {}
@@ -491,9 +525,12 @@ def main(argv=None) -> int:
         base = max(rate[k[0]] for k in KINDS if k[1])
         for kind, acc in rows:
             name = kind[0]
-            print(f"{name:<46} {rate[name]:>15.0f} {rate[name] / gpus:>10.1f} "
-                  f"{acc['decoded'] / max(acc['trainable'], 1):>17.2f} {acc['left_out'] / acc['kept']:>11.1%} "
-                  f"{rate[name] / base:>16.2f}", flush=True)
+            print(
+                f"{name:<46} {rate[name]:>15.0f} {rate[name] / gpus:>10.1f} "
+                f"{acc['decoded'] / max(acc['trainable'], 1):>17.2f} {acc['left_out'] / acc['kept']:>11.1%} "
+                f"{rate[name] / base:>16.2f}",
+                flush=True,
+            )
         best[mult] = max(rate[k[0]] for k in KINDS if not k[1]) / base
         print(f"best streaming over best blocking at t0 = {mult:g} x floor: {best[mult]:.2f}", flush=True)
     print(f"rollout trainable tokens/s, best over blocking chunks: {best[args.realistic]:.2f}")

@@ -67,7 +67,9 @@ def make_math_verify(wrap=WRAPS["math-verify"]):
 
     def check(gold: str, pred: str) -> bool:
         try:
-            return bool(verify(parse(wrap(gold), extraction_config=config), parse(wrap(pred), extraction_config=config)))
+            return bool(
+                verify(parse(wrap(gold), extraction_config=config), parse(wrap(pred), extraction_config=config))
+            )
         except Exception:  # noqa: BLE001 - a crash is a "no"
             return False
 
@@ -114,7 +116,10 @@ def report(name: str, cases: list[dict], verifiers: dict, variants: dict, repeat
             verdicts.setdefault(vname, result)
             times[vname].append(seconds)
     print(f"\ncases: {name}: {len(cases)} ({n_eq} equal, {n_ne} not equal)\n")
-    print("| verifier | equal pairs recognised | non-equal pairs accepted | pairs/s (median of %d) | throughput vs math-verify |" % repeats)
+    print(
+        "| verifier | equal pairs recognised | non-equal pairs accepted | pairs/s (median of %d) | throughput vs math-verify |"
+        % repeats
+    )
     print("|---|---|---|---|---|")
     rate = {v: len(cases) / statistics.median(ts) for v, ts in times.items()}
     for vname in verifiers:
@@ -134,14 +139,23 @@ def report(name: str, cases: list[dict], verifiers: dict, variants: dict, repeat
             wrong = [v for v in ("math", "math-verify") if v in verdicts and verdicts[v][i] != bool(c["expected"])]
             if wrong:
                 tag = c.get("source", f"#{i}")
-                print(f"- {tag} expected={c['expected']} wrong: {', '.join(wrong)} | gold={c['gold'][-70:]!r} | pred={c['pred'][-70:]!r}")
+                print(
+                    f"- {tag} expected={c['expected']} wrong: {', '.join(wrong)} | gold={c['gold'][-70:]!r} | pred={c['pred'][-70:]!r}"
+                )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per verifier (median reported)")
-    parser.add_argument("--show-disagreements", action="store_true", help="list pairs where verifiers differ from the label")
-    parser.add_argument("--cases", type=Path, action="append", help="case file(s) (default: the shared cases and the HardVerify-Math pairs)")
+    parser.add_argument(
+        "--show-disagreements", action="store_true", help="list pairs where verifiers differ from the label"
+    )
+    parser.add_argument(
+        "--cases",
+        type=Path,
+        action="append",
+        help="case file(s) (default: the shared cases and the HardVerify-Math pairs)",
+    )
     args = parser.parse_args(argv)
 
     from megatron_dapo.reward import is_equivalent

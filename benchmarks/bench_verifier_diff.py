@@ -46,7 +46,10 @@ def make_math_verify():
         import math_verify
         from math_verify import parse, verify
     except ImportError:
-        return None, "math-verify not installed (pip install -r benchmarks/requirements-verifier.txt): its column is skipped"
+        return (
+            None,
+            "math-verify not installed (pip install -r benchmarks/requirements-verifier.txt): its column is skipped",
+        )
 
     def check(gold: str, response: str) -> bool:
         try:
@@ -58,7 +61,9 @@ def make_math_verify():
     try:
         from importlib.metadata import version
 
-        stack = ", ".join(f"{p}=={version(p)}" for p in ("math-verify", "latex2sympy2_extended", "antlr4-python3-runtime"))
+        stack = ", ".join(
+            f"{p}=={version(p)}" for p in ("math-verify", "latex2sympy2_extended", "antlr4-python3-runtime")
+        )
     except Exception:  # noqa: BLE001 - metadata missing: the module's own attribute
         stack = f"math-verify=={getattr(math_verify, '__version__', '?')}"
     return check, f"math-verify stack: {stack}"
@@ -104,8 +109,11 @@ def table(title: str, key: str, cases: list[dict], verdicts: dict) -> list[str]:
     groups = collections.defaultdict(list)
     for i, c in enumerate(cases):
         groups[c[key] if key else "all"].append(i)
-    lines = [f"\n{title}\n", "| " + (key or "set") + " | " + " | ".join(f"{n} recall | {n} false accepts" for n in names) + " |",
-             "|---|" + "---|---|" * len(names)]
+    lines = [
+        f"\n{title}\n",
+        "| " + (key or "set") + " | " + " | ".join(f"{n} recall | {n} false accepts" for n in names) + " |",
+        "|---|" + "---|---|" * len(names),
+    ]
     for group in sorted(groups, key=lambda g: (-len(groups[g]), g)):
         lines.append(f"| {group} | " + " | ".join(_cell(verdicts[n], cases, groups[group]) for n in names) + " |")
     return lines
@@ -119,7 +127,9 @@ def summary(cases: list[dict], verdicts: dict, seconds: dict) -> list[str]:
         r = sum(v[i] for i in pos)
         f = sum(v[i] for i in neg)
         rate = len(cases) / seconds[name] if seconds[name] else float("inf")
-        lines.append(f"| {name} | {r}/{len(pos)} = {r / max(1, len(pos)):.4f} | {f}/{len(neg)} = {100 * f / max(1, len(neg)):.2f}% | {rate:.0f} |")
+        lines.append(
+            f"| {name} | {r}/{len(pos)} = {r / max(1, len(pos)):.4f} | {f}/{len(neg)} = {100 * f / max(1, len(neg)):.2f}% | {rate:.0f} |"
+        )
     return lines
 
 
@@ -131,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-label", type=int, default=5, help="equivalent and wrong answers drawn per gold (each)")
     parser.add_argument("--no-math-verify", action="store_true", help="skip the math-verify column")
     parser.add_argument("--show-failures", type=int, default=0, help="list up to N cases `math` gets wrong (per split)")
-    parser.add_argument("--by", default="type,transform,shape", help="tables to print (comma list of type, transform, shape)")
+    parser.add_argument(
+        "--by", default="type,transform,shape", help="tables to print (comma list of type, transform, shape)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the cases with every verdict to this file")
     args = parser.parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)

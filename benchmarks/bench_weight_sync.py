@@ -60,11 +60,22 @@ def model_config(args) -> dict:
     else:
         h, f, nh, nkv, v = 5120, 27648, 40, 8, args.vocab
     return dict(
-        model_type="qwen2", vocab_size=v, hidden_size=h, intermediate_size=f,
-        num_hidden_layers=args.layers, num_attention_heads=nh, num_key_value_heads=nkv,
-        max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=1000000.0,
-        tie_word_embeddings=False, hidden_act="silu", use_sliding_window=False,
-        bos_token_id=1, eos_token_id=2, dtype="bfloat16",
+        model_type="qwen2",
+        vocab_size=v,
+        hidden_size=h,
+        intermediate_size=f,
+        num_hidden_layers=args.layers,
+        num_attention_heads=nh,
+        num_key_value_heads=nkv,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=False,
+        hidden_act="silu",
+        use_sliding_window=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        dtype="bfloat16",
     )
 
 
@@ -81,7 +92,9 @@ def build_model(hf_cfg: dict, dtype):
 
     provider.transformer_config_from_arch = no_init
     try:
-        return build_gpt_model(hf_cfg, ModelBuildOptions(params_dtype=dtype, bf16=dtype is not None and str(dtype) == "torch.bfloat16"))
+        return build_gpt_model(
+            hf_cfg, ModelBuildOptions(params_dtype=dtype, bf16=dtype is not None and str(dtype) == "torch.bfloat16")
+        )
     finally:
         provider.transformer_config_from_arch = orig
 
@@ -117,7 +130,10 @@ def _worker(rank: int, world: int, port: int, args) -> None:
             engine = HFEngine(AutoConfig.for_model(**hf_cfg), dtype=dtype)
     dist.barrier()
     if rank == 0:
-        print(f"built in {time.perf_counter() - t0:.1f} s; rank 0 holds {local_bytes / 1e9:.3f} GB of megatron params", flush=True)
+        print(
+            f"built in {time.perf_counter() - t0:.1f} s; rank 0 holds {local_bytes / 1e9:.3f} GB of megatron params",
+            flush=True,
+        )
     ws = WeightSync(model, arch, bucket_bytes=args.bucket_mb * 2**20)
 
     def timed(fn):
@@ -140,7 +156,10 @@ def _worker(rank: int, world: int, port: int, args) -> None:
     dist.broadcast(tb, src=0)
     total = int(tb.item())
     if rank == 0:
-        print(f"warm-up sync: {warm:.2f} s, {st.buckets} buckets, {st.tensors} HF tensors, {total / 1e9:.3f} GB", flush=True)
+        print(
+            f"warm-up sync: {warm:.2f} s, {st.buckets} buckets, {st.tensors} HF tensors, {total / 1e9:.3f} GB",
+            flush=True,
+        )
     ta, tb_ = [], []
     for _ in range(args.repeats):  # interleaved so that machine load hits both alike
         ta.append(timed(full)[0])
@@ -159,8 +178,12 @@ def _worker(rank: int, world: int, port: int, args) -> None:
                 left -= n
             tc.append(time.perf_counter() - t)
         a, b, c = statistics.median(ta), statistics.median(tb_), statistics.median(tc)
-        print(f"runs (s): full {['%.2f' % x for x in ta]}, collectives {['%.2f' % x for x in tb_]}, copy {['%.3f' % x for x in tc]}")
-        print(f"bytes per sync: {total} ({total / 1e9:.3f} GB), bucket {args.bucket_mb} MiB, TP{args.tp} x PP{args.pp}, {args.dtype}")
+        print(
+            f"runs (s): full {['%.2f' % x for x in ta]}, collectives {['%.2f' % x for x in tb_]}, copy {['%.3f' % x for x in tc]}"
+        )
+        print(
+            f"bytes per sync: {total} ({total / 1e9:.3f} GB), bucket {args.bucket_mb} MiB, TP{args.tp} x PP{args.pp}, {args.dtype}"
+        )
         print(f"(a) full sync           : {a:7.3f} s  {total / a / 1e9:7.3f} GB/s")
         print(f"(b) collectives only    : {b:7.3f} s  {total / b / 1e9:7.3f} GB/s")
         print(f"(c) in-memory copy      : {c:7.3f} s  {total / c / 1e9:7.3f} GB/s")
@@ -174,10 +197,22 @@ def _worker(rank: int, world: int, port: int, args) -> None:
 def ray_config(args) -> dict:
     h, f, v = (256, 512, 4096) if args.small else (768, 2048, 16384)
     return dict(
-        model_type="qwen2", vocab_size=v, hidden_size=h, intermediate_size=f, num_hidden_layers=4,
-        num_attention_heads=12 if not args.small else 4, num_key_value_heads=4 if not args.small else 2,
-        max_position_embeddings=1024, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False,
-        hidden_act="silu", use_sliding_window=False, bos_token_id=1, eos_token_id=2, dtype="float32",
+        model_type="qwen2",
+        vocab_size=v,
+        hidden_size=h,
+        intermediate_size=f,
+        num_hidden_layers=4,
+        num_attention_heads=12 if not args.small else 4,
+        num_key_value_heads=4 if not args.small else 2,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=False,
+        hidden_act="silu",
+        use_sliding_window=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        dtype="float32",
     )
 
 
@@ -198,16 +233,35 @@ def ray_part(args, work: str) -> dict:
     start_ray(address="local", num_cpus=args.engines)
     cluster = None
     try:
-        cfg = parse_args(["--hf-checkpoint", hf_dir, "--actor-num-gpus-per-node", str(args.engines),
-                          "--rollout-num-gpus-per-engine", "1", "--rollout-engine", "hf",
-                          "--micro-batch-size", "1", "--global-batch-size", str(args.engines),
-                          "--rollout-batch-size", "1", "--n-samples-per-prompt", str(args.engines),
-                          "--update-weight-buffer-size", str(args.ray_bucket_mb * 2**20)])
+        cfg = parse_args(
+            [
+                "--hf-checkpoint",
+                hf_dir,
+                "--actor-num-gpus-per-node",
+                str(args.engines),
+                "--rollout-num-gpus-per-engine",
+                "1",
+                "--rollout-engine",
+                "hf",
+                "--micro-batch-size",
+                "1",
+                "--global-batch-size",
+                str(args.engines),
+                "--rollout-batch-size",
+                "1",
+                "--n-samples-per-prompt",
+                str(args.engines),
+                "--update-weight-buffer-size",
+                str(args.ray_bucket_mb * 2**20),
+            ]
+        )
         t0 = time.perf_counter()
         cluster = Cluster(cfg, hf_dir, None)
         handles = [cluster.make_engine(i) for i in range(cluster.num_engines)]
-        print(f"Ray cluster: {cluster.world} ranks, {len(handles)} engines up in {time.perf_counter() - t0:.1f} s",
-              flush=True)
+        print(
+            f"Ray cluster: {cluster.world} ranks, {len(handles)} engines up in {time.perf_counter() - t0:.1f} s",
+            flush=True,
+        )
         state = get_state_from_address(ray.get_runtime_context().gcs_address)
 
         def created() -> int:
@@ -259,18 +313,25 @@ def ray_part(args, work: str) -> dict:
                 left -= n
             copy_t.append(time.perf_counter() - t)
         d, e, f = statistics.median(all_t), statistics.median(one_t), statistics.median(copy_t)
-        print(f"runs (s): {len(handles)} engines {['%.3f' % x for x in all_t]}, 1 engine {['%.3f' % x for x in one_t]}, "
-              f"copy {['%.3f' % x for x in copy_t]}; object store bytes per sync {store}")
-        print(f"bytes per engine and sync: {nbytes} ({nbytes / 1e6:.1f} MB), {out['buckets']} buckets of "
-              f"{args.ray_bucket_mb} MiB, fp32, {cluster.world} trainer ranks (DP {cluster.world})")
+        print(
+            f"runs (s): {len(handles)} engines {['%.3f' % x for x in all_t]}, 1 engine {['%.3f' % x for x in one_t]}, "
+            f"copy {['%.3f' % x for x in copy_t]}; object store bytes per sync {store}"
+        )
+        print(
+            f"bytes per engine and sync: {nbytes} ({nbytes / 1e6:.1f} MB), {out['buckets']} buckets of "
+            f"{args.ray_bucket_mb} MiB, fp32, {cluster.world} trainer ranks (DP {cluster.world})"
+        )
         print(f"(d) sync into {len(handles)} engines : {d:7.3f} s")
         print(f"(e) sync into 1 engine   : {e:7.3f} s  {nbytes / e / 1e9:7.3f} GB/s")
         print(f"(f) in-memory copy       : {f:7.3f} s  {nbytes / f / 1e9:7.3f} GB/s", flush=True)
         # CPU time is what 2 cores bound: 4 engines are 4x the copying. Its ratio per engine
         # says whether the protocol itself adds work per engine (1.00 = none).
         cd, ce = statistics.median(cpu[len(handles)]), statistics.median(cpu[1])
-        print(f"CPU seconds per sync (all trainer and engine processes): {len(handles)} engines {cd:.2f}, "
-              f"1 engine {ce:.2f}; cores {os.cpu_count()}", flush=True)
+        print(
+            f"CPU seconds per sync (all trainer and engine processes): {len(handles)} engines {cd:.2f}, "
+            f"1 engine {ce:.2f}; cores {os.cpu_count()}",
+            flush=True,
+        )
         return {"weak": d / e, "store": max(store), "memcpy": e / f, "cpu_weak": cd / len(handles) / ce}
     finally:
         if cluster is not None:

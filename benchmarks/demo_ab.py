@@ -34,15 +34,57 @@ PHASES = ("time_step", "time_generate", "time_old_logprob", "time_train", "time_
 def demo_args(steps: int, run_dir: str) -> list:
     """examples/run_smollm2_cpu.sh's training flags, without evaluation, checkpoints or the HF export."""
     return [
-        "--hf-checkpoint", f"{WORK}/smollm2-hf", "--pretrained-checkpoint", f"{WORK}/smollm2-torch_dist",
-        "--prompt-data", f"{WORK}/addition/train.jsonl", "--no-apply-chat-template", "--max-prompt-length", "128",
-        "--algorithm", "dapo", "--rollout-batch-size", "16", "--n-samples-per-prompt", "8",
-        "--over-sampling-batch-size", "32", "--max-num-gen-batches", "4", "--global-batch-size", "64",
-        "--micro-batch-size", "16", "--max-response-length", "12", "--overlong-buffer-length", "4",
-        "--rollout-stop", "\\n", "--rollout-temperature", "1.0", "--rollout-top-p", "1.0",
-        "--lr", "1e-5", "--weight-decay", "0.0", "--clip-grad", "1.0", "--adam-beta2", "0.99",
-        "--num-rollout", str(steps), "--seed", "1", "--reward-num-workers", "1",
-        "--run-dir", run_dir, "--wandb-mode", "offline",
+        "--hf-checkpoint",
+        f"{WORK}/smollm2-hf",
+        "--pretrained-checkpoint",
+        f"{WORK}/smollm2-torch_dist",
+        "--prompt-data",
+        f"{WORK}/addition/train.jsonl",
+        "--no-apply-chat-template",
+        "--max-prompt-length",
+        "128",
+        "--algorithm",
+        "dapo",
+        "--rollout-batch-size",
+        "16",
+        "--n-samples-per-prompt",
+        "8",
+        "--over-sampling-batch-size",
+        "32",
+        "--max-num-gen-batches",
+        "4",
+        "--global-batch-size",
+        "64",
+        "--micro-batch-size",
+        "16",
+        "--max-response-length",
+        "12",
+        "--overlong-buffer-length",
+        "4",
+        "--rollout-stop",
+        "\\n",
+        "--rollout-temperature",
+        "1.0",
+        "--rollout-top-p",
+        "1.0",
+        "--lr",
+        "1e-5",
+        "--weight-decay",
+        "0.0",
+        "--clip-grad",
+        "1.0",
+        "--adam-beta2",
+        "0.99",
+        "--num-rollout",
+        str(steps),
+        "--seed",
+        "1",
+        "--reward-num-workers",
+        "1",
+        "--run-dir",
+        run_dir,
+        "--wandb-mode",
+        "offline",
     ]
 
 
@@ -72,12 +114,26 @@ def main(argv=None) -> int:
         return 2
     for need in ("smollm2-hf/config.json", "addition/train.jsonl"):
         if not os.path.exists(os.path.join(WORK, need)):
-            print(f"demo_ab: {WORK}/{need} is missing; run `bash examples/run_smollm2_cpu.sh --dry-run` first",
-                  file=sys.stderr)
+            print(
+                f"demo_ab: {WORK}/{need} is missing; run `bash examples/run_smollm2_cpu.sh --dry-run` first",
+                file=sys.stderr,
+            )
             return 2
     if not os.path.exists(f"{WORK}/smollm2-torch_dist/megatron_dapo_checkpoint.json"):
-        subprocess.run([sys.executable, "tools/convert_hf_to_megatron.py", "--hf-checkpoint", f"{WORK}/smollm2-hf",
-                        "--save", f"{WORK}/smollm2-torch_dist", "--dtype", "fp32"], cwd=ROOT, check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "tools/convert_hf_to_megatron.py",
+                "--hf-checkpoint",
+                f"{WORK}/smollm2-hf",
+                "--save",
+                f"{WORK}/smollm2-torch_dist",
+                "--dtype",
+                "fp32",
+            ],
+            cwd=ROOT,
+            check=True,
+        )
     revs = {"A": _git("rev-parse", a.old), "B": _git("rev-parse", a.new)}
     trees = {s: os.path.join(a.out, "trees", s) for s in revs}
     os.makedirs(os.path.join(a.out, "trees"))
@@ -92,17 +148,27 @@ def main(argv=None) -> int:
             env.pop("RAY_ADDRESS", None)
             t0 = time.time()
             with open(os.path.join(a.out, label, "log.txt"), "w") as log:
-                rc = subprocess.run([sys.executable, "-m", "megatron_dapo.train", *demo_args(a.steps, run_dir)],
-                                    cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+                rc = subprocess.run(
+                    [sys.executable, "-m", "megatron_dapo.train", *demo_args(a.steps, run_dir)],
+                    cwd=tree,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                ).returncode
             walls[label] = time.time() - t0
             if rc != 0:
-                print(f"demo_ab: run {label} ({revs[label[0]][:8]}) exited {rc}; see {a.out}/{label}/log.txt",
-                      file=sys.stderr)
+                print(
+                    f"demo_ab: run {label} ({revs[label[0]][:8]}) exited {rc}; see {a.out}/{label}/log.txt",
+                    file=sys.stderr,
+                )
                 return 1
             with open(os.path.join(run_dir, "metrics.jsonl")) as f:
                 runs[label] = [json.loads(x) for x in f if x.strip()]
-            print(f"[demo_ab] {label} {revs[label[0]][:8]}: {walls[label]:.0f} s, steps "
-                  + " ".join(f"{r['time_step']:.1f}" for r in runs[label]), flush=True)
+            print(
+                f"[demo_ab] {label} {revs[label[0]][:8]}: {walls[label]:.0f} s, steps "
+                + " ".join(f"{r['time_step']:.1f}" for r in runs[label]),
+                flush=True,
+            )
     finally:
         for s in trees:
             subprocess.run(["git", "worktree", "remove", "--force", trees[s]], cwd=ROOT, capture_output=True)
@@ -110,8 +176,17 @@ def main(argv=None) -> int:
     for k, v in res.items():
         print(f"{k:18s} A {v['A']:8.2f}  B {v['B']:8.2f}  B/A {v['ratio']:.3f}")
     with open(os.path.join(a.out, "summary.json"), "w") as f:
-        json.dump({"revs": revs, "steps": a.steps, "wall_s": walls, "phases": res,
-                   "per_run": {k: phase_means(v) for k, v in runs.items()}}, f, indent=1)
+        json.dump(
+            {
+                "revs": revs,
+                "steps": a.steps,
+                "wall_s": walls,
+                "phases": res,
+                "per_run": {k: phase_means(v) for k, v in runs.items()},
+            },
+            f,
+            indent=1,
+        )
     return 0
 
 

@@ -153,11 +153,22 @@ def build(args):
     else:
         h, f, nh, nkv = 5120, 27648, 40, 8  # Qwen2.5-32B
     cfg = dict(
-        model_type="qwen2", vocab_size=args.vocab, hidden_size=h, intermediate_size=f,
-        num_hidden_layers=args.layers, num_attention_heads=nh, num_key_value_heads=nkv,
-        max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=1000000.0,
-        tie_word_embeddings=False, hidden_act="silu", use_sliding_window=False,
-        bos_token_id=1, eos_token_id=2, dtype="bfloat16",
+        model_type="qwen2",
+        vocab_size=args.vocab,
+        hidden_size=h,
+        intermediate_size=f,
+        num_hidden_layers=args.layers,
+        num_attention_heads=nh,
+        num_key_value_heads=nkv,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=False,
+        hidden_act="silu",
+        use_sliding_window=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        dtype="bfloat16",
     )
     bf16 = torch.cuda.is_available()  # bf16 on GPU; fp32 for the CPU smoke run
     dtype = torch.bfloat16 if bf16 else torch.float32
@@ -171,7 +182,9 @@ def build(args):
     sync_dev(torch)
     n = sum(p.numel() for p in policy.model.parameters())
     pb = sum(p.numel() * p.element_size() for p in policy.model.parameters())
-    print(f"{args.layers} layers, hidden {h}, ffn {f}, heads {nh}/{nkv}, vocab {args.vocab}: {n / 1e9:.3f} B params, {gb(pb)} ({dtype})")
+    print(
+        f"{args.layers} layers, hidden {h}, ffn {f}, heads {nh}/{nkv}, vocab {args.vocab}: {n / 1e9:.3f} B params, {gb(pb)} ({dtype})"
+    )
     print(f"built in {time.perf_counter() - t0:.1f} s; memory_allocated {gb(mem(torch) - m0)}")
     return policy
 
@@ -189,8 +202,15 @@ def train(args, policy):
     t0 = time.perf_counter()
     out = train_step(policy, mbs, _nll(policy.arch, float(args.seq - 1)))
     sync_dev(torch)
-    print(f"train step {time.perf_counter() - t0:.2f} s, grad norm {out['grad_norm']:.4g}, ok {out['update_successful']}")
-    print("memory_allocated after step:", gb(mem(torch)), "| peak", gb(torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0))
+    print(
+        f"train step {time.perf_counter() - t0:.2f} s, grad norm {out['grad_norm']:.4g}, ok {out['update_successful']}"
+    )
+    print(
+        "memory_allocated after step:",
+        gb(mem(torch)),
+        "| peak",
+        gb(torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0),
+    )
     assert out["update_successful"]
     return mbs
 
@@ -245,7 +265,9 @@ def sync(args, policy):
     print("forced-collective sync (all_gather_into_tensor / broadcast on", ws.device, "): equal to the reference")
     largest = max(t.numel() * t.element_size() for t in ref.values())
     del ref
-    print(f"{st.buckets} buckets of <= {args.bucket_mb} MiB, {st.tensors} HF tensors, {gb(st.bytes)}; largest tensor {gb(largest)}; all equal to the reference")
+    print(
+        f"{st.buckets} buckets of <= {args.bucket_mb} MiB, {st.tensors} HF tensors, {gb(st.bytes)}; largest tensor {gb(largest)}; all equal to the reference"
+    )
     times = []
     base = mem(torch)
     if torch.cuda.is_available():
@@ -260,10 +282,16 @@ def sync(args, policy):
         times.append(time.perf_counter() - t0)
     peak = (torch.cuda.max_memory_allocated() - base) if torch.cuda.is_available() else 0
     best = min(times)
-    print(f"time to produce all buckets: {['%.3f' % x for x in times]} s -> best {best:.3f} s, {st.bytes / best / 1e9:.2f} GB/s")
-    print(f"peak extra memory during sync: {gb(peak)} (bound: bucket {gb(min(bucket, max(b.nbytes for b in ws.plan)))} + largest tensor {gb(largest)})")
+    print(
+        f"time to produce all buckets: {['%.3f' % x for x in times]} s -> best {best:.3f} s, {st.bytes / best / 1e9:.2f} GB/s"
+    )
+    print(
+        f"peak extra memory during sync: {gb(peak)} (bound: bucket {gb(min(bucket, max(b.nbytes for b in ws.plan)))} + largest tensor {gb(largest)})"
+    )
     if torch.cuda.is_available():
-        assert peak <= max(b.nbytes for b in ws.plan) + largest + 64 * 2**20, "extra memory above one bucket + largest tensor"
+        assert peak <= max(b.nbytes for b in ws.plan) + largest + 64 * 2**20, (
+            "extra memory above one bucket + largest tensor"
+        )
 
 
 @section("probe")
@@ -286,8 +314,10 @@ def probe(args, policy):
     check_probe_stats(stats, 1e-6)
     assert stats["max_abs"] == 0.0
     noisy = probe_stats(lp, [[[v + 0.01 for v in x] for x in lp]])
-    print(f"megatron probe logprobs 2 x 63 in {time.perf_counter() - t0:.2f} s, mean "
-          f"{float(torch.tensor(lp).mean()):.3f}; probe stats of a +0.01 engine {noisy}")
+    print(
+        f"megatron probe logprobs 2 x 63 in {time.perf_counter() - t0:.2f} s, mean "
+        f"{float(torch.tensor(lp).mean()):.3f}; probe stats of a +0.01 engine {noisy}"
+    )
 
 
 def _checksums(torch, off):
@@ -345,7 +375,9 @@ def offload(args, policy, mbs):
     t1 = time.perf_counter()
     off.onload()
     t2 = time.perf_counter()
-    print(f"offload {gb(n)} in {t1 - t0:.3f} s ({n / (t1 - t0) / 1e9:.1f} GB/s), onload in {t2 - t1:.3f} s ({n / (t2 - t1) / 1e9:.1f} GB/s)")
+    print(
+        f"offload {gb(n)} in {t1 - t0:.3f} s ({n / (t1 - t0) / 1e9:.1f} GB/s), onload in {t2 - t1:.3f} s ({n / (t2 - t1) / 1e9:.1f} GB/s)"
+    )
     off.drop_host_buffers()  # do not hold two sets of pinned host buffers
     del off
     g = TrainerOffloader(policy.model, policy.optimizer, preserve_grads=False)
@@ -354,7 +386,9 @@ def offload(args, policy, mbs):
     t1 = time.perf_counter()
     g.onload()
     t2 = time.perf_counter()
-    print(f"preserve_grads=False (first use, host buffers allocated): offload {gb(n2)} in {t1 - t0:.3f} s, onload {t2 - t1:.3f} s")
+    print(
+        f"preserve_grads=False (first use, host buffers allocated): offload {gb(n2)} in {t1 - t0:.3f} s, onload {t2 - t1:.3f} s"
+    )
     out = train_step(policy, mbs, _nll(policy.arch, float(mbs[0]["tokens"].shape[1] - 1)))
     assert out["update_successful"]
     print(f"train step after onload: ok, grad norm {out['grad_norm']:.4g}")

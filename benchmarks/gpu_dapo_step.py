@@ -39,10 +39,24 @@ def tiny_hf_dir(out: str, small: bool, vocab: int = 0, tokenizer: str = None) ->
     engine); with ``tokenizer``, its files are copied in (SGLang needs one)."""
     h, f, layers, nh, nkv, v = (64, 128, 2, 4, 2, 512) if small else (1024, 2816, 4, 16, 2, 32768)
     vocab = vocab or v
-    cfg = dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], vocab_size=vocab, hidden_size=h,
-               intermediate_size=f, num_hidden_layers=layers, num_attention_heads=nh, num_key_value_heads=nkv,
-               max_position_embeddings=1024, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False,
-               hidden_act="silu", use_sliding_window=False, bos_token_id=1, eos_token_id=2)
+    cfg = dict(
+        model_type="qwen2",
+        architectures=["Qwen2ForCausalLM"],
+        vocab_size=vocab,
+        hidden_size=h,
+        intermediate_size=f,
+        num_hidden_layers=layers,
+        num_attention_heads=nh,
+        num_key_value_heads=nkv,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=False,
+        hidden_act="silu",
+        use_sliding_window=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "config.json"), "w") as f_:
         json.dump(cfg, f_)
@@ -63,12 +77,14 @@ def make_engine(kind: str, hf: str, dtype, device, tp: int = 1):
         return HFEngine(AutoConfig.from_pretrained(hf), dtype=dtype, device=device, seed=1)
     from megatron_dapo.rollout.sglang_engine import SGLangEngine
 
-    return SGLangEngine(hf, tp_size=tp, mem_fraction_static=0.3, enable_memory_saver=True, dtype="bfloat16",
-                        random_seed=1)
+    return SGLangEngine(
+        hf, tp_size=tp, mem_fraction_static=0.3, enable_memory_saver=True, dtype="bfloat16", random_seed=1
+    )
 
 
-def run(small: bool = False, port: int = 0, log=print, engine_kind: str = "hf", tokenizer: str = None,
-        vocab: int = 0) -> dict:
+def run(
+    small: bool = False, port: int = 0, log=print, engine_kind: str = "hf", tokenizer: str = None, vocab: int = 0
+) -> dict:
     import torch
 
     from megatron_dapo.algo import compute_group_advantages
@@ -89,9 +105,24 @@ def run(small: bool = False, port: int = 0, log=print, engine_kind: str = "hf", 
 
     hf = tiny_hf_dir(tempfile.mkdtemp(prefix="dapo_step_hf_"), small=not on_gpu, vocab=vocab, tokenizer=tokenizer)
     G, prompts_n, new = 4, 2, 8
-    flags = ["--hf-checkpoint", hf, "--micro-batch-size", "4", "--global-batch-size", str(G * prompts_n),
-             "--rollout-batch-size", str(prompts_n), "--n-samples-per-prompt", str(G), "--lr", "1e-4",
-             "--rollout-temperature", "0.9", "--update-weight-buffer-size", str(8 * 1024 * 1024)]
+    flags = [
+        "--hf-checkpoint",
+        hf,
+        "--micro-batch-size",
+        "4",
+        "--global-batch-size",
+        str(G * prompts_n),
+        "--rollout-batch-size",
+        str(prompts_n),
+        "--n-samples-per-prompt",
+        str(G),
+        "--lr",
+        "1e-4",
+        "--rollout-temperature",
+        "0.9",
+        "--update-weight-buffer-size",
+        str(8 * 1024 * 1024),
+    ]
     if on_gpu:
         flags.append("--bf16")
     # the lent H200 has no Transformer Engine: the local layer spec there (the trainer itself
@@ -110,10 +141,17 @@ def run(small: bool = False, port: int = 0, log=print, engine_kind: str = "hf", 
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
     engine = make_engine(engine_kind, hf, dtype, device)
     engines = LocalEngines([engine])
-    hybrid = HybridStep(InProcessTrainer(worker, offload=True), offload=True, check_weight_sync_every=1,
-                        param_dtype=dtype)
-    stage("build", t0, engine=type(engine).__name__, device=device, dtype=str(dtype).replace("torch.", ""),
-          tolerance=hybrid.tolerance)
+    hybrid = HybridStep(
+        InProcessTrainer(worker, offload=True), offload=True, check_weight_sync_every=1, param_dtype=dtype
+    )
+    stage(
+        "build",
+        t0,
+        engine=type(engine).__name__,
+        device=device,
+        dtype=str(dtype).replace("torch.", ""),
+        tolerance=hybrid.tolerance,
+    )
 
     g = torch.Generator().manual_seed(5)
     vocab = json.load(open(os.path.join(hf, "config.json")))["vocab_size"]
@@ -153,9 +191,16 @@ def run(small: bool = False, port: int = 0, log=print, engine_kind: str = "hf", 
     t0 = time.perf_counter()
     info = hybrid.to_rollout(engines, probe=[samples[0].tokens.tolist()])
     chk = hybrid.last_check  # the weight-sync check: exact checksums by HF name, then mean/p90 of the probe
-    stage("sync+probe", t0, bytes=info["sync"].get("bytes"), probe=f"{info['probe_max_abs']:.3g}",
-          checksums=chk.get("compared", "n/a"), mean=f"{chk.get('mean_abs', float('nan')):.3g}",
-          p90=f"{chk.get('p90_abs', float('nan')):.3g}", events=",".join(hybrid.events[-6:]))
+    stage(
+        "sync+probe",
+        t0,
+        bytes=info["sync"].get("bytes"),
+        probe=f"{info['probe_max_abs']:.3g}",
+        checksums=chk.get("compared", "n/a"),
+        mean=f"{chk.get('mean_abs', float('nan')):.3g}",
+        p90=f"{chk.get('p90_abs', float('nan')):.3g}",
+        events=",".join(hybrid.events[-6:]),
+    )
 
     t0 = time.perf_counter()
     again = engine.generate(prompts, sp)
@@ -165,8 +210,13 @@ def run(small: bool = False, port: int = 0, log=print, engine_kind: str = "hf", 
     stage("score", t0, tokens=len(scored[0]))
     if engine_kind != "hf":
         engine.shutdown()
-    return {"stages": stages, "probe": info["probe_max_abs"], "tolerance": hybrid.tolerance,
-            "events": list(hybrid.events), "update_successful": out.update_successful}
+    return {
+        "stages": stages,
+        "probe": info["probe_max_abs"],
+        "tolerance": hybrid.tolerance,
+        "events": list(hybrid.events),
+        "update_successful": out.update_successful,
+    }
 
 
 def main(argv=None) -> int:

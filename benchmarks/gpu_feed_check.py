@@ -85,8 +85,11 @@ def _rank(rank: int, world: int, port: int, args, hf_dir: str) -> None:
     dtype = torch.bfloat16 if on_gpu else torch.float32
     from megatron_dapo.models.provider import te_importable  # the lent H200 has no TE: the local spec there
 
-    policy = build_policy(hf_dir, ModelBuildOptions(params_dtype=dtype, bf16=on_gpu, use_te=None if te_importable() else False),
-                          OptimizerOptions(lr=1e-4))
+    policy = build_policy(
+        hf_dir,
+        ModelBuildOptions(params_dtype=dtype, bf16=on_gpu, use_te=None if te_importable() else False),
+        OptimizerOptions(lr=1e-4),
+    )
     with torch.no_grad():  # identical replicas: rank 0's initial weights everywhere
         for p in policy.model.parameters():
             dist.broadcast(p.data, src=0)
@@ -98,8 +101,9 @@ def _rank(rank: int, world: int, port: int, args, hf_dir: str) -> None:
         from benchmarks.gpu_dapo_step import make_engine
 
         engine = make_engine(args.engine, hf_dir, dtype, device, tp=2)
-        calls = EngineCalls(send=engine.update_weights_from_payloads, resolve=lambda _: None,
-                            finish=engine.finish_weight_update)
+        calls = EngineCalls(
+            send=engine.update_weights_from_payloads, resolve=lambda _: None, finish=engine.finish_weight_update
+        )
     ws = WeightSync(policy.model, policy.arch, feeder_ranks=feeding.feeder_ranks, bucket_bytes=args.bucket_kb << 10)
     failed = False
     try:
@@ -117,9 +121,12 @@ def _rank(rank: int, world: int, port: int, args, hf_dir: str) -> None:
             if engine is not None:
                 bad = _engine_mismatches(engine, _reference_hf(policy)) if args.engine == "hf" else []
                 failed = failed or bool(bad)
-                print(f"{TAG} sync {i} engine={args.engine} backend={backend} device={device} "
-                      f"buckets={st.buckets} MiB={st.bytes / 2**20:.1f} s={secs:.3f} protocol={protocol.describe()} "
-                      f"mismatched={bad[:5] if bad else 0}", flush=True)
+                print(
+                    f"{TAG} sync {i} engine={args.engine} backend={backend} device={device} "
+                    f"buckets={st.buckets} MiB={st.bytes / 2**20:.1f} s={secs:.3f} protocol={protocol.describe()} "
+                    f"mismatched={bad[:5] if bad else 0}",
+                    flush=True,
+                )
             dist.barrier()
     finally:
         if engine is not None and hasattr(engine, "shutdown") and args.engine != "hf":
@@ -142,8 +149,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--small", action="store_true", help="CPU smoke run (fp32, gloo)")
     p.add_argument("--engine", choices=("hf", "sglang"), default="hf")
-    p.add_argument("--bucket-kb", type=int, default=1024,
-                   help="bucket size in KiB (small enough for many buckets: the buffer ring wraps around)")
+    p.add_argument(
+        "--bucket-kb",
+        type=int,
+        default=1024,
+        help="bucket size in KiB (small enough for many buckets: the buffer ring wraps around)",
+    )
     p.add_argument("--tokenizer", default=None, help="a tokenizer directory (SGLang needs one)")
     args = p.parse_args(argv)
     import warnings

@@ -22,8 +22,13 @@ def overhead(rows: list) -> dict:
     over = step - gen - old - train
     parts = {k: tot(k) for k in ("time_sync", "time_probe", "time_offload", "time_verify")}
     parts["rest"] = over - sum(parts.values())
-    return {"steps": len(rows), "step_s": step, "overhead_s": over, "overhead_share": over / step if step else 0.0,
-            "parts_s": parts}
+    return {
+        "steps": len(rows),
+        "step_s": step,
+        "overhead_s": over,
+        "overhead_share": over / step if step else 0.0,
+        "parts_s": parts,
+    }
 
 
 def main(argv=None) -> int:
@@ -32,7 +37,7 @@ def main(argv=None) -> int:
     p.add_argument("--skip-first", type=int, default=0, help="leave out the first N steps (warm-up)")
     a = p.parse_args(argv)
     with open(os.path.join(a.run_dir, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f if line.strip()][a.skip_first:]
+        rows = [json.loads(line) for line in f if line.strip()][a.skip_first :]
     o = overhead(rows)
     parts = ", ".join(f"{k.replace('time_', '')} {v:.1f} s" for k, v in o["parts_s"].items())
     print(f"{o['steps']} steps, {o['step_s']:.1f} s; overhead {o['overhead_s']:.1f} s ({parts})")

@@ -34,8 +34,10 @@ def main(argv=None) -> int:
 
     vocab = len(AutoTokenizer.from_pretrained(args.tokenizer))
     vocab = -(-vocab // 128) * 128
-    return report(lambda: run(small=False, port=args.port, engine_kind="sglang", tokenizer=args.tokenizer, vocab=vocab),
-                  "sglang-smoke")
+    return report(
+        lambda: run(small=False, port=args.port, engine_kind="sglang", tokenizer=args.tokenizer, vocab=vocab),
+        "sglang-smoke",
+    )
 
 
 if __name__ == "__main__":

@@ -227,7 +227,10 @@ def _scalar_wrongs(gold: str, e: sympy.Expr, gtype: str, rng: random.Random) -> 
             out.append(Answer(latex_form(value), style, 0, transform))
 
     if gtype == "degrees":
-        out += [Answer(f"{ascii_form(e + 1)}°", "ascii", 0, "off-by-one"), Answer(f"{latex_form(180 - e)}^\\circ", "latex", 0, "supplement")]
+        out += [
+            Answer(f"{ascii_form(e + 1)}°", "ascii", 0, "off-by-one"),
+            Answer(f"{latex_form(180 - e)}^\\circ", "latex", 0, "supplement"),
+        ]
         return [a for a in out if not (gtype == "degrees" and e == 90 and a.transform == "supplement")]
     if e.free_symbols:
         terms = list(sympy.Add.make_args(sympy.expand(e)))
@@ -239,7 +242,10 @@ def _scalar_wrongs(gold: str, e: sympy.Expr, gtype: str, rng: random.Random) -> 
         put(2 * e, "double")
         sym = sorted(e.free_symbols, key=str)[0]
         if e.is_polynomial() and sympy.degree(e, sym) >= 2:
-            put(sympy.expand(e.subs(sym, sym) + sym ** (sympy.degree(e, sym) + 1) - sym ** sympy.degree(e, sym) * 0), "degree-term")
+            put(
+                sympy.expand(e.subs(sym, sym) + sym ** (sympy.degree(e, sym) + 1) - sym ** sympy.degree(e, sym) * 0),
+                "degree-term",
+            )
         return out
     if e.is_Integer:
         put(e + rng.choice([1, -1]), "off-by-one")
@@ -307,15 +313,30 @@ def _structured_rewrites(gold: str, value: Value, rng: random.Random) -> tuple[l
             rng.shuffle(perm)
         eq.append(Answer(", ".join(latex_form(x) for x in perm), "latex", 1, "permuted"))
         if len(items) >= 2:
-            words = ", ".join(ascii_form(x) for x in perm[:-1]) + (", and " if len(items) > 2 else " and ") + ascii_form(perm[-1])
+            words = (
+                ", ".join(ascii_form(x) for x in perm[:-1])
+                + (", and " if len(items) > 2 else " and ")
+                + ascii_form(perm[-1])
+            )
             eq.append(Answer(words, "ascii", 1, "and-list"))
             eq.append(Answer("\\{" + ", ".join(latex_form(x) for x in items) + "\\}", "latex", 1, "set-braces"))
             eq.append(Answer(" or ".join(f"x = {latex_form(x)}" for x in items), "latex", 1, "labelled-or"))
             eq.append(Answer("; ".join(latex_form(x) for x in perm), "latex", 1, "semicolons"))
-            eq.append(Answer(", ".join(ascii_form(x) for x in perm[:-1]) + " and " + ascii_form(perm[-1]), "ascii", 1, "and-no-comma"))
+            eq.append(
+                Answer(
+                    ", ".join(ascii_form(x) for x in perm[:-1]) + " and " + ascii_form(perm[-1]),
+                    "ascii",
+                    1,
+                    "and-no-comma",
+                )
+            )
         wrong.append(Answer(", ".join(latex_form(x) for x in items[:-1]), "latex", 0, "element-dropped"))
         k = rng.randrange(len(items))
-        wrong.append(Answer(", ".join(latex_form(x + 1 if j == k else x) for j, x in enumerate(items)), "latex", 0, "element-off"))
+        wrong.append(
+            Answer(
+                ", ".join(latex_form(x + 1 if j == k else x) for j, x in enumerate(items)), "latex", 0, "element-off"
+            )
+        )
         extra = next(items[0] + k for k in range(2, 40) if all(scalars_equal(items[0] + k, x) is False for x in items))
         wrong.append(Answer(", ".join(latex_form(x) for x in items + [extra]), "latex", 0, "element-added"))
     elif value.kind == "interval":
@@ -358,7 +379,11 @@ def _structured_rewrites(gold: str, value: Value, rng: random.Random) -> tuple[l
         rows = [list(r) for r in value.items]
 
         def mat(rs, env="pmatrix"):
-            return f"\\begin{{{env}}} " + " \\\\ ".join(" & ".join(latex_form(x) for x in r) for r in rs) + f" \\end{{{env}}}"
+            return (
+                f"\\begin{{{env}}} "
+                + " \\\\ ".join(" & ".join(latex_form(x) for x in r) for r in rs)
+                + f" \\end{{{env}}}"
+            )
 
         eq.append(Answer(mat(rows, "bmatrix"), "latex", 1, "bmatrix"))
         eq.append(Answer(mat(rows), "latex", 1, "latex-respelled"))
@@ -397,7 +422,14 @@ def _structured_rewrites(gold: str, value: Value, rng: random.Random) -> tuple[l
     elif value.kind == "base":
         digits, base = value.text.split("_")
         eq.append(Answer(f"{digits}_{{{base}}}", "latex", 1, "base-braced"))
-        wrong.append(Answer(f"{int(digits) + 1 if not str(int(digits) + 1).endswith(base) else int(digits) - 1}_{{{base}}}", "latex", 0, "off-by-one"))
+        wrong.append(
+            Answer(
+                f"{int(digits) + 1 if not str(int(digits) + 1).endswith(base) else int(digits) - 1}_{{{base}}}",
+                "latex",
+                0,
+                "off-by-one",
+            )
+        )
     return eq, wrong
 
 
@@ -533,7 +565,9 @@ def split_of(unique_id: str) -> str:
     return "dev" if int(hashlib.sha256(unique_id.encode()).hexdigest(), 16) % 2 == 0 else "heldout"
 
 
-def generate(seed: int = 0, golds_path: Path = GOLDS_PATH, limit: int | None = None, per_label: int = 5) -> tuple[list[dict], dict]:
+def generate(
+    seed: int = 0, golds_path: Path = GOLDS_PATH, limit: int | None = None, per_label: int = 5
+) -> tuple[list[dict], dict]:
     """Cases (dicts: split, type, transform, shape, label, gold, response) and drop counts."""
     rows = [json.loads(line) for line in golds_path.open()]
     if limit:
@@ -569,8 +603,16 @@ def generate(seed: int = 0, golds_path: Path = GOLDS_PATH, limit: int | None = N
                 drops["unprovable"] += 1
                 continue
             response, shape = write_response(ans, gold, rng)
-            cases.append({
-                "split": split_of(row["unique_id"]), "type": gtype, "transform": ans.transform, "shape": shape,
-                "label": ans.label, "gold": gold, "response": response, "id": row["unique_id"],
-            })
+            cases.append(
+                {
+                    "split": split_of(row["unique_id"]),
+                    "type": gtype,
+                    "transform": ans.transform,
+                    "shape": shape,
+                    "label": ans.label,
+                    "gold": gold,
+                    "response": response,
+                    "id": row["unique_id"],
+                }
+            )
     return cases, drops

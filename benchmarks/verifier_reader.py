@@ -227,8 +227,13 @@ _RNG_POINTS = random.Random(20261204)
 
 
 def _points(symbols, n: int = 3) -> list[dict]:
-    return [{s: sympy.Rational(_RNG_POINTS.randint(-97, 97) or 1, _RNG_POINTS.randint(1, 13)) + sympy.Rational(1, 7) for s in symbols}
-            for _ in range(n)]
+    return [
+        {
+            s: sympy.Rational(_RNG_POINTS.randint(-97, 97) or 1, _RNG_POINTS.randint(1, 13)) + sympy.Rational(1, 7)
+            for s in symbols
+        }
+        for _ in range(n)
+    ]
 
 
 def _num(expr, point) -> complex | None:

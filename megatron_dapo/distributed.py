@@ -85,6 +85,7 @@ def dp_token_counts(values, group=None, op=dist.ReduceOp.SUM) -> torch.Tensor:
             dist.all_reduce(t, op=op, group=g)
     return t
 
+
 def init_distributed(
     rank: Optional[int] = None,
     world_size: Optional[int] = None,

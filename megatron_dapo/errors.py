@@ -78,8 +78,11 @@ def debug() -> bool:
 
 
 def _names_a_file(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and getattr(exc, "filename", None) is not None and not isinstance(
-        exc, user_error_types())
+    return (
+        isinstance(exc, OSError)
+        and getattr(exc, "filename", None) is not None
+        and not isinstance(exc, user_error_types())
+    )
 
 
 def one_line(exc: BaseException) -> str:
@@ -95,8 +98,11 @@ def report_user_error(command: str, exc: BaseException) -> int:
     (inside an ``except``) when ``exc`` is no user error or ``MEGATRON_DAPO_DEBUG`` is set."""
     if not is_user_error(exc) or debug():
         raise exc
-    hint = f" (check the path given on the command line; {DEBUG_ENV}=1 shows where it was opened)" \
-        if _names_a_file(exc) else ""
+    hint = (
+        f" (check the path given on the command line; {DEBUG_ENV}=1 shows where it was opened)"
+        if _names_a_file(exc)
+        else ""
+    )
     print(f"{command}: error: {one_line(exc)}{hint}", file=sys.stderr, flush=True)
     return EXIT_USER_ERROR
 

@@ -131,7 +131,9 @@ class _CudaToCpuMode(TorchFunctionMode):
             return args[0]
         if func is _TENSOR_TYPE and len(args) == 1 and not kwargs:  # patch 3
             name = func(*args)
-            return name.replace("torch.", "torch.cuda.", 1) if name.startswith("torch.") and ".cuda." not in name else name
+            return (
+                name.replace("torch.", "torch.cuda.", 1) if name.startswith("torch.") and ".cuda." not in name else name
+            )
         if "device" in kwargs and _is_cuda_device(kwargs["device"]):
             kwargs = dict(kwargs, device=_CPU)
         if func in _TO_FUNCS and len(args) > 1 and _is_cuda_device(args[1]):
@@ -149,11 +151,31 @@ _MOVES = {torch.Tensor.to: None, torch.Tensor.cuda: ACCELERATOR, torch.Tensor.cp
 # The factories whose device defaults to the host (a tensor made without device= lands there on
 # a GPU machine). Others (torch.from_file: a mapped file, used on CPU-only paths) are not tracked.
 _FACTORIES = {
-    getattr(torch, n) for n in (
-        "tensor", "as_tensor", "asarray", "scalar_tensor", "zeros", "ones", "empty", "full", "empty_strided",
-        "arange", "range", "linspace", "logspace", "eye", "rand", "randn", "randint", "randperm", "tril_indices",
-        "triu_indices", "sparse_coo_tensor",
-    ) if hasattr(torch, n)
+    getattr(torch, n)
+    for n in (
+        "tensor",
+        "as_tensor",
+        "asarray",
+        "scalar_tensor",
+        "zeros",
+        "ones",
+        "empty",
+        "full",
+        "empty_strided",
+        "arange",
+        "range",
+        "linspace",
+        "logspace",
+        "eye",
+        "rand",
+        "randn",
+        "randint",
+        "randperm",
+        "tril_indices",
+        "triu_indices",
+        "sparse_coo_tensor",
+    )
+    if hasattr(torch, n)
 }
 _HERE = os.path.abspath(__file__)
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
@@ -189,7 +211,7 @@ def _short(path: str) -> str:
     for mark in ("megatron_dapo" + os.sep, "site-packages" + os.sep, "tests" + os.sep):
         i = path.rfind(mark)
         if i >= 0:
-            return path[i + (len(mark) if mark.startswith("site") else 0):]
+            return path[i + (len(mark) if mark.startswith("site") else 0) :]
     return path
 
 
@@ -454,10 +476,27 @@ def _host_tensor(tensor, as_numpy: bool = False, record_stream: bool = False):
 # Collectives the strict mode checks (torch.distributed's names; calls from inside torch, e.g.
 # all_gather_object's, are not checked: they pick the right device themselves).
 STRICT_COLLECTIVES = (
-    "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "_all_gather_base",
-    "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce", "gather",
-    "scatter", "send", "recv", "isend", "irecv", "all_to_all", "all_to_all_single",
-    "batch_isend_irecv", "broadcast_object_list", "scatter_object_list", "send_object_list",
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_into_tensor",
+    "_all_gather_base",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "_reduce_scatter_base",
+    "reduce",
+    "gather",
+    "scatter",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "all_to_all",
+    "all_to_all_single",
+    "batch_isend_irecv",
+    "broadcast_object_list",
+    "scatter_object_list",
+    "send_object_list",
     "recv_object_list",
 )
 _GROUP_KIND = weakref.WeakKeyDictionary()  # ProcessGroup -> ACCELERATOR / HOST
@@ -506,8 +545,11 @@ def record_group(group, backend_asked) -> None:
 
 
 def _refuse(name, kind, what, where) -> None:
-    want = "an accelerator (NCCL) group: create it on collective_device(group)" if kind == ACCELERATOR \
+    want = (
+        "an accelerator (NCCL) group: create it on collective_device(group)"
+        if kind == ACCELERATOR
         else "a host (gloo) group: it must be a CPU tensor"
+    )
     raise StrictCollectiveError(f"strict collectives: dist.{name} at {where} got {what}, but the group is {want}")
 
 

@@ -53,9 +53,7 @@ class Registry(Generic[T]):
             return self._items[name]
         except (KeyError, TypeError):
             where = self.flag or self.kind
-            raise ValueError(
-                f"{where}: unknown {self.kind} {name!r}; one of {', '.join(self._items)}"
-            ) from None
+            raise ValueError(f"{where}: unknown {self.kind} {name!r}; one of {', '.join(self._items)}") from None
 
     def names(self) -> Tuple[str, ...]:
         return tuple(self._items)
@@ -82,4 +80,3 @@ class Registry(Generic[T]):
             text = getattr(target, "__doc__", None) or ""
         line = " ".join(text.strip().split("\n\n")[0].split())
         return line[:-1] + "." if line.endswith(":") else line
-

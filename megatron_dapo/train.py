@@ -64,8 +64,15 @@ class Trainer:
         if not cfg.data.prompt_data:
             raise ConfigError("--prompt-data is required")
         d = cfg.data
-        self.dataset = load_prompt_dataset(d.prompt_data, self.tokenizer, d.max_prompt_length, d.prompt_overflow,
-                                           d.apply_chat_template, d.skip_bad_rows, reward_needs_label(cfg.reward))
+        self.dataset = load_prompt_dataset(
+            d.prompt_data,
+            self.tokenizer,
+            d.max_prompt_length,
+            d.prompt_overflow,
+            d.apply_chat_template,
+            d.skip_bad_rows,
+            reward_needs_label(cfg.reward),
+        )
         print(f"[data] {self.dataset.describe()}")
         self.sampler = ResumableSampler(len(self.dataset), cfg.optim.seed, cfg.data.shuffle)
         self.scorer = BatchScorer.from_config(cfg.reward)
@@ -73,7 +80,9 @@ class Trainer:
         self.step = 0
         self.skipped_in_a_row = 0
         self.run_id = None
-        self.offload_train = cfg.rollout.offload_train if cfg.rollout.offload_train is not None else torch.cuda.is_available()
+        self.offload_train = (
+            cfg.rollout.offload_train if cfg.rollout.offload_train is not None else torch.cuda.is_available()
+        )
         self._probe_tokens = list(self.dataset[0].prompt_ids) if len(self.dataset) else []
         self.data_fingerprint = self.dataset.fingerprint
 
@@ -91,20 +100,32 @@ class Trainer:
         self.cluster = Cluster(cfg, self.hf_dir, self.tokenizer_dir, build_trainers=False)
         stop_on_sigterm()  # after ray.init, which replaced it
         self.hybrid = HybridStep(
-            self.cluster, offload=self.offload_train, check_weight_sync_every=cfg.rollout.check_weight_sync_every,
+            self.cluster,
+            offload=self.offload_train,
+            check_weight_sync_every=cfg.rollout.check_weight_sync_every,
             probe_tolerance=cfg.rollout.weight_sync_tolerance,
             param_dtype=torch.bfloat16 if cfg.model.bf16 else torch.float32,
             check_init_sync=cfg.rollout.check_weight_sync_init,
         )
-        self.logger = MetricsLogger(self.run_dir, cfg.to_dict(), cfg.logging.wandb_project, cfg.logging.wandb_mode,
-                                    cfg.logging.tensorboard, run_id=self.run_id)
+        self.logger = MetricsLogger(
+            self.run_dir,
+            cfg.to_dict(),
+            cfg.logging.wandb_project,
+            cfg.logging.wandb_mode,
+            cfg.logging.tensorboard,
+            run_id=self.run_id,
+        )
         # engines first, sized on free GPUs; they release all their memory, then the trainers are built
-        self.engines = EnginePool(self.cluster.make_engine, self.cluster.num_engines, self._resync,
-                                  cfg.rollout.engine_timeout_s)
+        self.engines = EnginePool(
+            self.cluster.make_engine, self.cluster.num_engines, self._resync, cfg.rollout.engine_timeout_s
+        )
         self.hybrid.launch(self._remote_engines(), self.cluster.build_trainers)
-        print(f"[init] launch order: {' -> '.join(self.hybrid.events)} "
-              f"({self.cluster.num_engines} engine(s), {self.cluster.world} trainer rank(s), "
-              f"rendezvous {self.cluster.master_addr}:{self.cluster.master_port})", flush=True)
+        print(
+            f"[init] launch order: {' -> '.join(self.hybrid.events)} "
+            f"({self.cluster.num_engines} engine(s), {self.cluster.world} trainer rank(s), "
+            f"rendezvous {self.cluster.master_addr}:{self.cluster.master_port})",
+            flush=True,
+        )
         self.manager = RolloutManager(cfg, self.dataset, self.sampler, self.engines, self.scorer, self.tokenizer)
         self.trainers = self.cluster.trainers  # the ranks, one typed group (driver/trainer_group.py)
         if resume_dir:
@@ -158,8 +179,9 @@ class Trainer:
         """Weight sync into restarted engines mid-rollout (EnginePool), probe included."""
         restarted = {h._actor_id for h in handles}
         others = [h for h in self.engines.handles if h._actor_id not in restarted]
-        return self.hybrid.resync(self._remote_engines(handles), probe=self._probe,
-                                  others=self._remote_engines(others) if others else None)
+        return self.hybrid.resync(
+            self._remote_engines(handles), probe=self._probe, others=self._remote_engines(others) if others else None
+        )
 
     def one_step(self, step: int) -> dict:
         cfg, a = self.cfg, self.cfg.algo
@@ -200,19 +222,41 @@ class Trainer:
         debug.log_hybrid_events(self.run_dir, step, self.hybrid.events)
         self.hybrid.events.clear()
         # 7. metrics
-        timings = {"time_old_logprob": t_old, "time_train": t_train, "time_sync": h.get("sync_s", 0.0),
-                   "time_offload": sum(h.get(k, 0.0) for k in ("release_s", "resume_s", "onload_s", "offload_s")),
-                   "time_probe": h.get("probe_s", 0.0)}
-        m = step_metrics(step, roll, samples, train_metrics, info, repetition_rate=repetition_rate,
-                         engine_restarts=self.engines.restarts, timings=timings, untrainable=untrainable)
+        timings = {
+            "time_old_logprob": t_old,
+            "time_train": t_train,
+            "time_sync": h.get("sync_s", 0.0),
+            "time_offload": sum(h.get(k, 0.0) for k in ("release_s", "resume_s", "onload_s", "offload_s")),
+            "time_probe": h.get("probe_s", 0.0),
+        }
+        m = step_metrics(
+            step,
+            roll,
+            samples,
+            train_metrics,
+            info,
+            repetition_rate=repetition_rate,
+            engine_restarts=self.engines.restarts,
+            timings=timings,
+            untrainable=untrainable,
+        )
         m["time_step"] = time.perf_counter() - t_step
         gen_tokens = sum(len(s.response_ids) for g in roll.generated for s in g.samples)
         m["tokens_per_second"] = gen_tokens / max(m["time_step"], 1e-9)
         if cfg.logging.dump_rollouts_every and step % cfg.logging.dump_rollouts_every == 0:
             debug.dump_rollouts(self.run_dir, self.dataset, step, roll)
         if cfg.logging.eval_interval and step % cfg.logging.eval_interval == 0 and cfg.data.eval_data:
-            m.update(evaluate_in_training(RemoteEngine(self.engines.handles[0]), self.tokenizer, cfg, self.hf_dir,
-                                          self.arch, self.scorer, os.path.join(self.run_dir, "eval", f"step_{step:06d}")))
+            m.update(
+                evaluate_in_training(
+                    RemoteEngine(self.engines.handles[0]),
+                    self.tokenizer,
+                    cfg,
+                    self.hf_dir,
+                    self.arch,
+                    self.scorer,
+                    os.path.join(self.run_dir, "eval", f"step_{step:06d}"),
+                )
+            )
         print(summary_line(m), flush=True)
         return m
 
@@ -246,12 +290,15 @@ class Trainer:
 
     def export_hf(self, directory: str) -> str:
         """The trainer's weights as an HF checkpoint (written aside, renamed into place)."""
-        return checkpoints.write_dir_atomically(directory, lambda tmp: self.hybrid.while_trainer_resident(
-            self.trainers.export_hf, tmp))
+        return checkpoints.write_dir_atomically(
+            directory, lambda tmp: self.hybrid.while_trainer_resident(self.trainers.export_hf, tmp)
+        )
 
     def finish(self) -> None:
         try:
-            plot_training_curves(os.path.join(self.run_dir, "metrics.jsonl"), os.path.join(self.run_dir, "training_curves.png"))
+            plot_training_curves(
+                os.path.join(self.run_dir, "metrics.jsonl"), os.path.join(self.run_dir, "training_curves.png")
+            )
         except Exception as e:
             print(f"[plot] skipped: {e}")
         if self.cfg.checkpoint.save_hf_final:

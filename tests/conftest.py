@@ -72,16 +72,30 @@ def _one_ray_cluster_per_session():
 # that are not caches) are listed when the session starts and when it ends; a path that
 # appeared in between fails the session, naming it (a refused `tools/eval.py` once left
 # runs/eval/<model>__<data>/ in the working directory).
-_CACHES = (".venv", ".whl", ".pytest_cache", "__pycache__", ".egg-info", ".git", ".hypothesis", ".mypy_cache",
-           ".ruff_cache")
+_CACHES = (
+    ".venv",
+    ".whl",
+    ".pytest_cache",
+    "__pycache__",
+    ".egg-info",
+    ".git",
+    ".hypothesis",
+    ".mypy_cache",
+    ".ruff_cache",
+)
 
 
 def _untracked_paths() -> set:
     import subprocess
 
     try:
-        out = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all"], cwd=ROOT,
-                             capture_output=True, text=True, timeout=60).stdout
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--ignored", "--untracked-files=all"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return set()
     paths = set()
@@ -120,9 +134,14 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_addoption(parser):
-    parser.addoption("--shuffle-files", metavar="SEED", type=int, default=None,
-                     help="run the test files in an order shuffled with SEED (tests inside a file keep their "
-                          "order): finds a test that passes only after another file's test set some state")
+    parser.addoption(
+        "--shuffle-files",
+        metavar="SEED",
+        type=int,
+        default=None,
+        help="run the test files in an order shuffled with SEED (tests inside a file keep their "
+        "order): finds a test that passes only after another file's test set some state",
+    )
 
 
 def _file_of(item) -> str:

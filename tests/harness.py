@@ -114,7 +114,9 @@ class GlooPool:
             return self._results.get(timeout=timeout)
         except queue.Empty:
             self.close()
-            raise TimeoutError(f"gloo pool of {self.world_size} ranks did not answer within {timeout:.0f}s (killed)") from None
+            raise TimeoutError(
+                f"gloo pool of {self.world_size} ranks did not answer within {timeout:.0f}s (killed)"
+            ) from None
 
     def run(self, fn, *args, timeout: float = 300.0, **kwargs) -> list:
         if not self.alive:

@@ -25,4 +25,4 @@ def table_keys() -> set:
 def documented_keys() -> set:
     """Table keys plus the plain keys of the "Extra keys" paragraph (``eval/<dataset>/...`` left out)."""
     text = METRICS_DOC.read_text()
-    return table_keys() | set(re.findall(r"`([a-z0-9_]+)`", text[text.index("Extra keys"):]))
+    return table_keys() | set(re.findall(r"`([a-z0-9_]+)`", text[text.index("Extra keys") :]))

@@ -20,32 +20,69 @@ _COMMON = dict(
 
 def tiny_qwen2_config(**over) -> dict:
     """Qwen2: QKV bias, GQA, untied embeddings."""
-    return {**_COMMON, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "rms_norm_eps": 1e-6,
-            "tie_word_embeddings": False, "use_sliding_window": False, **over}
+    return {
+        **_COMMON,
+        "model_type": "qwen2",
+        "architectures": ["Qwen2ForCausalLM"],
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+        **over,
+    }
 
 
 def tiny_llama_config(**over) -> dict:
     """Llama: no biases, GQA, tied embeddings (like SmolLM2)."""
-    return {**_COMMON, "model_type": "llama", "architectures": ["LlamaForCausalLM"], "rms_norm_eps": 1e-5,
-            "tie_word_embeddings": True, "attention_bias": False, "mlp_bias": False, **over}
+    return {
+        **_COMMON,
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "mlp_bias": False,
+        **over,
+    }
 
 
 def tiny_qwen3_config(**over) -> dict:
     """Qwen3: q/k norms, no QKV bias, GQA, head_dim 32 (not hidden / heads = 16), tied
     embeddings (like Qwen3-0.6B)."""
-    return {**_COMMON, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "rms_norm_eps": 1e-6,
-            "head_dim": 32, "tie_word_embeddings": True, "attention_bias": False, "use_sliding_window": False,
-            **over}
+    return {
+        **_COMMON,
+        "model_type": "qwen3",
+        "architectures": ["Qwen3ForCausalLM"],
+        "rms_norm_eps": 1e-6,
+        "head_dim": 32,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "use_sliding_window": False,
+        **over,
+    }
 
 
 def tiny_qwen3_moe_config(**over) -> dict:
     """Qwen3-MoE: q/k norms, 8 experts of width 32, top-2 with renormalised probabilities,
     2 layers, untied embeddings (like Qwen3-30B-A3B, scaled down)."""
-    return {**_COMMON, "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "rms_norm_eps": 1e-6,
-            "num_hidden_layers": 2, "head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2,
-            "moe_intermediate_size": 32, "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
-            "router_aux_loss_coef": 0.001, "tie_word_embeddings": False, "attention_bias": False,
-            "use_sliding_window": False, **over}
+    return {
+        **_COMMON,
+        "model_type": "qwen3_moe",
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "rms_norm_eps": 1e-6,
+        "num_hidden_layers": 2,
+        "head_dim": 16,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "router_aux_loss_coef": 0.001,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "use_sliding_window": False,
+        **over,
+    }
 
 
 def random_hf_model(cfg: dict, seed: int = 0):

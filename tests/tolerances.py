@@ -38,8 +38,16 @@ GRAD_REL = 1e-5
 _FP32_HALF_ULP = 2.0**-24
 
 
-def adam_weight_atol(lr: float, grad_norm: float, param_max: float, *, eps: float = COMPARE_ADAM_EPS,
-                     steps: int = 1, clip_grad: float = 0.0, grad_rel: float = GRAD_REL) -> float:
+def adam_weight_atol(
+    lr: float,
+    grad_norm: float,
+    param_max: float,
+    *,
+    eps: float = COMPARE_ADAM_EPS,
+    steps: int = 1,
+    clip_grad: float = 0.0,
+    grad_rel: float = GRAD_REL,
+) -> float:
     """The largest ``|theta_a - theta_b|`` two runs may show after ``steps`` Adam steps of
     learning rate ``lr`` from the same weights, when their gradients (norm ``grad_norm``, clipped
     at ``clip_grad`` if > 0) differ only by float32 reduction order; ``param_max`` is the largest

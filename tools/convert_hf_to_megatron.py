@@ -62,14 +62,21 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--hf-checkpoint", required=True, help="HF checkpoint directory (config.json + safetensors)")
     p.add_argument("--save", required=True, help="output directory of the torch_dist checkpoint")
-    p.add_argument("--dtype", choices=tuple(SAFETENSORS_DTYPES.values()), default=None,
-                   help="dtype of the saved weights (default: the source checkpoint's, so nothing is rounded)")
+    p.add_argument(
+        "--dtype",
+        choices=tuple(SAFETENSORS_DTYPES.values()),
+        default=None,
+        help="dtype of the saved weights (default: the source checkpoint's, so nothing is rounded)",
+    )
     p.add_argument("--tensor-model-parallel-size", type=int, default=1)
     p.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     p.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
-    p.add_argument("--overwrite", action="store_true",
-                   help="write into a non-empty --save directory (files of the same names are replaced, nothing "
-                        "else is deleted); without it a non-empty --save is refused")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into a non-empty --save directory (files of the same names are replaced, nothing "
+        "else is deleted); without it a non-empty --save is refused",
+    )
     return p.parse_args(argv)
 
 

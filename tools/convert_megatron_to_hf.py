@@ -34,9 +34,12 @@ def parse_args(argv=None):
     p.add_argument("--hf-config", default=None, help="directory (or config.json) whose config to write")
     p.add_argument("--tokenizer", default=None, help="directory whose tokenizer files to copy")
     p.add_argument("--max-shard-size-gb", type=float, default=5.0)
-    p.add_argument("--overwrite", action="store_true",
-                   help="write into a non-empty --save directory (files of the same names are replaced, nothing "
-                        "else is deleted); without it a non-empty --save is refused")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into a non-empty --save directory (files of the same names are replaced, nothing "
+        "else is deleted); without it a non-empty --save is refused",
+    )
     return p.parse_args(argv)
 
 

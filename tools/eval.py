@@ -61,38 +61,70 @@ def parse_args(argv=None):
     p = OneLineArgumentParser(prog="eval.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="HF model directory or megatron-dapo torch_dist checkpoint directory")
     p.add_argument("--data", required=True, help="parquet / jsonl evaluation file")
-    p.add_argument("--n-samples", type=int, default=None,
-                   help="samples per problem (default: the number of copies of each prompt, at least k)")
+    p.add_argument(
+        "--n-samples",
+        type=int,
+        default=None,
+        help="samples per problem (default: the number of copies of each prompt, at least k)",
+    )
     p.add_argument("--k", type=int, default=32, help="k of avg@k / pass@k / maj@k (default 32)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=0.7)
     p.add_argument("--top-k", type=int, default=-1)
-    p.add_argument("--max-new-tokens", type=int, default=20480,
-                   help="generation cap (default 20480), further capped by context length - prompt")
-    p.add_argument("--max-prompt-length", type=int, default=DEFAULT_MAX_PROMPT_LENGTH,
-                   help="longer prompts are left-truncated")
-    p.add_argument("--context-length", type=int, default=None,
-                   help="model context (default: max_position_embeddings of config.json)")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=20480,
+        help="generation cap (default 20480), further capped by context length - prompt",
+    )
+    p.add_argument(
+        "--max-prompt-length", type=int, default=DEFAULT_MAX_PROMPT_LENGTH, help="longer prompts are left-truncated"
+    )
+    p.add_argument(
+        "--context-length",
+        type=int,
+        default=None,
+        help="model context (default: max_position_embeddings of config.json)",
+    )
     kinds = [(name, spec) for name, spec in ENGINE_KINDS.items() if spec.standalone is not None]
-    p.add_argument("--engine", choices=engine_choices(), default="auto",
-                   help="; ".join(f"{name}: {spec.doc.split(' (')[0].split(';')[0].rstrip('.')}" for name, spec in kinds)
-                   + "; auto: the first of them made for this machine (GPU when CUDA is available)")
+    p.add_argument(
+        "--engine",
+        choices=engine_choices(),
+        default="auto",
+        help="; ".join(f"{name}: {spec.doc.split(' (')[0].split(';')[0].rstrip('.')}" for name, spec in kinds)
+        + "; auto: the first of them made for this machine (GPU when CUDA is available)",
+    )
     p.add_argument("--reward-mode", choices=REWARD_MODES.names(), default="dapo")
     p.add_argument("--prompt-style", choices=PROMPT_STYLES, default="chat")
     p.add_argument("--stop", action="append", default=None, help="extra stop string (repeatable)")
     p.add_argument("--out", default=None, help="output directory (default: runs/eval/<model>__<data>)")
-    p.add_argument("--seed", type=int, default=None,
-                   help="seeds the engine (hf: reproducible for a fixed --batch-size; sglang: random_seed)")
-    p.add_argument("--seed-per-problem", action="store_true",
-                   help="also seed each problem's own generate call (reproducible whatever the batching; "
-                        "one call per problem, slow on GPU)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seeds the engine (hf: reproducible for a fixed --batch-size; sglang: random_seed)",
+    )
+    p.add_argument(
+        "--seed-per-problem",
+        action="store_true",
+        help="also seed each problem's own generate call (reproducible whatever the batching; "
+        "one call per problem, slow on GPU)",
+    )
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N problems")
-    p.add_argument("--batch-size", type=int, default=None,
-                   help="samples per generate call (default: " + ", ".join(
-                       f"{spec.standalone.batch_size or 'all'} with {name}" for name, spec in kinds) + ")")
-    p.add_argument("--dtype", choices=STANDALONE_DTYPES, default=None,
-                   help="engine dtype (default: " + ", ".join(
-                       f"{spec.standalone.dtype} for {name}" for name, spec in kinds) + ")")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="samples per generate call (default: "
+        + ", ".join(f"{spec.standalone.batch_size or 'all'} with {name}" for name, spec in kinds)
+        + ")",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=STANDALONE_DTYPES,
+        default=None,
+        help="engine dtype (default: " + ", ".join(f"{spec.standalone.dtype} for {name}" for name, spec in kinds) + ")",
+    )
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model directory)")
     p.add_argument("--hf-config", default=None, help="HF config for converting a torch_dist checkpoint")
     p.add_argument("--reward-workers", type=int, default=None, help="reward worker processes (default min(4, cpus))")
@@ -118,8 +150,10 @@ def model_kind(path: str) -> str:
         return "megatron"
     if os.path.exists(os.path.join(path, "config.json")):
         if not any(os.path.exists(os.path.join(path, f)) for f in HF_WEIGHTS):
-            raise SystemExit(f"--model {path}: config.json but no weights ({' / '.join(HF_WEIGHTS)}); give the HF "
-                             "checkpoint directory with its weights")
+            raise SystemExit(
+                f"--model {path}: config.json but no weights ({' / '.join(HF_WEIGHTS)}); give the HF "
+                "checkpoint directory with its weights"
+            )
         return "hf"
     raise SystemExit(
         f"--model {path}: neither an HF checkpoint (config.json) nor a megatron-dapo torch_dist "
@@ -183,8 +217,10 @@ def build_engine(args, model_dir: str, tokenizer):
     kind = resolve_engine_kind(args.engine, torch.cuda.is_available())
     spec = engine_kind(kind).standalone
     if spec is None:
-        raise ConfigError(f"--engine {kind}: this engine kind cannot serve a checkpoint by itself; "
-                          f"choose one of {', '.join(n for n, s in ENGINE_KINDS.items() if s.standalone)}")
+        raise ConfigError(
+            f"--engine {kind}: this engine kind cannot serve a checkpoint by itself; "
+            f"choose one of {', '.join(n for n, s in ENGINE_KINDS.items() if s.standalone)}"
+        )
     opts = StandaloneOptions(dtype=args.dtype or spec.dtype, seed=args.seed, tp=args.tp, mem_fraction=args.mem_fraction)
     return kind, spec.build(model_dir, tokenizer, opts)
 

@@ -19,8 +19,9 @@ import os
 import time
 
 
-def greedy_accuracy(model_dir: str, data: str, n: int, max_new_tokens: int = 8, batch: int = 32,
-                    out_dir: str | None = None) -> dict:
+def greedy_accuracy(
+    model_dir: str, data: str, n: int, max_new_tokens: int = 8, batch: int = 32, out_dir: str | None = None
+) -> dict:
     """Greedy accuracy on the first ``n`` problems of ``data``, with the evaluation code of
     tools/eval.py (megatron_dapo.eval.runner.evaluate): one sample per problem, the prompt
     as raw text, generation stopped at the end of the ``Answer:`` line, the dapo checker in
@@ -34,8 +35,20 @@ def greedy_accuracy(model_dir: str, data: str, n: int, max_new_tokens: int = 8, 
     engine = HFEngine(model_dir, tokenizer=tok)
     try:
         summary = evaluate(
-            engine, tok, data, n_samples=1, k=1, temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens,
-            prompt_style="raw", stop=["\n"], reward_mode="dapo", limit=n, batch_size=batch, progress=False,
+            engine,
+            tok,
+            data,
+            n_samples=1,
+            k=1,
+            temperature=0.0,
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+            prompt_style="raw",
+            stop=["\n"],
+            reward_mode="dapo",
+            limit=n,
+            batch_size=batch,
+            progress=False,
             out_dir=out_dir,
         )
     finally:

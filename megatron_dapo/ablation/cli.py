@@ -39,42 +39,99 @@ PROG = "ablate.py"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineArgumentParser(prog=PROG, description="Factorial ablation of DAPO's controls: plan, launch and report a "
-                              "2^k or 2^(k-p) grid of megatron_dapo.train runs (docs/ablation.md).")
+    p = OneLineArgumentParser(
+        prog=PROG,
+        description="Factorial ablation of DAPO's controls: plan, launch and report a "
+        "2^k or 2^(k-p) grid of megatron_dapo.train runs (docs/ablation.md).",
+    )
     sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineArgumentParser)
     r = sub.add_parser("run", help="plan, launch what is not done, report (flags of the base command after --)")
-    r.add_argument("--grid", required=True, help="grid directory: ablation_plan.json, runs/<cell>/seed<S>, logs/, report/")
-    r.add_argument("--base-config", metavar="FILE.yaml", help="a megatron_dapo.train --config file as (part of) the base")
-    r.add_argument("--factors", metavar="A,B,...", help="known controls: " + ", ".join(DEFAULT_FACTORS)
-                   + " (default: all five)")
-    r.add_argument("--factor", action="append", default=[], metavar="SPEC",
-                   help="a factor: a known control's name, or 'NAME=LOW FLAGS|HIGH FLAGS' (repeatable)")
-    r.add_argument("--seeds", nargs="+", type=int, default=None, metavar="S", help="seeds, one replicate each (default 1)")
-    r.add_argument("--fraction", type=int, default=None, metavar="P",
-                   help="run a 2^(k-P) fraction with the default (minimum-aberration) generators")
+    r.add_argument(
+        "--grid", required=True, help="grid directory: ablation_plan.json, runs/<cell>/seed<S>, logs/, report/"
+    )
+    r.add_argument(
+        "--base-config", metavar="FILE.yaml", help="a megatron_dapo.train --config file as (part of) the base"
+    )
+    r.add_argument(
+        "--factors", metavar="A,B,...", help="known controls: " + ", ".join(DEFAULT_FACTORS) + " (default: all five)"
+    )
+    r.add_argument(
+        "--factor",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="a factor: a known control's name, or 'NAME=LOW FLAGS|HIGH FLAGS' (repeatable)",
+    )
+    r.add_argument(
+        "--seeds", nargs="+", type=int, default=None, metavar="S", help="seeds, one replicate each (default 1)"
+    )
+    r.add_argument(
+        "--fraction",
+        type=int,
+        default=None,
+        metavar="P",
+        help="run a 2^(k-P) fraction with the default (minimum-aberration) generators",
+    )
     r.add_argument("--generators", nargs="+", default=None, metavar="D=ABC", help="the fraction's generators")
-    r.add_argument("--budget-gpu-hours", type=float, default=None, metavar="H",
-                   help="the largest design (full, else the highest-resolution fraction) within H GPU-hours")
-    r.add_argument("--step-seconds", type=float, default=None, metavar="S", help="seconds per rollout step, for the cost")
-    r.add_argument("--calibrate", metavar="RUN_DIR", help="take the step time from a finished run's metrics (median time_step)")
-    r.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
-                   help="each run saves a checkpoint every N steps (RUN_DIR/checkpoints, the last one kept): an "
-                        "interrupted run resumes from it (default 0: it starts over)")
+    r.add_argument(
+        "--budget-gpu-hours",
+        type=float,
+        default=None,
+        metavar="H",
+        help="the largest design (full, else the highest-resolution fraction) within H GPU-hours",
+    )
+    r.add_argument(
+        "--step-seconds", type=float, default=None, metavar="S", help="seconds per rollout step, for the cost"
+    )
+    r.add_argument(
+        "--calibrate", metavar="RUN_DIR", help="take the step time from a finished run's metrics (median time_step)"
+    )
+    r.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="each run saves a checkpoint every N steps (RUN_DIR/checkpoints, the last one kept): an "
+        "interrupted run resumes from it (default 0: it starts over)",
+    )
     r.add_argument("--metric", default=None, help="outcome metric (default auto: eval/<set>/pass@1, else acc_mean)")
-    r.add_argument("--threshold", type=float, default=None, help="level of the steps-to-threshold outcome (default 0.5)")
+    r.add_argument(
+        "--threshold", type=float, default=None, help="level of the steps-to-threshold outcome (default 0.5)"
+    )
     r.add_argument("--dry-run", action="store_true", help="print the plan and its cost; write and start nothing")
-    r.add_argument("--slurm", action="store_true", help="submit a Slurm job array (examples/slurm/submit_dapo.sbatch per run)")
-    r.add_argument("--sbatch-arg", action="append", default=[], metavar="ARG",
-                   help="extra sbatch argument, e.g. --sbatch-arg=--partition=gpu (repeatable)")
+    r.add_argument(
+        "--slurm", action="store_true", help="submit a Slurm job array (examples/slurm/submit_dapo.sbatch per run)"
+    )
+    r.add_argument(
+        "--sbatch-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra sbatch argument, e.g. --sbatch-arg=--partition=gpu (repeatable)",
+    )
     r.add_argument("--max-parallel", type=int, default=0, help="Slurm: at most this many runs at once (array %%N)")
-    r.add_argument("--slurm-time", default=None, help="Slurm --time per run (default: 1.5x the estimate + 15 min, or 72 h)")
+    r.add_argument(
+        "--slurm-time", default=None, help="Slurm --time per run (default: 1.5x the estimate + 15 min, or 72 h)"
+    )
     r.add_argument("--only", nargs="+", default=(), metavar="CELL:SEED", help="launch only these runs")
-    r.add_argument("--skip-incomplete", action="store_true",
-                   help="leave crashed/killed runs as they are (default: resume or start them over)")
-    r.add_argument("--kill-grace", type=float, default=60.0, metavar="S",
-                   help="seconds a stopped run gets to exit after SIGTERM before SIGKILL (default 60)")
-    r.add_argument("--python", default=None, metavar="PATH",
-                   help="the interpreter that runs megatron_dapo.train locally (default: the one running this tool)")
+    r.add_argument(
+        "--skip-incomplete",
+        action="store_true",
+        help="leave crashed/killed runs as they are (default: resume or start them over)",
+    )
+    r.add_argument(
+        "--kill-grace",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds a stopped run gets to exit after SIGTERM before SIGKILL (default 60)",
+    )
+    r.add_argument(
+        "--python",
+        default=None,
+        metavar="PATH",
+        help="the interpreter that runs megatron_dapo.train locally (default: the one running this tool)",
+    )
     r.add_argument("--no-report", action="store_true", help="do not write the report at the end")
     r.add_argument("--no-plot", action="store_true", help="report without plots")
     s = sub.add_parser("status", help="the state of every run of a grid")
@@ -96,7 +153,7 @@ def split_base(argv: Sequence[str]):
     argv = list(argv)
     if "--" in argv:
         i = argv.index("--")
-        return argv[:i], argv[i + 1:]
+        return argv[:i], argv[i + 1 :]
     return argv, []
 
 
@@ -104,8 +161,14 @@ def _plan_for_run(args, base: List[str]):
     """The plan of ``run``: a new one, or the grid's own (a rerun), which the options must match."""
     path = os.path.join(args.grid, PLAN_FILE)
     existing = load_plan(args.grid) if os.path.isfile(path) else None
-    design_given = any(x is not None for x in (args.fraction, args.generators, args.seeds, args.checkpoint_every,
-                                                args.budget_gpu_hours)) or args.factors or args.factor
+    design_given = (
+        any(
+            x is not None
+            for x in (args.fraction, args.generators, args.seeds, args.checkpoint_every, args.budget_gpu_hours)
+        )
+        or args.factors
+        or args.factor
+    )
     if existing is not None and not base and not args.base_config and not design_given:
         return existing, True
     if args.base_config:
@@ -119,9 +182,17 @@ def _plan_for_run(args, base: List[str]):
     explicit = args.fraction is not None or args.generators is not None
 
     def make(p: int):
-        return build_plan(args.grid, base, factors, seeds, fraction=args.fraction if explicit else p,
-                          generators=args.generators or (), checkpoint_every=args.checkpoint_every or 0,
-                          metric=args.metric or "auto", threshold=0.5 if args.threshold is None else args.threshold)
+        return build_plan(
+            args.grid,
+            base,
+            factors,
+            seeds,
+            fraction=args.fraction if explicit else p,
+            generators=args.generators or (),
+            checkpoint_every=args.checkpoint_every or 0,
+            metric=args.metric or "auto",
+            threshold=0.5 if args.threshold is None else args.threshold,
+        )
 
     def cost_of(plan):
         return check_and_cost(plan, args.step_seconds, args.calibrate)
@@ -136,8 +207,10 @@ def _plan_for_run(args, base: List[str]):
         old, new = existing.identity(), plan.identity()
         diff = differences(old, new)
         if diff:
-            raise AblationError(f"--grid {args.grid} holds another grid's plan ({PLAN_FILE} differs in: "
-                                f"{', '.join(diff)}); rerun it with the same options (or none), or choose a new --grid")
+            raise AblationError(
+                f"--grid {args.grid} holds another grid's plan ({PLAN_FILE} differs in: "
+                f"{', '.join(diff)}); rerun it with the same options (or none), or choose a new --grid"
+            )
         existing.cost = existing.cost or cost
         return existing, True  # its outcome metric and threshold unless given again (cmd_run passes them on)
     return plan, False
@@ -163,8 +236,9 @@ def cmd_run(args, base: List[str]) -> int:
     if args.slurm:
         submit_slurm(plan, args.skip_incomplete, args.sbatch_arg, args.max_parallel, args.slurm_time)
         return 0
-    summary = launch_local(plan, skip_incomplete=args.skip_incomplete, kill_grace_s=args.kill_grace, only=args.only,
-                           python=args.python)
+    summary = launch_local(
+        plan, skip_incomplete=args.skip_incomplete, kill_grace_s=args.kill_grace, only=args.only, python=args.python
+    )
     if summary["interrupted"]:
         print(f"[ablate] interrupted ({signal.Signals(summary['interrupted']).name}): rerun the same command to go on")
         return 128 + summary["interrupted"]

@@ -98,8 +98,10 @@ def parse_generator(text: str, k: int) -> Generator:
     """``"D=ABC"`` or ``"D=-ABC"`` (factor D is the product of A, B and C, or minus it)."""
     m = re.fullmatch(r"\s*([A-Za-z])\s*=\s*([+-]?)\s*([A-Za-z]+)\s*", text)
     if not m:
-        raise DesignError(f"generator {text!r}: write it as D=ABC (the factor, '=', the product of other factors; "
-                          "D=-ABC for the other half fraction)")
+        raise DesignError(
+            f"generator {text!r}: write it as D=ABC (the factor, '=', the product of other factors; "
+            "D=-ABC for the other half fraction)"
+        )
     target = m.group(1).upper()
     if target not in LETTERS[:k]:
         raise DesignError(f"generator {text!r}: {target} is not one of the {k} factors ({LETTERS[:k]})")
@@ -108,8 +110,10 @@ def parse_generator(text: str, k: int) -> Generator:
     if t in word:
         raise DesignError(f"generator {text!r}: {target} cannot be defined by itself")
     if len(word) < 2:
-        raise DesignError(f"generator {text!r}: {target} would equal the main effect {word_name(word)} in every run "
-                          "(resolution II: the two can never be told apart); use a product of two or more factors")
+        raise DesignError(
+            f"generator {text!r}: {target} would equal the main effect {word_name(word)} in every run "
+            "(resolution II: the two can never be told apart); use a product of two or more factors"
+        )
     return Generator(t, word, -1 if m.group(2) == "-" else 1)
 
 
@@ -132,8 +136,10 @@ class Design:
         for g in self.generators:
             bad = [LETTERS[i] for i in g.word if i in targets]
             if bad:
-                raise DesignError(f"generator {g.text}: {', '.join(bad)} is itself generated; define generated factors "
-                                  f"by basic ones ({word_name(basic)}) only")
+                raise DesignError(
+                    f"generator {g.text}: {', '.join(bad)} is itself generated; define generated factors "
+                    f"by basic ones ({word_name(basic)}) only"
+                )
         self.basic = basic
         base = full_factorial(len(basic))
         m = np.zeros((base.shape[0], self.k), dtype=int)
@@ -252,7 +258,7 @@ def roman(n: int) -> str:
 
 def full_factorial(k: int) -> np.ndarray:
     """All 2^k level combinations (-1/+1), standard order: column 0 alternates fastest."""
-    n = 2 ** k
+    n = 2**k
     rows = np.arange(n)[:, None]
     return np.where((rows >> np.arange(k)[None, :]) & 1, 1, -1).astype(int)
 
@@ -272,12 +278,15 @@ def make_design(k: int, fraction: int = 0, generators: Sequence[str] = ()) -> De
     key = (k, fraction)
     if key not in DEFAULT_GENERATORS:
         known = ", ".join(f"2^({a}-{b})" for a, b in sorted(DEFAULT_GENERATORS) if a == k) or "none"
-        raise DesignError(f"no default generators for 2^({k}-{fraction}) (known for {k} factors: {known}); give them "
-                          "with --generators, e.g. D=ABC")
+        raise DesignError(
+            f"no default generators for 2^({k}-{fraction}) (known for {k} factors: {known}); give them "
+            "with --generators, e.g. D=ABC"
+        )
     return Design(k, tuple(parse_generator(g, k) for g in DEFAULT_GENERATORS[key]))
 
 
 # ---------------------------------------------------------------------------- estimation
+
 
 def contrast(design: Design, word: Word, y: Sequence[float]) -> float:
     """``mean(y | x_w = +1) - mean(y | x_w = -1)`` over one replicate (``y`` in design order)."""

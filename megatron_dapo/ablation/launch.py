@@ -112,8 +112,9 @@ def read_config(run_dir: str) -> Optional[dict]:
         raise AblationError(f"{path}: cannot be read ({e}); move it away or fix it") from None
 
 
-def run_state(plan: Plan, run: Run, launches: Optional[Dict[str, dict]] = None,
-              want: Optional[dict] = None) -> RunState:
+def run_state(
+    plan: Plan, run: Run, launches: Optional[Dict[str, dict]] = None, want: Optional[dict] = None
+) -> RunState:
     want = want if want is not None else expected_config(run.argv, f"run {run.key}")
     steps = int(want["run.num_rollout_steps"])
     launch = (launches or {}).get(run.key)
@@ -125,8 +126,14 @@ def run_state(plan: Plan, run: Run, launches: Optional[Dict[str, dict]] = None,
         diff = config_differences(got, want)
         if diff:
             shown = ", ".join(f"{k} ({got.get(k)!r}, plan {want.get(k)!r})" for k in diff[:4])
-            return RunState(run, "foreign", steps, last_step(rd),
-                            f"its config.json is not this cell's: {shown}{' ...' if len(diff) > 4 else ''}", launch)
+            return RunState(
+                run,
+                "foreign",
+                steps,
+                last_step(rd),
+                f"its config.json is not this cell's: {shown}{' ...' if len(diff) > 4 else ''}",
+                launch,
+            )
     ls = last_step(rd)
     if ls is not None and ls >= steps:
         return RunState(run, "done", steps, ls, f"{ls} steps", launch)
@@ -173,6 +180,7 @@ def format_states(plan: Plan, states: Sequence[RunState]) -> str:
 
 
 # ---------------------------------------------------------------------------- processes
+
 
 def session_pids(sid: int) -> List[int]:
     """Live processes of session ``sid`` (field 6 of /proc/PID/stat)."""
@@ -234,8 +242,14 @@ def _now() -> str:
     return datetime.datetime.now().isoformat(timespec="seconds")
 
 
-def launch_local(plan: Plan, skip_incomplete: bool = False, kill_grace_s: float = 60.0, only: Sequence[str] = (),
-                 echo: Callable[[str], None] = print, python: Optional[str] = None) -> dict:
+def launch_local(
+    plan: Plan,
+    skip_incomplete: bool = False,
+    kill_grace_s: float = 60.0,
+    only: Sequence[str] = (),
+    echo: Callable[[str], None] = print,
+    python: Optional[str] = None,
+) -> dict:
     """Run every run that is not done, one after another; returns ``{"ran": [...], "failed": [...],
     "skipped": [...], "interrupted": signum or None}``."""
     states = grid_states(plan)
@@ -272,17 +286,32 @@ def launch_local(plan: Plan, skip_incomplete: bool = False, kill_grace_s: float 
             run = state.run
             log = os.path.join(plan.grid, "logs", f"{run.cell}-seed{run.seed}.log")
             cmd = [python or sys.executable, "-m", "megatron_dapo.train", *run.argv, *extra]
-            echo(f"[ablate] {i}/{len(todo)} {run.key} ({plan.cell_label(run.cell)}): {action}"
-                 f"{' from ' + extra[1] if action == 'resume' else ''}; log {log}")
-            rec = {"key": run.key, "cell": run.cell, "seed": run.seed, "action": action, "log": log, "start": _now(),
-                   "argv": cmd}
+            echo(
+                f"[ablate] {i}/{len(todo)} {run.key} ({plan.cell_label(run.cell)}): {action}"
+                f"{' from ' + extra[1] if action == 'resume' else ''}; log {log}"
+            )
+            rec = {
+                "key": run.key,
+                "cell": run.cell,
+                "seed": run.seed,
+                "action": action,
+                "log": log,
+                "start": _now(),
+                "argv": cmd,
+            }
             t0 = time.monotonic()
             with open(log, "a") as lf:
                 lf.write(f"=== {rec['start']} {action}: {' '.join(shlex.quote(a) for a in cmd)}\n")
                 lf.flush()
-                proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        cwd=plan.cwd, env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                                        start_new_session=True)
+                proc = subprocess.Popen(
+                    cmd,
+                    stdout=lf,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    cwd=plan.cwd,
+                    env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                    start_new_session=True,
+                )
                 rec["pid"] = proc.pid  # = its session id
                 while proc.poll() is None and stop.signum is None:
                     try:
@@ -291,8 +320,10 @@ def launch_local(plan: Plan, skip_incomplete: bool = False, kill_grace_s: float 
                         pass
                 if stop.signum is not None and proc.poll() is None:
                     name = signal.Signals(stop.signum).name
-                    echo(f"[ablate] {name}: stopping {run.key} (SIGTERM, then SIGKILL after {kill_grace_s:g} s to "
-                         "what is left of it)")
+                    echo(
+                        f"[ablate] {name}: stopping {run.key} (SIGTERM, then SIGKILL after {kill_grace_s:g} s to "
+                        "what is left of it)"
+                    )
                     killed = end_session(proc, grace_s=kill_grace_s, term=True)
                     if killed:
                         echo(f"[ablate] killed {len(killed)} process(es) left in {run.key}'s session")
@@ -331,8 +362,10 @@ def _lock_grid(grid: str):
         f.seek(0)
         holder = f.read().strip() or "another process"
         f.close()
-        raise AblationError(f"{grid}: another launch of this grid is running ({holder}); wait for it, or stop it "
-                            "(Ctrl-C / kill its pid) first") from None
+        raise AblationError(
+            f"{grid}: another launch of this grid is running ({holder}); wait for it, or stop it "
+            "(Ctrl-C / kill its pid) first"
+        ) from None
     f.seek(0)
     f.truncate()
     f.write(f"pid {os.getpid()} since {_now()}\n")
@@ -350,6 +383,7 @@ def _tail(path: str, n: int) -> List[str]:
 
 # ---------------------------------------------------------------------------- Slurm
 
+
 def repo_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -364,9 +398,18 @@ def task_args(plan: Plan, key: str, skip_incomplete: bool = False) -> Optional[L
     if act is None:
         return None
     action, extra = act
-    record_launch(plan.grid, {"key": key, "cell": run.cell, "seed": run.seed, "action": action, "start": _now(),
-                              "slurm_job": os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID"),
-                              "slurm_task": os.environ.get("SLURM_ARRAY_TASK_ID")})
+    record_launch(
+        plan.grid,
+        {
+            "key": key,
+            "cell": run.cell,
+            "seed": run.seed,
+            "action": action,
+            "start": _now(),
+            "slurm_job": os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID"),
+            "slurm_task": os.environ.get("SLURM_ARRAY_TASK_ID"),
+        },
+    )
     return [*run.argv, *extra]
 
 
@@ -377,8 +420,13 @@ def _slurm_time(hours: Optional[float]) -> str:
     return f"{minutes // 60}:{minutes % 60:02d}:00"
 
 
-def write_slurm_array(plan: Plan, keys: Sequence[str], max_parallel: int = 0, time_limit: Optional[str] = None,
-                      python: Optional[str] = None) -> str:
+def write_slurm_array(
+    plan: Plan,
+    keys: Sequence[str],
+    max_parallel: int = 0,
+    time_limit: Optional[str] = None,
+    python: Optional[str] = None,
+) -> str:
     """``GRID/slurm/array-<stamp>.sbatch``: one array task per run in ``keys`` (its task file
     beside it); each task asks ``task-args`` what to run and calls examples/slurm/submit_dapo.sbatch
     with the train script ``GRID/slurm/train_cell.sh`` as its DRIVER_SCRIPT."""
@@ -398,9 +446,11 @@ def write_slurm_array(plan: Plan, keys: Sequence[str], max_parallel: int = 0, ti
         f.write("".join(k + "\n" for k in keys))
     driver = os.path.join(sdir, "train_cell.sh")
     with open(driver, "w") as f:
-        f.write("#!/usr/bin/env bash\n# DRIVER_SCRIPT of examples/slurm/submit_dapo.sbatch for an ablation run: the "
-                "trainer with the run's flags\nset -euo pipefail\nexec \"${PYTHON:-python3}\" -m megatron_dapo.train "
-                "\"$@\"\n")
+        f.write(
+            "#!/usr/bin/env bash\n# DRIVER_SCRIPT of examples/slurm/submit_dapo.sbatch for an ablation run: the "
+            'trainer with the run\'s flags\nset -euo pipefail\nexec "${PYTHON:-python3}" -m megatron_dapo.train '
+            '"$@"\n'
+        )
     os.chmod(driver, 0o755)
     py = python or sys.executable
     name = os.path.basename(plan.grid.rstrip("/")) or "grid"
@@ -417,7 +467,7 @@ def write_slurm_array(plan: Plan, keys: Sequence[str], max_parallel: int = 0, ti
 #SBATCH --gpus-per-task={gpus}
 #SBATCH --exclusive
 #SBATCH --time={time_limit or _slurm_time(hours)}
-#SBATCH --output={os.path.join(plan.grid, 'logs', 'slurm-%A_%a.out')}
+#SBATCH --output={os.path.join(plan.grid, "logs", "slurm-%A_%a.out")}
 set -euo pipefail
 GRID={q(plan.grid)}
 TASKS={q(tasks)}
@@ -444,8 +494,14 @@ bash "$REPO_ROOT/examples/slurm/submit_dapo.sbatch" "${{ARGS[@]}}"
     return path
 
 
-def submit_slurm(plan: Plan, skip_incomplete: bool = False, sbatch_args: Sequence[str] = (), max_parallel: int = 0,
-                 time_limit: Optional[str] = None, echo: Callable[[str], None] = print) -> Optional[str]:
+def submit_slurm(
+    plan: Plan,
+    skip_incomplete: bool = False,
+    sbatch_args: Sequence[str] = (),
+    max_parallel: int = 0,
+    time_limit: Optional[str] = None,
+    echo: Callable[[str], None] = print,
+) -> Optional[str]:
     """Write the array for every run not done and submit it with ``sbatch --parsable``; returns
     the job id (None when nothing is left to run)."""
     states = grid_states(plan)
@@ -468,7 +524,9 @@ def submit_slurm(plan: Plan, skip_incomplete: bool = False, sbatch_args: Sequenc
     job = p.stdout.strip().split(";")[0]
     with open(os.path.join(plan.grid, "slurm", "submissions.jsonl"), "a") as f:
         f.write(json.dumps({"job": job, "script": script, "runs": keys, "time": _now(), "argv": cmd}) + "\n")
-    echo(f"[ablate] submitted job array {job}: {len(keys)} run(s) ({', '.join(keys)}); script {script}; logs "
-         f"{os.path.join(plan.grid, 'logs')}/slurm-{job}_<task>.out")
+    echo(
+        f"[ablate] submitted job array {job}: {len(keys)} run(s) ({', '.join(keys)}); script {script}; logs "
+        f"{os.path.join(plan.grid, 'logs')}/slurm-{job}_<task>.out"
+    )
     echo(f"[ablate] when it has finished: tools/ablate.py report {plan.grid}")
     return job

@@ -67,18 +67,41 @@ class Factor:
 
 
 #: DAPO's controls, low = the naive-GRPO side, high = DAPO's (docs/algorithm.md, Summary).
-DEFAULT_FACTORS: Dict[str, Factor] = {f.name: f for f in (
-    Factor("clip-higher", ("--eps-clip-high", "0.2"), ("--eps-clip-high", "0.28"),
-           "decoupled clip: eps_high 0.28 (off: the symmetric 0.2)"),
-    Factor("dynamic-sampling", ("--dynamic-sampling", "false"), ("--dynamic-sampling", "true"),
-           "drop all-correct / all-wrong groups and keep sampling"),
-    Factor("token-level-loss", ("--loss-agg-mode", "seq-mean-token-mean"), ("--loss-agg-mode", "token-mean"),
-           "token-mean over the optimizer step (off: GRPO's per-sequence mean)"),
-    Factor("overlong-filter", ("--overlong-filter", "false"), ("--overlong-filter", "true"),
-           "truncated responses get loss mask 0"),
-    Factor("soft-overlong-punishment", ("--overlong-penalty", "false"), ("--overlong-penalty", "true"),
-           "length penalty ramp over the last --overlong-buffer-length tokens"),
-)}
+DEFAULT_FACTORS: Dict[str, Factor] = {
+    f.name: f
+    for f in (
+        Factor(
+            "clip-higher",
+            ("--eps-clip-high", "0.2"),
+            ("--eps-clip-high", "0.28"),
+            "decoupled clip: eps_high 0.28 (off: the symmetric 0.2)",
+        ),
+        Factor(
+            "dynamic-sampling",
+            ("--dynamic-sampling", "false"),
+            ("--dynamic-sampling", "true"),
+            "drop all-correct / all-wrong groups and keep sampling",
+        ),
+        Factor(
+            "token-level-loss",
+            ("--loss-agg-mode", "seq-mean-token-mean"),
+            ("--loss-agg-mode", "token-mean"),
+            "token-mean over the optimizer step (off: GRPO's per-sequence mean)",
+        ),
+        Factor(
+            "overlong-filter",
+            ("--overlong-filter", "false"),
+            ("--overlong-filter", "true"),
+            "truncated responses get loss mask 0",
+        ),
+        Factor(
+            "soft-overlong-punishment",
+            ("--overlong-penalty", "false"),
+            ("--overlong-penalty", "true"),
+            "length penalty ramp over the last --overlong-buffer-length tokens",
+        ),
+    )
+}
 
 #: Flags the plan sets for each run; the base command may not give them.
 OWNED_FLAGS = {
@@ -101,8 +124,10 @@ def parse_factor(spec: str) -> Factor:
     if "=" not in spec:
         name = spec.strip()
         if name not in DEFAULT_FACTORS:
-            raise AblationError(f"--factor {spec!r}: not a known control ({', '.join(DEFAULT_FACTORS)}); define it as "
-                                "'NAME=LOW FLAGS|HIGH FLAGS', e.g. 'lr=--lr 1e-6|--lr 2e-6'")
+            raise AblationError(
+                f"--factor {spec!r}: not a known control ({', '.join(DEFAULT_FACTORS)}); define it as "
+                "'NAME=LOW FLAGS|HIGH FLAGS', e.g. 'lr=--lr 1e-6|--lr 2e-6'"
+            )
         return DEFAULT_FACTORS[name]
     name, levels = spec.split("=", 1)
     name = name.strip()
@@ -113,8 +138,10 @@ def parse_factor(spec: str) -> Factor:
     low, high = (tuple(shlex.split(x)) for x in levels.split("|"))
     for side, args in (("low", low), ("high", high)):
         if not args or not args[0].startswith("--"):
-            raise AblationError(f"--factor {spec!r}: the {side} level must be train flags starting with '--', got "
-                                f"{' '.join(args) or 'nothing'}")
+            raise AblationError(
+                f"--factor {spec!r}: the {side} level must be train flags starting with '--', got "
+                f"{' '.join(args) or 'nothing'}"
+            )
     return Factor(name, low, high, "")
 
 
@@ -137,6 +164,7 @@ def resolve_factors(names: Optional[str], specs: Sequence[str]) -> List[Factor]:
 
 
 # ------------------------------------------------------------------------------ config dicts
+
 
 def flatten(d: dict, prefix: str = "") -> Dict[str, Any]:
     """``{"algo": {"eps_clip_high": 0.28}}`` -> ``{"algo.eps_clip_high": 0.28}``."""
@@ -174,6 +202,7 @@ def expected_config(argv: Sequence[str], what: str = "run") -> Dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------ plan
+
 
 @dataclass
 class Run:
@@ -242,8 +271,14 @@ class Plan:
                 rd = self.run_dir(c, s)
                 argv = [*self.base_args, *self.cell_args(c), "--seed", str(s), "--run-dir", rd]
                 if self.checkpoint_every:
-                    argv += ["--save", os.path.join(rd, "checkpoints"), "--save-interval", str(self.checkpoint_every),
-                             "--keep-last", "1"]
+                    argv += [
+                        "--save",
+                        os.path.join(rd, "checkpoints"),
+                        "--save-interval",
+                        str(self.checkpoint_every),
+                        "--keep-last",
+                        "1",
+                    ]
                 out.append(Run(c, s, rd, argv))
         return out
 
@@ -251,8 +286,9 @@ class Plan:
         for r in self.runs:
             if r.key == key:
                 return r
-        raise AblationError(f"{key}: no such run in {os.path.join(self.grid, PLAN_FILE)} (runs are CELL:SEED, e.g. "
-                            f"{self.runs[0].key})")
+        raise AblationError(
+            f"{key}: no such run in {os.path.join(self.grid, PLAN_FILE)} (runs are CELL:SEED, e.g. {self.runs[0].key})"
+        )
 
     def cell_label(self, cell: str) -> str:
         return ", ".join(f"{f.name}{'+' if lv > 0 else '-'}" for f, lv in zip(self.factors, self.levels(cell).values()))
@@ -260,27 +296,47 @@ class Plan:
     # -- (de)serialisation -----------------------------------------------------------------
     def identity(self) -> dict:
         """What makes two plans the same grid (a rerun must match it)."""
-        return {"base_args": list(self.base_args), "factors": [f.to_dict() for f in self.factors],
-                "generators": list(self.generators), "seeds": list(self.seeds),
-                "checkpoint_every": self.checkpoint_every, "cwd": self.cwd}
+        return {
+            "base_args": list(self.base_args),
+            "factors": [f.to_dict() for f in self.factors],
+            "generators": list(self.generators),
+            "seeds": list(self.seeds),
+            "checkpoint_every": self.checkpoint_every,
+            "cwd": self.cwd,
+        }
 
     def to_dict(self) -> dict:
         return {
-            "version": PLAN_VERSION, "grid": self.grid, **self.identity(), "metric": self.metric,
-            "threshold": self.threshold, "design": self.design.name, "resolution": self.design.resolution,
-            "factor_fields": self.factor_fields, "cost": self.cost,
+            "version": PLAN_VERSION,
+            "grid": self.grid,
+            **self.identity(),
+            "metric": self.metric,
+            "threshold": self.threshold,
+            "design": self.design.name,
+            "resolution": self.design.resolution,
+            "factor_fields": self.factor_fields,
+            "cost": self.cost,
             "cells": [{"cell": c, "levels": self.levels(c)} for c in self.cells],
-            "runs": [{"key": r.key, "cell": r.cell, "seed": r.seed, "run_dir": r.run_dir, "argv": r.argv}
-                     for r in self.runs],
+            "runs": [
+                {"key": r.key, "cell": r.cell, "seed": r.seed, "run_dir": r.run_dir, "argv": r.argv} for r in self.runs
+            ],
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> "Plan":
-        return cls(grid=d["grid"], cwd=d["cwd"], base_args=list(d["base_args"]),
-                   factors=[Factor.from_dict(f) for f in d["factors"]], generators=list(d["generators"]),
-                   seeds=[int(s) for s in d["seeds"]], checkpoint_every=int(d.get("checkpoint_every", 0)),
-                   metric=d.get("metric", "auto"), threshold=float(d.get("threshold", 0.5)),
-                   factor_fields={k: list(v) for k, v in d.get("factor_fields", {}).items()}, cost=d.get("cost", {}))
+        return cls(
+            grid=d["grid"],
+            cwd=d["cwd"],
+            base_args=list(d["base_args"]),
+            factors=[Factor.from_dict(f) for f in d["factors"]],
+            generators=list(d["generators"]),
+            seeds=[int(s) for s in d["seeds"]],
+            checkpoint_every=int(d.get("checkpoint_every", 0)),
+            metric=d.get("metric", "auto"),
+            threshold=float(d.get("threshold", 0.5)),
+            factor_fields={k: list(v) for k, v in d.get("factor_fields", {}).items()},
+            cost=d.get("cost", {}),
+        )
 
     def save(self) -> str:
         os.makedirs(self.grid, exist_ok=True)
@@ -295,8 +351,10 @@ class Plan:
 def load_plan(grid: str) -> Plan:
     path = os.path.join(grid, PLAN_FILE)
     if not os.path.isfile(path):
-        raise AblationError(f"{grid}: no {PLAN_FILE} there; plan and launch a grid first (tools/ablate.py run --grid "
-                            f"{grid} -- <train flags>)")
+        raise AblationError(
+            f"{grid}: no {PLAN_FILE} there; plan and launch a grid first (tools/ablate.py run --grid "
+            f"{grid} -- <train flags>)"
+        )
     try:
         with open(path) as f:
             d = json.load(f)
@@ -312,6 +370,7 @@ def differences(old: dict, new: dict) -> List[str]:
 
 
 # ------------------------------------------------------------------------------ building
+
 
 def check_base_args(base: Sequence[str], factors: Sequence[Factor]) -> None:
     """The base command may not give a flag the plan sets (per run, or as a factor)."""
@@ -337,21 +396,34 @@ def factor_fields(base: Sequence[str], factors: Sequence[Factor]) -> Dict[str, L
         hi = expected_config([*base, *f.args(1), "--run-dir", "x"], f"factor {f.name} (high level: {' '.join(f.high)})")
         fields = differences(lo, hi)
         if not fields:
-            raise AblationError(f"--factor {f.name}: its two levels ({' '.join(f.low)} | {' '.join(f.high)}) give the "
-                                "same configuration; give levels that differ")
+            raise AblationError(
+                f"--factor {f.name}: its two levels ({' '.join(f.low)} | {' '.join(f.high)}) give the "
+                "same configuration; give levels that differ"
+            )
         # a flag of the level that lands on the base's value on both sides is still the factor's
         fields = sorted(set(fields) | (set(differences(ref, lo)) | set(differences(ref, hi))) - {"logging.run_dir"})
         for fl in fields:
             if fl in owner:
-                raise AblationError(f"factors {owner[fl]!r} and {f.name!r} both set {fl}; a field belongs to one factor")
+                raise AblationError(
+                    f"factors {owner[fl]!r} and {f.name!r} both set {fl}; a field belongs to one factor"
+                )
             owner[fl] = f.name
         out[f.name] = fields
     return out
 
 
-def build_plan(grid: str, base: Sequence[str], factors: Sequence[Factor], seeds: Sequence[int], fraction: int = 0,
-               generators: Sequence[str] = (), checkpoint_every: int = 0, metric: str = "auto",
-               threshold: float = 0.5, cwd: Optional[str] = None) -> Plan:
+def build_plan(
+    grid: str,
+    base: Sequence[str],
+    factors: Sequence[Factor],
+    seeds: Sequence[int],
+    fraction: int = 0,
+    generators: Sequence[str] = (),
+    checkpoint_every: int = 0,
+    metric: str = "auto",
+    threshold: float = 0.5,
+    cwd: Optional[str] = None,
+) -> Plan:
     """The plan (nothing written): the design checked, the base command and every cell parsed."""
     if not seeds:
         raise AblationError("--seeds: give at least one seed")
@@ -362,16 +434,29 @@ def build_plan(grid: str, base: Sequence[str], factors: Sequence[Factor], seeds:
     c = base_cfg.checkpoint
     for name, flag in (("save", "--save"), ("load", "--load")):
         if getattr(c, name):
-            raise AblationError(f"base command: {flag} is set (in --config?) but the ablation gives each run its own "
-                                f"({OWNED_FLAGS[flag]}); remove it")
+            raise AblationError(
+                f"base command: {flag} is set (in --config?) but the ablation gives each run its own "
+                f"({OWNED_FLAGS[flag]}); remove it"
+            )
     try:
-        gens = list(generators) if generators else [
-            g.text for g in make_design(len(factors), fraction=fraction).generators]
+        gens = (
+            list(generators)
+            if generators
+            else [g.text for g in make_design(len(factors), fraction=fraction).generators]
+        )
     except DesignError as e:
         raise AblationError(f"--fraction/--generators: {e}") from None
-    plan = Plan(grid=os.path.abspath(grid), cwd=os.path.abspath(cwd or os.getcwd()), base_args=list(base),
-                factors=list(factors), generators=gens, seeds=[int(s) for s in seeds],
-                checkpoint_every=int(checkpoint_every), metric=metric, threshold=float(threshold))
+    plan = Plan(
+        grid=os.path.abspath(grid),
+        cwd=os.path.abspath(cwd or os.getcwd()),
+        base_args=list(base),
+        factors=list(factors),
+        generators=gens,
+        seeds=[int(s) for s in seeds],
+        checkpoint_every=int(checkpoint_every),
+        metric=metric,
+        threshold=float(threshold),
+    )
     plan.factor_fields = factor_fields(base, factors)
     return plan
 
@@ -414,7 +499,7 @@ def calibrated_step_seconds(run_dir: str) -> float:
     if not os.path.isfile(path):
         raise AblationError(f"--calibrate {run_dir}: no metrics.jsonl there; give the --run-dir of a finished run")
     h = load_metrics(path)
-    t = [x for x in h.get("time_step")[1 if len(h) > 1 else 0:] if math.isfinite(x)]
+    t = [x for x in h.get("time_step")[1 if len(h) > 1 else 0 :] if math.isfinite(x)]
     if not t:
         raise AblationError(f"--calibrate {run_dir}: {path} has no time_step values")
     return float(statistics.median(t))
@@ -431,8 +516,10 @@ def check_and_cost(plan: Plan, step_seconds: Optional[float] = None, calibrate: 
         what = f"cell {cell} ({plan.cell_label(cell)})"
         cfg = parse_train_args(run.argv, what)
         if not cfg.model.hf_checkpoint:
-            raise AblationError("base command: --hf-checkpoint is required (the model shape and tokenizer are read "
-                                "from its config.json)")
+            raise AblationError(
+                "base command: --hf-checkpoint is required (the model shape and tokenizer are read "
+                "from its config.json)"
+            )
         if arch is None:
             try:
                 check_model_dir(cfg)
@@ -445,8 +532,12 @@ def check_and_cost(plan: Plan, step_seconds: Optional[float] = None, calibrate: 
         except ConfigError as e:
             raise AblationError(f"{what}: {e}") from None
         pp = placement_plan(cfg)
-        info: Dict[str, Any] = {"gpus": pp.world, "steps": cfg.run.num_rollout_steps, "on_gpu": on_gpu,
-                                "warnings": list(warnings)}
+        info: Dict[str, Any] = {
+            "gpus": pp.world,
+            "steps": cfg.run.num_rollout_steps,
+            "on_gpu": on_gpu,
+            "warnings": list(warnings),
+        }
         if on_gpu:
             mem = {}
             for name, cap in GPU_CAPACITY_GB.items():
@@ -471,10 +562,16 @@ def check_and_cost(plan: Plan, step_seconds: Optional[float] = None, calibrate: 
     known = all(c.get("gpu_hours_per_run") is not None for c in cells.values())
     total = sum(c["gpu_hours_per_run"] for c in cells.values()) * len(plan.seeds) if known else None
     hours = sum(c["hours_per_run"] for c in cells.values()) * len(plan.seeds) if known else None
-    return {"unit": "GPU" if first["on_gpu"] else "CPU worker", "gpus_per_run": first["gpus"],
-            "steps": first["steps"], "step_source": first["step_source"], "cells": cells,
-            "gpu_hours": total, "wall_hours_sequential": hours,
-            "model": f"{arch.model_type} {arch.num_parameters / 1e9:.2f}B" if arch else ""}
+    return {
+        "unit": "GPU" if first["on_gpu"] else "CPU worker",
+        "gpus_per_run": first["gpus"],
+        "steps": first["steps"],
+        "step_source": first["step_source"],
+        "cells": cells,
+        "gpu_hours": total,
+        "wall_hours_sequential": hours,
+        "model": f"{arch.model_type} {arch.num_parameters / 1e9:.2f}B" if arch else "",
+    }
 
 
 def fit_budget(make_plan, budget: float, k: int, explicit: bool, cost_of) -> Tuple[Plan, dict]:
@@ -491,11 +588,14 @@ def fit_budget(make_plan, budget: float, k: int, explicit: bool, cost_of) -> Tup
         tried.append(f"{plan.design.name} {cost['gpu_hours']:.1f}")
         if cost["gpu_hours"] <= budget:
             return plan, cost
-    raise AblationError(f"--budget-gpu-hours {budget:g}: no design fits ({'; '.join(tried)} GPU-hours); raise the budget, "
-                        "use fewer seeds or factors, or shorten the runs (--num-rollout)")
+    raise AblationError(
+        f"--budget-gpu-hours {budget:g}: no design fits ({'; '.join(tried)} GPU-hours); raise the budget, "
+        "use fewer seeds or factors, or shorten the runs (--num-rollout)"
+    )
 
 
 # ------------------------------------------------------------------------------ dry-run text
+
 
 def _hours(x: Optional[float]) -> str:
     return "unknown" if x is None else (f"{x:,.1f}" if x >= 10 else f"{x:.2f}")
@@ -506,8 +606,10 @@ def format_plan(plan: Plan, cost: dict) -> str:
     n_runs = len(plan.runs)
     out: List[str] = []
     add = out.append
-    add(f"=== ablation plan: {d.name} {'full factorial' if d.is_full else 'fractional factorial'}, {d.resolution_name}, "
-        f"{d.runs} cells x {len(plan.seeds)} seed(s) = {n_runs} runs ===")
+    add(
+        f"=== ablation plan: {d.name} {'full factorial' if d.is_full else 'fractional factorial'}, {d.resolution_name}, "
+        f"{d.runs} cells x {len(plan.seeds)} seed(s) = {n_runs} runs ==="
+    )
     add(f"grid: {plan.grid}")
     add("factors (low = -, high = +; the config fields each sets):")
     width = max(len(f.name) for f in plan.factors)
@@ -520,31 +622,46 @@ def format_plan(plan: Plan, cost: dict) -> str:
         rel = " = ".join(["I"] + [("-" if s < 0 else "") + word_name(w) for w, s in d.defining_relation()])
         add(f"design: generators {', '.join(plan.generators)}; defining relation {rel}")
     can, cannot = d.describe_separation()
-    add("can separate (main effects and two-factor interactions; interactions of 3+ factors assumed negligible): "
-        + (", ".join(can) or "none"))
+    add(
+        "can separate (main effects and two-factor interactions; interactions of 3+ factors assumed negligible): "
+        + (", ".join(can) or "none")
+    )
     add("cannot separate (aliased: one contrast estimates their sum): " + ("; ".join(cannot) or "none"))
-    add(f"seeds: {', '.join(map(str, plan.seeds))} (each seed one replicate of the design; effects get a Student t "
-        "interval over the replicates' estimates" + (")" if len(plan.seeds) > 1 else "; one seed: no interval)"))
+    add(
+        f"seeds: {', '.join(map(str, plan.seeds))} (each seed one replicate of the design; effects get a Student t "
+        "interval over the replicates' estimates" + (")" if len(plan.seeds) > 1 else "; one seed: no interval)")
+    )
     add("runs (replicate by replicate):")
     for r in plan.runs:
         add(f"  {r.key:<{len(r.key) + 2}} {plan.cell_label(r.cell)}  -> {os.path.relpath(r.run_dir, plan.grid)}")
-    add("each run: python -m megatron_dapo.train <base command> <the cell's factor flags> --seed S --run-dir "
-        "GRID/runs/<cell>/seed<S>" + (f" --save RUN_DIR/checkpoints --save-interval {plan.checkpoint_every} --keep-last 1"
-                                        if plan.checkpoint_every else ""))
+    add(
+        "each run: python -m megatron_dapo.train <base command> <the cell's factor flags> --seed S --run-dir "
+        "GRID/runs/<cell>/seed<S>"
+        + (
+            f" --save RUN_DIR/checkpoints --save-interval {plan.checkpoint_every} --keep-last 1"
+            if plan.checkpoint_every
+            else ""
+        )
+    )
     add(f"base command: {' '.join(shlex.quote(a) for a in plan.base_args)}")
     unit = cost["unit"]
     add(f"--- cost ({cost['model']}; {unit}s per run from the placement plan) ---")
     for cell, c in cost["cells"].items():
         mem = ""
         if c.get("memory"):
-            mem = "; memory " + ", ".join(f"{k} peak {v['peak_gb']} GB {'fits' if v['fits'] else 'DOES NOT FIT'}"
-                                          for k, v in c["memory"].items())
+            mem = "; memory " + ", ".join(
+                f"{k} peak {v['peak_gb']} GB {'fits' if v['fits'] else 'DOES NOT FIT'}" for k, v in c["memory"].items()
+            )
         step = "step time unknown" if c["step_s"] is None else f"{c['step_s']:.1f} s/step"
-        add(f"  {cell}: {c['gpus']} {unit}s x {c['steps']} steps x {step} = {_hours(c.get('gpu_hours_per_run'))} "
-            f"{unit}-hours per run{mem}")
+        add(
+            f"  {cell}: {c['gpus']} {unit}s x {c['steps']} steps x {step} = {_hours(c.get('gpu_hours_per_run'))} "
+            f"{unit}-hours per run{mem}"
+        )
     add(f"step time: {cost['step_source']}")
-    add(f"total: {_hours(cost['gpu_hours'])} {unit}-hours for {n_runs} runs "
-        f"({_hours(cost['wall_hours_sequential'])} h one after another)")
+    add(
+        f"total: {_hours(cost['gpu_hours'])} {unit}-hours for {n_runs} runs "
+        f"({_hours(cost['wall_hours_sequential'])} h one after another)"
+    )
     warns = sorted({w for c in cost["cells"].values() for w in c.get("warnings", [])})
     for w in warns:
         add(f"WARNING: {w}")

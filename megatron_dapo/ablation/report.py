@@ -86,6 +86,7 @@ class Effect:
 
 # ------------------------------------------------------------------------------ checks
 
+
 def check_configs(plan: Plan, states: Sequence[RunState]) -> None:
     """Refuse runs that differ in anything but the factors, or whose config is not their cell's."""
     allowed = set(PER_RUN_FIELDS) | {f for fs in plan.factor_fields.values() for f in fs}
@@ -103,15 +104,17 @@ def check_configs(plan: Plan, states: Sequence[RunState]) -> None:
         for run, c in configs.items():
             values.setdefault(json.dumps(c.get(k, "<absent>"), sort_keys=True), []).append(run)
         if len(values) > 1:
-            shown = "; ".join(f"{v} in {', '.join(runs[:3])}{' ...' if len(runs) > 3 else ''}"
-                              for v, runs in list(values.items())[:3])
+            shown = "; ".join(
+                f"{v} in {', '.join(runs[:3])}{' ...' if len(runs) > 3 else ''}" for v, runs in list(values.items())[:3]
+            )
             differing.append(f"{k} ({shown})")
     if differing:
         raise AblationError(
             f"grid {plan.grid}: the runs' config.json files differ in more than the factors: {' | '.join(differing)}; "
             f"a factorial comparison needs every run alike apart from the factors "
             f"({', '.join(sorted(allowed - set(PER_RUN_FIELDS)))}); rerun the odd runs (move their run directories "
-            "away, then tools/ablate.py run --grid ...) or start a new grid")
+            "away, then tools/ablate.py run --grid ...) or start a new grid"
+        )
     for s in states:
         got = configs.get(s.key)
         if got is None:
@@ -119,12 +122,17 @@ def check_configs(plan: Plan, states: Sequence[RunState]) -> None:
         want = expected_config(s.run.argv, f"run {s.key}")
         diff = config_differences(got, want)
         if diff:
-            shown = ", ".join(f"{k} ({got.get(k, '<absent>')!r}, the plan: {want.get(k, '<absent>')!r})" for k in diff[:5])
-            raise AblationError(f"{s.run.run_dir}/config.json is not the configuration of cell {s.run.cell} "
-                                f"({plan.cell_label(s.run.cell)}): {shown}; move that run directory away and rerun")
+            shown = ", ".join(
+                f"{k} ({got.get(k, '<absent>')!r}, the plan: {want.get(k, '<absent>')!r})" for k in diff[:5]
+            )
+            raise AblationError(
+                f"{s.run.run_dir}/config.json is not the configuration of cell {s.run.cell} "
+                f"({plan.cell_label(s.run.cell)}): {shown}; move that run directory away and rerun"
+            )
 
 
 # ------------------------------------------------------------------------------ outcomes
+
 
 def choose_metric(requested: str, histories: Sequence) -> Tuple[str, str]:
     """(metric, why): ``requested``, or for ``auto`` the first ``eval/<set>/pass@1`` logged, else ``acc_mean``."""
@@ -132,14 +140,18 @@ def choose_metric(requested: str, histories: Sequence) -> Tuple[str, str]:
     if requested and requested != "auto":
         if histories and requested not in keys:
             evals = [k for k in keys if k.startswith("eval/")]
-            raise AblationError(f"--metric {requested}: no finished run logged it (held-out metrics logged: "
-                                f"{', '.join(evals) or 'none'}; training: acc_mean, reward_mean, ...)")
+            raise AblationError(
+                f"--metric {requested}: no finished run logged it (held-out metrics logged: "
+                f"{', '.join(evals) or 'none'}; training: acc_mean, reward_mean, ...)"
+            )
         return requested, "given with --metric"
     evals = [k for k in keys if re.fullmatch(r"eval/.+/pass@1", k)]
     if evals:
         return evals[0], "held-out accuracy (--eval-data, logged every --eval-interval steps)"
-    return "acc_mean", ("training accuracy of the sampled responses: no held-out evaluation was logged "
-                        "(give the runs --eval-data and --eval-interval for held-out accuracy)")
+    return "acc_mean", (
+        "training accuracy of the sampled responses: no held-out evaluation was logged "
+        "(give the runs --eval-data and --eval-interval for held-out accuracy)"
+    )
 
 
 def curve_outcomes(steps: np.ndarray, values: np.ndarray, threshold: float) -> Tuple[Dict[str, float], bool]:
@@ -233,6 +245,7 @@ def estimate_effects(plan: Plan, vectors: Dict[int, np.ndarray], max_order: int 
 
 # ------------------------------------------------------------------------------ the report
 
+
 def _f(x, digits=3) -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "-"
@@ -250,8 +263,11 @@ def _v(x, digits=3) -> str:
 def build_report(plan: Plan, metric: str = "auto", threshold: Optional[float] = None) -> dict:
     """Everything the report shows, as a JSON-able dict (``format_markdown`` renders it)."""
     states, results, metric, why, thr = collect(plan, metric, threshold)
-    outcome_names = {"final": f"{metric} at the end", "auc": f"area under the {metric} curve / steps",
-                     "steps_to_threshold": f"steps to {metric} >= {thr:g}"}
+    outcome_names = {
+        "final": f"{metric} at the end",
+        "auc": f"area under the {metric} curve / steps",
+        "steps_to_threshold": f"steps to {metric} >= {thr:g}",
+    }
     effects, left_out_all = {}, {}
     for o in OUTCOMES:
         vectors, left_out = replicate_vectors(plan, results, lambda r, o=o: r.outcomes.get(o))
@@ -261,16 +277,21 @@ def build_report(plan: Plan, metric: str = "auto", threshold: Optional[float] = 
     for m, how, boundary in MECHANISMS:
         key = f"{m} ({how})"
         vectors, left_out = replicate_vectors(plan, results, lambda r, key=key: r.mechanisms.get(key))
-        mech[key] = {"boundary": boundary, "effects": [e for e in estimate_effects(plan, vectors, 1)],
-                     "left_out": left_out}
+        mech[key] = {
+            "boundary": boundary,
+            "effects": [e for e in estimate_effects(plan, vectors, 1)],
+            "left_out": left_out,
+        }
     # level means (every finished run at that level) for the plots
     done = [r for r in results.values() if r.state.status == "done"]
     level_means = {}
     for o in OUTCOMES:
         level_means[o] = {}
         for _i, f in enumerate(plan.factors):
-            level_means[o][f.name] = {lv: _mean([r.outcomes.get(o) for r in done
-                                                 if plan.levels(r.state.run.cell)[f.name] == lv]) for lv in (-1, 1)}
+            level_means[o][f.name] = {
+                lv: _mean([r.outcomes.get(o) for r in done if plan.levels(r.state.run.cell)[f.name] == lv])
+                for lv in (-1, 1)
+            }
     # alerts per factor level and boundary
     boundaries = ("exploration", "group_contrast", "token_credit", "reward_interpretation")
     alert_table = []
@@ -285,9 +306,20 @@ def build_report(plan: Plan, metric: str = "auto", threshold: Optional[float] = 
     for s in states:
         counts[s.status] = counts.get(s.status, 0) + 1
     return {
-        "plan": plan, "states": states, "results": results, "metric": metric, "metric_why": why, "threshold": thr,
-        "outcome_names": outcome_names, "effects": effects, "left_out": left_out_all, "mechanisms": mech,
-        "level_means": level_means, "alert_table": alert_table, "boundaries": boundaries, "counts": counts,
+        "plan": plan,
+        "states": states,
+        "results": results,
+        "metric": metric,
+        "metric_why": why,
+        "threshold": thr,
+        "outcome_names": outcome_names,
+        "effects": effects,
+        "left_out": left_out_all,
+        "mechanisms": mech,
+        "level_means": level_means,
+        "alert_table": alert_table,
+        "boundaries": boundaries,
+        "counts": counts,
     }
 
 
@@ -305,25 +337,33 @@ def format_markdown(rep: dict) -> str:
     add = L.append
     add(f"# Ablation report: {plan.grid}")
     add("")
-    add(f"Design: {d.name} {'full' if d.is_full else 'fractional'} factorial, {d.resolution_name}"
+    add(
+        f"Design: {d.name} {'full' if d.is_full else 'fractional'} factorial, {d.resolution_name}"
         + ("" if d.is_full else f" (generators {', '.join(plan.generators)})")
-        + f"; {d.runs} cells x {len(plan.seeds)} seed(s) = {n} runs.")
+        + f"; {d.runs} cells x {len(plan.seeds)} seed(s) = {n} runs."
+    )
     add("")
     add("| letter | factor | low (-) | high (+) | config fields |")
     add("|---|---|---|---|---|")
     for i, f in enumerate(plan.factors):
-        add(f"| {LETTERS[i]} | {f.name} | `{' '.join(f.low)}` | `{' '.join(f.high)}` | "
-            f"{', '.join(plan.factor_fields.get(f.name, []))} |")
+        add(
+            f"| {LETTERS[i]} | {f.name} | `{' '.join(f.low)}` | `{' '.join(f.high)}` | "
+            f"{', '.join(plan.factor_fields.get(f.name, []))} |"
+        )
     add("")
-    add(f"Outcome metric: `{rep['metric']}`, {rep['metric_why']}. Outcomes: **final** = its value at the last logged "
+    add(
+        f"Outcome metric: `{rep['metric']}`, {rep['metric_why']}. Outcomes: **final** = its value at the last logged "
         f"step; **auc** = area under its curve over the logged steps divided by their span (the mean level during "
         f"training); **steps_to_threshold** = first step with `{rep['metric']}` >= {rep['threshold']:g} (a run that "
-        "never reaches it counts as its last step + 1, shown as `> last step`).")
+        "never reaches it counts as its last step + 1, shown as `> last step`)."
+    )
     add("")
-    add(f"Effects: the contrast mean(+) - mean(-) within each complete replicate (one seed, every cell finished); "
+    add(
+        f"Effects: the contrast mean(+) - mean(-) within each complete replicate (one seed, every cell finished); "
         f"estimate = mean over replicates; {CI_LEVEL:.0%} CI = Student t over the replicates' estimates (r - 1 degrees "
         "of freedom; none with a single replicate). Interactions of three or more factors are assumed negligible"
-        + ("." if d.is_full else "; aliased effects share one contrast and are listed together (`AB = CD`)."))
+        + ("." if d.is_full else "; aliased effects share one contrast and are listed together (`AB = CD`).")
+    )
     add("")
     status = ", ".join(f"{k} {v}" for k, v in sorted(c.items()))
     add(f"## Runs: {c.get('done', 0)} of {n} done ({status})")
@@ -335,7 +375,9 @@ def format_markdown(rep: dict) -> str:
         for s in not_done:
             add(f"- `{s.key}` ({plan.cell_label(s.run.cell)}): **{s.status}**, {s.detail}")
         add("")
-    add(f"| run | levels | final | auc | steps to {rep['threshold']:g} | diagnosis (alerting boundary: alert@onset step) |")
+    add(
+        f"| run | levels | final | auc | steps to {rep['threshold']:g} | diagnosis (alerting boundary: alert@onset step) |"
+    )
     add("|---|---|---|---|---|---|")
     for s in rep["states"]:
         r = rep["results"][s.key]
@@ -346,16 +388,21 @@ def format_markdown(rep: dict) -> str:
         st = o.get("steps_to_threshold")
         steps = f"> {st - 1:g}" if r.censored else _v(st)
         note = f" ({r.note})" if r.note else ""
-        add(f"| {s.key} | {plan.cell_label(s.run.cell)} | {_v(o.get('final'))}{note} | {_v(o.get('auc'))} | {steps} | "
-            f"{r.diagnosis} |")
+        add(
+            f"| {s.key} | {plan.cell_label(s.run.cell)} | {_v(o.get('final'))}{note} | {_v(o.get('auc'))} | {steps} | "
+            f"{r.diagnosis} |"
+        )
     add("")
     for o in OUTCOMES:
         add(f"## Effects on {o}: {rep['outcome_names'][o]}")
         add("")
         lo = rep["left_out"][o]
         used = [s for s in plan.seeds if s not in lo]
-        add(f"Replicates used: {', '.join(f'seed {s}' for s in used) or 'none'}"
-            + "".join(f"; seed {s} left out ({why})" for s, why in lo.items()) + ".")
+        add(
+            f"Replicates used: {', '.join(f'seed {s}' for s in used) or 'none'}"
+            + "".join(f"; seed {s} left out ({why})" for s, why in lo.items())
+            + "."
+        )
         add("")
         if not used:
             add("No complete replicate: no effect can be estimated yet.")
@@ -370,8 +417,10 @@ def format_markdown(rep: dict) -> str:
         add("")
     add("## Mechanism: main effects on each boundary's metrics")
     add("")
-    add("Read an effect on the outcome together with what it did to the boundary its control guards "
-        "(docs/diagnosis.md): e.g. clip-higher should keep entropy up, dynamic sampling the kept-group ratio.")
+    add(
+        "Read an effect on the outcome together with what it did to the boundary its control guards "
+        "(docs/diagnosis.md): e.g. clip-higher should keep entropy up, dynamic sampling the kept-group ratio."
+    )
     add("")
     keys = list(rep["mechanisms"])
     add("| factor | " + " | ".join(f"{k} [{rep['mechanisms'][k]['boundary']}]" for k in keys) + " |")
@@ -399,26 +448,50 @@ def to_json(rep: dict) -> dict:
     plan: Plan = rep["plan"]
 
     def eff(e: Effect) -> dict:
-        return {"effect": e.column.name, "aliases": list(e.column.aliases), "label": e.label, "estimate": e.estimate,
-                "ci": [e.low, e.high] if e.low is not None else None, "per_seed": e.per_seed,
-                "separable": e.separable}
+        return {
+            "effect": e.column.name,
+            "aliases": list(e.column.aliases),
+            "label": e.label,
+            "estimate": e.estimate,
+            "ci": [e.low, e.high] if e.low is not None else None,
+            "per_seed": e.per_seed,
+            "separable": e.separable,
+        }
 
     return {
-        "grid": plan.grid, "design": plan.design.name, "resolution": plan.design.resolution,
-        "factors": [f.to_dict() for f in plan.factors], "seeds": plan.seeds, "metric": rep["metric"],
-        "metric_why": rep["metric_why"], "threshold": rep["threshold"], "ci": f"{CI_LEVEL:.0%} Student t over seeds",
+        "grid": plan.grid,
+        "design": plan.design.name,
+        "resolution": plan.design.resolution,
+        "factors": [f.to_dict() for f in plan.factors],
+        "seeds": plan.seeds,
+        "metric": rep["metric"],
+        "metric_why": rep["metric_why"],
+        "threshold": rep["threshold"],
+        "ci": f"{CI_LEVEL:.0%} Student t over seeds",
         "counts": rep["counts"],
-        "runs": [{"key": s.key, "cell": s.run.cell, "seed": s.run.seed, "levels": plan.levels(s.run.cell),
-                  "status": s.status, "detail": s.detail, "run_dir": s.run.run_dir,
-                  "outcomes": rep["results"][s.key].outcomes, "censored": rep["results"][s.key].censored,
-                  "mechanisms": rep["results"][s.key].mechanisms,
-                  "alerts": [list(a) for a in rep["results"][s.key].alerts],
-                  "diagnosis": rep["results"][s.key].diagnosis if s.status == "done" else None}
-                 for s in rep["states"]],
+        "runs": [
+            {
+                "key": s.key,
+                "cell": s.run.cell,
+                "seed": s.run.seed,
+                "levels": plan.levels(s.run.cell),
+                "status": s.status,
+                "detail": s.detail,
+                "run_dir": s.run.run_dir,
+                "outcomes": rep["results"][s.key].outcomes,
+                "censored": rep["results"][s.key].censored,
+                "mechanisms": rep["results"][s.key].mechanisms,
+                "alerts": [list(a) for a in rep["results"][s.key].alerts],
+                "diagnosis": rep["results"][s.key].diagnosis if s.status == "done" else None,
+            }
+            for s in rep["states"]
+        ],
         "effects": {o: [eff(e) for e in es] for o, es in rep["effects"].items()},
         "left_out": {o: {str(k): v for k, v in lo.items()} for o, lo in rep["left_out"].items()},
-        "mechanisms": {k: {"boundary": v["boundary"], "effects": [eff(e) for e in v["effects"]]}
-                       for k, v in rep["mechanisms"].items()},
+        "mechanisms": {
+            k: {"boundary": v["boundary"], "effects": [eff(e) for e in v["effects"]]}
+            for k, v in rep["mechanisms"].items()
+        },
         "alerts_by_level": rep["alert_table"],
     }
 
@@ -435,8 +508,9 @@ def plot_report(rep: dict, out_dir: str) -> List[str]:
     paths = []
     done = [r for r in rep["results"].values() if r.state.status == "done"]
     # effects (forest plot)
-    fig, axes = plt.subplots(1, len(OUTCOMES), figsize=(5.5 * len(OUTCOMES), 0.45 * len(rep["effects"]["final"]) + 1.8),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(OUTCOMES), figsize=(5.5 * len(OUTCOMES), 0.45 * len(rep["effects"]["final"]) + 1.8), squeeze=False
+    )
     for ax, o in zip(axes[0], OUTCOMES):
         es = rep["effects"][o]
         ys = np.arange(len(es))[::-1]
@@ -453,8 +527,11 @@ def plot_report(rep: dict, out_dir: str) -> List[str]:
         ax.set_yticklabels([e.column.label for e in es], fontsize=8)
         ax.set_title(rep["outcome_names"][o], fontsize=9)
         ax.set_xlabel(f"effect (+ minus -), {CI_LEVEL:.0%} t interval over seeds", fontsize=8)
-    fig.suptitle(f"{plan.design.name}, {plan.design.resolution_name}; letters: "
-                 + ", ".join(f"{LETTERS[i]} {f.name}" for i, f in enumerate(plan.factors)), fontsize=9)
+    fig.suptitle(
+        f"{plan.design.name}, {plan.design.resolution_name}; letters: "
+        + ", ".join(f"{LETTERS[i]} {f.name}" for i, f in enumerate(plan.factors)),
+        fontsize=9,
+    )
     fig.tight_layout()
     p = os.path.join(out_dir, "effects.png")
     fig.savefig(p, dpi=100)
@@ -486,15 +563,25 @@ def plot_report(rep: dict, out_dir: str) -> List[str]:
     # interactions
     pairs = [(a, b) for a in range(k) for b in range(a + 1, k)]
     if pairs:
-        fig, axes = plt.subplots(len(OUTCOMES), len(pairs), figsize=(2.8 * len(pairs) + 1, 2.5 * len(OUTCOMES)),
-                                 squeeze=False)
+        fig, axes = plt.subplots(
+            len(OUTCOMES), len(pairs), figsize=(2.8 * len(pairs) + 1, 2.5 * len(OUTCOMES)), squeeze=False
+        )
         for row, o in enumerate(OUTCOMES):
             for j, (a, b) in enumerate(pairs):
                 ax = axes[row][j]
                 fa, fb = plan.factors[a], plan.factors[b]
                 for lb, color in ((-1, "tab:red"), (1, "tab:green")):
-                    ys = [_mean([r.outcomes.get(o) for r in done if plan.levels(r.state.run.cell)[fa.name] == la
-                                 and plan.levels(r.state.run.cell)[fb.name] == lb]) for la in (-1, 1)]
+                    ys = [
+                        _mean(
+                            [
+                                r.outcomes.get(o)
+                                for r in done
+                                if plan.levels(r.state.run.cell)[fa.name] == la
+                                and plan.levels(r.state.run.cell)[fb.name] == lb
+                            ]
+                        )
+                        for la in (-1, 1)
+                    ]
                     ax.plot([0, 1], ys, "o-", color=color, label=f"{LETTERS[b]}{'+' if lb > 0 else '-'}")
                 ax.set_xticks([0, 1])
                 ax.set_xticklabels([f"{LETTERS[a]}-", f"{LETTERS[a]}+"])
@@ -511,8 +598,13 @@ def plot_report(rep: dict, out_dir: str) -> List[str]:
     return paths
 
 
-def write_report(plan: Plan, out_dir: Optional[str] = None, metric: str = "auto", threshold: Optional[float] = None,
-                 plots: bool = True) -> Tuple[str, dict]:
+def write_report(
+    plan: Plan,
+    out_dir: Optional[str] = None,
+    metric: str = "auto",
+    threshold: Optional[float] = None,
+    plots: bool = True,
+) -> Tuple[str, dict]:
     """Build the report and write ``report.md``, ``report.json`` and the plots to ``out_dir``
     (default ``GRID/report``); returns (markdown, report)."""
     rep = build_report(plan, metric, threshold)

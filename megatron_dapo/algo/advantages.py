@@ -20,10 +20,7 @@ ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator", flag="--advanta
 
 
 def compute_group_advantages(
-    rewards: torch.Tensor,
-    group_size: int,
-    eps: float = 1e-6,
-    normalize_std: bool = True,
+    rewards: torch.Tensor, group_size: int, eps: float = 1e-6, normalize_std: bool = True
 ) -> torch.Tensor:
     r"""Group-relative advantage of every sample (GRPO / DAPO paper sections 2.2 and 3).
 

@@ -91,14 +91,10 @@ class AlgorithmConfig:
     )
     adv_eps: float = _f(1e-6, "Epsilon added to the std that divides the advantage (>= 0).", "--adv-eps")
     overlong_filter: bool = _f(
-        True,
-        "Overlong filtering: responses truncated at the length limit get loss mask 0.",
-        "--overlong-filter",
+        True, "Overlong filtering: responses truncated at the length limit get loss mask 0.", "--overlong-filter"
     )
     overlong_penalty: bool = _f(
-        True,
-        "Soft overlong punishment (paper Eq. 13) added to the correctness reward.",
-        "--overlong-penalty",
+        True, "Soft overlong punishment (paper Eq. 13) added to the correctness reward.", "--overlong-penalty"
     )
     max_response_length: int = _f(
         20480,
@@ -144,8 +140,11 @@ class AlgorithmConfig:
         "--tis-mode",
         choices=TIS_MODES,
     )
-    tis_cap: float = _f(2.0, "The cap C > 1 of --tis-mode token-truncate / token-mask (and of "
-                        "--partial-rollout-offpolicy correct).", "--tis-cap")
+    tis_cap: float = _f(
+        2.0,
+        "The cap C > 1 of --tis-mode token-truncate / token-mask (and of --partial-rollout-offpolicy correct).",
+        "--tis-cap",
+    )
     tis_seq_cap: float = _f(
         TIS_SEQ_CAP_DEFAULT,
         "The band [1/C_s, C_s] of --tis-mode sequence-mask, on the geometric mean of a sequence's ratios, which sits "

@@ -53,9 +53,7 @@ class DynamicSamplingResult(NamedTuple):
 
 
 def dynamic_sampling_mask(
-    acc: torch.Tensor,
-    group_size: int,
-    metric: Optional[torch.Tensor] = None,
+    acc: torch.Tensor, group_size: int, metric: Optional[torch.Tensor] = None
 ) -> DynamicSamplingResult:
     r"""Dynamic sampling filter, the constraint of the DAPO objective (paper section 3.2).
 

@@ -107,9 +107,7 @@ def _is_truncated(item: Any, reasons: Iterable[str], index: int) -> bool:
         return bool(item)
     if isinstance(item, torch.Tensor) and item.numel() == 1:
         return bool(item)
-    raise ValueError(
-        f"truncated[{index}] must be a bool, a finish-reason string or a finish-reason dict, got {item!r}"
-    )
+    raise ValueError(f"truncated[{index}] must be a bool, a finish-reason string or a finish-reason dict, got {item!r}")
 
 
 def overlong_filter_mask(
@@ -156,9 +154,7 @@ def overlong_filter_mask(
     loss_mask = as_tensor(loss_mask, "loss_mask")
     check_2d(loss_mask, "loss_mask")
     if loss_mask.shape[0] != keep.shape[0]:
-        raise ValueError(
-            f"loss_mask has batch size {loss_mask.shape[0]} but truncated has {keep.shape[0]} entries"
-        )
+        raise ValueError(f"loss_mask has batch size {loss_mask.shape[0]} but truncated has {keep.shape[0]} entries")
     keep = keep.to(loss_mask.device)
     if loss_mask.dtype == torch.bool:
         return loss_mask & keep.bool().unsqueeze(1)

@@ -28,9 +28,7 @@ def _check_advantages(advantages: torch.Tensor, logprobs: torch.Tensor) -> torch
     if advantages.dim() == 2:
         check_same_shape(advantages, "advantages", logprobs, "logprobs")
         return advantages
-    raise ValueError(
-        f"advantages must have shape [batch] or [batch, seq], got shape {tuple(advantages.shape)}"
-    )
+    raise ValueError(f"advantages must have shape [batch] or [batch, seq], got shape {tuple(advantages.shape)}")
 
 
 def _masked_mean(x: torch.Tensor, valid: torch.Tensor, count: torch.Tensor) -> torch.Tensor:

@@ -51,8 +51,9 @@ class PolicyLoss:
 
 
 class _PolicyLossRegistry(Registry[PolicyLoss]):
-    def register(self, name: str, obj=None, *, aggregation: Optional[Tuple[str, ...]] = None,
-                 whole_sequences: bool = False):
+    def register(
+        self, name: str, obj=None, *, aggregation: Optional[Tuple[str, ...]] = None, whole_sequences: bool = False
+    ):
         for mode in aggregation or ():
             if mode not in LOSS_AGG_MODES:
                 raise ValueError(f"policy loss {name!r}: unknown aggregation {mode!r}")
@@ -97,7 +98,8 @@ def _metrics(ratio, log_ratio, valid, low, high, dual=None) -> Dict[str, torch.T
             "dual_clip_frac": f(dual if dual is not None else torch.zeros_like(valid)),
             "approx_kl": _masked_mean(-log_ratio.detach().to(torch.float32), valid, count),
             "ratio_mean": _masked_mean(r32, valid, count),
-            "ratio_max": torch.where(valid, r32, torch.zeros_like(r32)).max() if r32.numel()
+            "ratio_max": torch.where(valid, r32, torch.zeros_like(r32)).max()
+            if r32.numel()
             else torch.zeros((), device=r32.device),
         }
 
@@ -111,8 +113,9 @@ def decoupled_clip_loss(logprobs, old_logprobs, advantages, loss_mask, cfg):
 
     (:func:`~megatron_dapo.algo.policy_loss`; ``--eps-clip-low/high``, ``--clip-ratio-c``).
     The default; with ``eps_low = eps_high = 0.2`` and no dual clip it is GRPO's."""
-    return policy_loss(logprobs, old_logprobs, advantages, loss_mask, cfg.eps_clip_low, cfg.eps_clip_high,
-                       cfg.clip_ratio_c)
+    return policy_loss(
+        logprobs, old_logprobs, advantages, loss_mask, cfg.eps_clip_low, cfg.eps_clip_high, cfg.clip_ratio_c
+    )
 
 
 @POLICY_LOSSES.register("gspo", aggregation=("seq-mean-token-mean",), whole_sequences=True)
@@ -177,10 +180,18 @@ def dr_grpo_loss(logprobs, old_logprobs, advantages, loss_mask, cfg):
     The constant :math:`L_{max}` (``--max-response-length``) only keeps the loss on the usual
     scale. Per token: the decoupled-clip loss divided by :math:`L_{max}`, reduced with
     ``seq-mean-token-sum`` (the only aggregation it is defined with)."""
-    loss, m = policy_loss(logprobs, old_logprobs, advantages, loss_mask, cfg.eps_clip_low, cfg.eps_clip_high,
-                          cfg.clip_ratio_c)
+    loss, m = policy_loss(
+        logprobs, old_logprobs, advantages, loss_mask, cfg.eps_clip_low, cfg.eps_clip_high, cfg.clip_ratio_c
+    )
     return loss / float(cfg.max_response_length), m
 
 
-__all__ = ["POLICY_LOSSES", "POLICY_LOSS_METRICS", "PolicyLoss", "cispo_loss", "decoupled_clip_loss",
-           "dr_grpo_loss", "gspo_loss"]
+__all__ = [
+    "POLICY_LOSSES",
+    "POLICY_LOSS_METRICS",
+    "PolicyLoss",
+    "cispo_loss",
+    "decoupled_clip_loss",
+    "dr_grpo_loss",
+    "gspo_loss",
+]

@@ -93,6 +93,7 @@ ExtraState = Union[None, dict, Callable[[dict], dict]]
 
 # ---------------------------------------------------------------- metadata
 
+
 def dtype_name(dtype) -> str:
     if isinstance(dtype, str):
         if dtype not in _DTYPES:
@@ -241,24 +242,36 @@ def resume_note(saved: Optional[dict], new: dict) -> tuple[bool, str]:
     checkpoint written before layouts were recorded) resumes at layout ``new``, and a one-line
     note saying what changes. Pure: no I/O."""
     if not saved:
-        return True, ("layout not recorded in this checkpoint (written before layouts were): model and optimizer "
-                      "reshard if the layout changed; per-rank RNG states restored when the rank count matches, "
-                      "otherwise re-derived")
-    if saved.get("distributed_optimizer") is not None and new.get("distributed_optimizer") is not None \
-            and bool(saved["distributed_optimizer"]) != bool(new["distributed_optimizer"]):
+        return True, (
+            "layout not recorded in this checkpoint (written before layouts were): model and optimizer "
+            "reshard if the layout changed; per-rank RNG states restored when the rank count matches, "
+            "otherwise re-derived"
+        )
+    if (
+        saved.get("distributed_optimizer") is not None
+        and new.get("distributed_optimizer") is not None
+        and bool(saved["distributed_optimizer"]) != bool(new["distributed_optimizer"])
+    ):
         was = "on" if saved["distributed_optimizer"] else "off"
-        return False, (f"saved with the distributed optimizer {was}, resumed with it "
-                       f"{'on' if new['distributed_optimizer'] else 'off'}: the optimizer states differ in format "
-                       f"({saved.get('optimizer_format')} vs {new.get('optimizer_format')}); "
-                       f"{'pass' if saved['distributed_optimizer'] else 'drop'} --use-distributed-optimizer")
+        return False, (
+            f"saved with the distributed optimizer {was}, resumed with it "
+            f"{'on' if new['distributed_optimizer'] else 'off'}: the optimizer states differ in format "
+            f"({saved.get('optimizer_format')} vs {new.get('optimizer_format')}); "
+            f"{'pass' if saved['distributed_optimizer'] else 'drop'} --use-distributed-optimizer"
+        )
     fmt = saved.get("optimizer_format")
-    changes = [f"{_LAYOUT_NAMES[k]} {saved.get(k)} -> {new.get(k)}" for k in ("tp", "pp", "cp", "dp", "world_size", "nodes")
-               if saved.get(k) is not None and new.get(k) is not None and saved.get(k) != new.get(k)]
+    changes = [
+        f"{_LAYOUT_NAMES[k]} {saved.get(k)} -> {new.get(k)}"
+        for k in ("tp", "pp", "cp", "dp", "world_size", "nodes")
+        if saved.get(k) is not None and new.get(k) is not None and saved.get(k) != new.get(k)
+    ]
     if not changes:
         return True, f"same layout as saved ({_describe(new)}): exact resume, per-rank RNG states restored"
     if fmt is not None and fmt not in RESHARDABLE_FORMATS:
-        return False, (f"{', '.join(changes)}: the optimizer state's format {fmt!r} does not reshard; resume at the "
-                       f"saved layout ({_describe(saved)})")
+        return False, (
+            f"{', '.join(changes)}: the optimizer state's format {fmt!r} does not reshard; resume at the "
+            f"saved layout ({_describe(saved)})"
+        )
     parallel = [c for c in changes if not c.startswith(("ranks", "nodes"))]
     what = "model and optimizer resharded by dist_checkpointing" if parallel else "the same shards, read by other ranks"
     if same_ranks(saved, new):
@@ -270,8 +283,7 @@ def resume_note(saved: Optional[dict], new: dict) -> tuple[bool, str]:
 
 # ---------------------------------------------------------------- files
 
-_FIX = ("copy or write this checkpoint again, or resume from an earlier step of the run (--load "
-        "SAVE_DIR/step_N)")
+_FIX = "copy or write this checkpoint again, or resume from an earlier step of the run (--load SAVE_DIR/step_N)"
 
 
 def verify_checkpoint_files(directory) -> None:
@@ -279,9 +291,11 @@ def verify_checkpoint_files(directory) -> None:
     ``dist_checkpointing.load`` needs is missing or a ``.distcp`` shard is shorter than the
     ``.metadata`` index says (a copy or a save cut short). Reads only ``.metadata`` and file sizes."""
     directory = os.fspath(directory)
-    for name, what in ((".metadata", "the tensor index of torch.distributed.checkpoint"),
-                       ("metadata.json", "megatron-core's dist_checkpointing config"),
-                       ("common.pt", "the non-tensor state")):
+    for name, what in (
+        (".metadata", "the tensor index of torch.distributed.checkpoint"),
+        ("metadata.json", "megatron-core's dist_checkpointing config"),
+        ("common.pt", "the non-tensor state"),
+    ):
         if not os.path.exists(os.path.join(directory, name)):
             raise CheckpointError(f"{directory}: incomplete checkpoint, {name} ({what}) is missing; {_FIX}")
     from torch.distributed.checkpoint import FileSystemReader
@@ -309,6 +323,7 @@ def verify_checkpoint_files(directory) -> None:
 
 
 # ---------------------------------------------------------------- save / load
+
 
 def _chunks(model) -> list:
     return list(model) if isinstance(model, (list, tuple)) else [model]
@@ -402,11 +417,7 @@ def _own_storage_release_params(model, ssd: dict) -> None:
 
 
 def save_checkpoint(
-    model,
-    directory,
-    metadata: dict,
-    extra_sharded_state: ExtraState = None,
-    release_model_memory: bool = False,
+    model, directory, metadata: dict, extra_sharded_state: ExtraState = None, release_model_memory: bool = False
 ) -> None:
     """Save ``model`` (a module or a list of virtual-PP chunks) as a torch_dist checkpoint.
 
@@ -457,6 +468,7 @@ def _raise_mismatch(directory, missing: set, unexpected: set) -> None:
     not_in_ckpt = sorted({k for r in per_rank for k in r})
     missing = sorted(missing)
     if not_in_ckpt or missing:
+
         def show(keys):
             return f"{keys[:30]}{' ...' if len(keys) > 30 else ''} ({len(keys)})"
 
@@ -508,8 +520,11 @@ def _request_full_vocab_tensors(ssd: dict, model_rows: int, ckpt_rows: int) -> l
     import torch.distributed as dist
     from megatron.core.dist_checkpointing.mapping import ShardedTensor
 
-    found = [(path, sh) for path, sh in _paths(ssd)
-             if isinstance(sh, ShardedTensor) and _is_vocab_key(sh.key) and sh.global_shape[0] == model_rows]
+    found = [
+        (path, sh)
+        for path, sh in _paths(ssd)
+        if isinstance(sh, ShardedTensor) and _is_vocab_key(sh.key) and sh.global_shape[0] == model_rows
+    ]
     rank = dist.get_rank()
     per_rank = [None] * dist.get_world_size()
     dist.all_gather_object(per_rank, sorted({sh.key for _, sh in found}))
@@ -540,12 +555,7 @@ def _vocab_shard(full: torch.Tensor, vocab_size: int, padded: int) -> torch.Tens
     return out
 
 
-def load_checkpoint(
-    model,
-    directory,
-    arch: ModelArch,
-    extra_sharded_state: ExtraState = None,
-) -> tuple[dict, dict]:
+def load_checkpoint(model, directory, arch: ModelArch, extra_sharded_state: ExtraState = None) -> tuple[dict, dict]:
     """Load a torch_dist checkpoint into ``model`` at the current TP/PP (resharding as needed).
 
     Collective over the default process group. ``arch`` is the architecture the model was
@@ -621,4 +631,3 @@ __all__ = [
     "torch_dtype",
     "verify_checkpoint_files",
 ]
-

@@ -53,9 +53,7 @@ def _build(arch_or_cfg, dtype: torch.dtype, tp: int, pp: int, make_vocab_size_di
 
     init_parallel(tp, pp)
     opts = ModelBuildOptions(
-        params_dtype=dtype,
-        make_vocab_size_divisible_by=make_vocab_size_divisible_by,
-        perform_initialization=False,
+        params_dtype=dtype, make_vocab_size_divisible_by=make_vocab_size_divisible_by, perform_initialization=False
     )
     model, arch, _ = build_gpt_model(arch_or_cfg, opts)
     model.eval()
@@ -84,7 +82,10 @@ def hf_to_torch_dist(
     check_hf_tensors(arch, weights.keys())  # before building anything: missing/unexpected listed
     ensure_distributed()
     model, arch, padded = _build(
-        cfg, dist_ckpt.torch_dtype(dtype), tensor_model_parallel_size, pipeline_model_parallel_size,
+        cfg,
+        dist_ckpt.torch_dtype(dtype),
+        tensor_model_parallel_size,
+        pipeline_model_parallel_size,
         make_vocab_size_divisible_by,
     )
     target = dist_ckpt.torch_dtype(dtype)
@@ -118,14 +119,20 @@ def hf_config_for(meta: dict, hf_config_dir=None) -> dict:
     else:
         cfg = _config_from_arch(dist_ckpt.metadata_arch(meta))
     cfg = dict(cfg)
-    cfg["dtype"] = "bfloat16" if meta.get("dtype") == "bf16" else ("float16" if meta.get("dtype") == "fp16" else "float32")
+    cfg["dtype"] = (
+        "bfloat16" if meta.get("dtype") == "bf16" else ("float16" if meta.get("dtype") == "fp16" else "float32")
+    )
     cfg.pop("torch_dtype", None)
     return cfg
 
 
 def _config_from_arch(arch: ModelArch) -> dict:
-    cls = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-           "llama": "LlamaForCausalLM"}[arch.model_type]
+    cls = {
+        "qwen2": "Qwen2ForCausalLM",
+        "qwen3": "Qwen3ForCausalLM",
+        "qwen3_moe": "Qwen3MoeForCausalLM",
+        "llama": "LlamaForCausalLM",
+    }[arch.model_type]
     cfg = dict(
         model_type=arch.model_type,
         architectures=[cls],
@@ -149,9 +156,15 @@ def _config_from_arch(arch: ModelArch) -> dict:
     if arch.model_type == "llama":
         cfg.update(mlp_bias=False)
     if arch.is_moe:
-        cfg.update(num_experts=arch.num_experts, moe_intermediate_size=arch.moe_ffn_hidden_size,
-                   num_experts_per_tok=arch.moe_router_topk, norm_topk_prob=arch.moe_norm_topk_prob,
-                   router_aux_loss_coef=arch.router_aux_loss_coef, decoder_sparse_step=1, mlp_only_layers=[])
+        cfg.update(
+            num_experts=arch.num_experts,
+            moe_intermediate_size=arch.moe_ffn_hidden_size,
+            num_experts_per_tok=arch.moe_router_topk,
+            norm_topk_prob=arch.moe_norm_topk_prob,
+            router_aux_loss_coef=arch.router_aux_loss_coef,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
     return cfg
 
 

@@ -130,7 +130,7 @@ def spec_name(name: str, te_spec: bool, grouped_gemm: Optional[bool] = None) -> 
     if m and (te_spec if grouped_gemm is None else grouped_gemm):
         e = _EXPERT_RE.match(m.group(2))
         if e:
-            return f"decoder.layers.{m.group(1)}.mlp.experts.{e.group(2)[:-len('.weight')]}.weight{e.group(1)}"
+            return f"decoder.layers.{m.group(1)}.mlp.experts.{e.group(2)[: -len('.weight')]}.weight{e.group(1)}"
     if not te_spec:
         return name
     if m and m.group(2) in _TE_ALIASES_INV:
@@ -226,6 +226,7 @@ def is_gated_fc1(megatron_name: str) -> bool:
 
 # ---------------------------------------------------------------- experts
 
+
 def expert_index(megatron_name: str) -> Optional[int]:
     """The expert index in an expert tensor's name (local or global, as the name holds it);
     None for every other tensor."""
@@ -289,8 +290,9 @@ def stack_of(megatron_name: str) -> Optional[str]:
     return expert_stack_name(int(m.group(1)), e.group(2)[: -len(".weight")]) if e else None
 
 
-def expert_stack_to_hf(arch: ModelArch, stack_name: str, stacked: torch.Tensor,
-                       naming: str = "checkpoint") -> list[tuple[str, torch.Tensor]]:
+def expert_stack_to_hf(
+    arch: ModelArch, stack_name: str, stacked: torch.Tensor, naming: str = "checkpoint"
+) -> list[tuple[str, torch.Tensor]]:
     """A layer's stacked experts (``[E, *full expert tensor]``) -> engine tensors, all VIEWS
     of ``stacked`` (no copy): per expert (``checkpoint``: gate/up halves of fc1, down = fc2)
     or the layer's fused tensors (``transformers``: ``gate_up_proj`` = fc1 stack,
@@ -304,8 +306,9 @@ def expert_stack_to_hf(arch: ModelArch, stack_name: str, stacked: torch.Tensor,
     if stacked.shape[0] != arch.num_experts:
         raise ValueError(f"{stack_name}: {stacked.shape[0]} experts, the config has {arch.num_experts}")
     if naming == "transformers":
-        return [(f"model.layers.{layer}.mlp.experts.{'gate_up_proj' if which == 'linear_fc1' else 'down_proj'}",
-                 stacked)]
+        return [
+            (f"model.layers.{layer}.mlp.experts.{'gate_up_proj' if which == 'linear_fc1' else 'down_proj'}", stacked)
+        ]
     out = []
     for e in range(arch.num_experts):
         out.extend(megatron_to_hf(arch, stack_member(stack_name, e), stacked[e]))
@@ -321,14 +324,16 @@ def engine_names(arch: ModelArch, naming: str = "checkpoint") -> list[str]:
         stack = stack_of(name)
         if stack is not None and naming == "transformers":
             if expert_index(name) == 0:
-                out.append(expert_stack_to_hf(arch, stack, torch.empty((arch.num_experts, 1), device="meta"),
-                                              naming)[0][0])
+                out.append(
+                    expert_stack_to_hf(arch, stack, torch.empty((arch.num_experts, 1), device="meta"), naming)[0][0]
+                )
             continue
         out.extend(hf_names_for(arch, name))
     return out
 
 
 # ---------------------------------------------------------------- layouts: QKV
+
 
 def _qkv_sizes(arch: ModelArch):
     ng = arch.num_query_groups
@@ -360,6 +365,7 @@ def split_qkv(arch: ModelArch, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
 
 # ---------------------------------------------------------------- conversion
+
 
 def megatron_to_hf(arch: ModelArch, megatron_name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
     """One megatron FULL tensor -> its HF tensors (names and layouts), vocab padding dropped."""
@@ -414,6 +420,7 @@ def hf_to_megatron(
 
 
 # ---------------------------------------------------------------- TP / PP layout
+
 
 def shard_tp(megatron_name: str, full: torch.Tensor, tp_rank: int, tp_size: int) -> torch.Tensor:
     """The TP shard of a megatron FULL tensor that rank ``tp_rank`` holds."""

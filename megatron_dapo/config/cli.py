@@ -30,8 +30,7 @@ from .schema import SECTIONS, DAPOConfig, flag_of
 REMOVED_FLAGS = {
     "--normalize-adv-std": "use --advantage-estimator group-norm (std-normalised, the default; was true) or "
     "group-mean (mean-centring only; was false)",
-    "--min-lr": "the learning rate is constant after warm-up, so a minimum learning rate was never used; "
-    "drop the flag",
+    "--min-lr": "the learning rate is constant after warm-up, so a minimum learning rate was never used; drop the flag",
 }
 
 
@@ -111,7 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
         dest = f"{sec}.{f.name}"
         helptext = f.metadata.get("help", "")
         if tp is bool:
-            g.add_argument(flag, dest=dest, nargs="?", const=True, type=_parse_bool(flag), help=helptext + f" (default {f.default})")
+            g.add_argument(
+                flag,
+                dest=dest,
+                nargs="?",
+                const=True,
+                type=_parse_bool(flag),
+                help=helptext + f" (default {f.default})",
+            )
             g.add_argument("--no-" + flag[2:], dest=dest, action="store_false", help=argparse.SUPPRESS)
         elif tp is list or typing.get_origin(tp) is list:
             g.add_argument(flag, dest=dest, nargs="*", help=helptext)
@@ -121,7 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
             if choices:
                 kw["choices"] = [c for c in choices if c is not None] + (["none"] if None in choices else [])
             conv = _converter(flag, tp, opt)
-            g.add_argument(flag, dest=dest, type=conv if not choices else str, help=helptext + f" (default {f.default})", **kw)
+            g.add_argument(
+                flag, dest=dest, type=conv if not choices else str, help=helptext + f" (default {f.default})", **kw
+            )
     for flag in REMOVED_FLAGS:
         p.add_argument(flag, nargs="?", action=_RemovedFlag, help=argparse.SUPPRESS)
     return p
@@ -179,8 +187,10 @@ def load_yaml(path: str) -> dict:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise ConfigError(f"--config {path}: expected a mapping of settings (key: value, or sections such as "
-                          f"'optim: {{lr: 1.0e-6}}'), got a {type(raw).__name__}")
+        raise ConfigError(
+            f"--config {path}: expected a mapping of settings (key: value, or sections such as "
+            f"'optim: {{lr: 1.0e-6}}'), got a {type(raw).__name__}"
+        )
     idx = _index()
     out = {}
 
@@ -219,7 +229,9 @@ def decode_escapes(flag: str, values: list) -> list:
         try:
             out.append(s.encode("latin-1", "backslashreplace").decode("unicode_escape"))
         except UnicodeDecodeError as e:
-            raise ConfigError(f"{flag} {s!r}: bad escape ({e.reason}); write a backslash as \\\\, a newline as \\n") from e
+            raise ConfigError(
+                f"{flag} {s!r}: bad escape ({e.reason}); write a backslash as \\\\, a newline as \\n"
+            ) from e
     return out
 
 

@@ -28,20 +28,30 @@ def _f(default: Any, help: str, flag: Optional[str] = None, **extra: Any):
 @dataclass
 class ModelConfig:
     hf_checkpoint: Optional[str] = _f(
-        None, "HF checkpoint directory: model shape (config.json), tokenizer, and initial weights unless "
-        "--pretrained-checkpoint or --load is given."
+        None,
+        "HF checkpoint directory: model shape (config.json), tokenizer, and initial weights unless "
+        "--pretrained-checkpoint or --load is given.",
     )
     pretrained_checkpoint: Optional[str] = _f(None, "A converted torch_dist checkpoint to initialise weights from.")
     tokenizer: Optional[str] = _f(None, "Tokenizer directory (default: --hf-checkpoint).")
     make_vocab_size_divisible_by: int = _f(128, "Pad the vocabulary to a multiple of this x TP (Megatron-LM).")
     bf16: bool = _f(False, "bf16 parameters and compute (GPU); CPU runs are fp32.")
-    recompute_granularity: Optional[str] = _f(None, "Activation recompute: full or selective.", choices=(None, "full", "selective"))
+    recompute_granularity: Optional[str] = _f(
+        None, "Activation recompute: full or selective.", choices=(None, "full", "selective")
+    )
     transformer_impl: str = _f(
-        "transformer_engine", "Layer implementation (Megatron-LM): transformer_engine on GPU (an error if TE does not "
-        "import), or local (megatron-core's local spec; always on CPU).", choices=("transformer_engine", "local"))
-    recompute_method: Optional[str] = _f(None, "uniform or block (with --recompute-granularity full).", choices=(None, "uniform", "block"))
+        "transformer_engine",
+        "Layer implementation (Megatron-LM): transformer_engine on GPU (an error if TE does not "
+        "import), or local (megatron-core's local spec; always on CPU).",
+        choices=("transformer_engine", "local"),
+    )
+    recompute_method: Optional[str] = _f(
+        None, "uniform or block (with --recompute-granularity full).", choices=(None, "uniform", "block")
+    )
     recompute_num_layers: Optional[int] = _f(None, "Layers per recompute chunk (uniform) or recomputed layers (block).")
-    ref_load: Optional[str] = _f(None, "Reference model checkpoint for KL (default: the initial policy) when --kl-coef > 0.")
+    ref_load: Optional[str] = _f(
+        None, "Reference model checkpoint for KL (default: the initial policy) when --kl-coef > 0."
+    )
 
 
 @dataclass
@@ -49,17 +59,22 @@ class ParallelConfig:
     tensor_model_parallel_size: int = _f(1, "Tensor model parallel size.")
     pipeline_model_parallel_size: int = _f(1, "Pipeline model parallel size.")
     context_parallel_size: int = _f(
-        1, "Context parallel size: every packed sequence is split into 2 x CP chunks in the load-balanced (zigzag) "
-        "order (packing is on; needs --max-tokens-per-gpu).")
+        1,
+        "Context parallel size: every packed sequence is split into 2 x CP chunks in the load-balanced (zigzag) "
+        "order (packing is on; needs --max-tokens-per-gpu).",
+    )
     sequence_parallel: bool = _f(False, "Sequence parallelism with TP (GPU/TE only).")
     use_distributed_optimizer: bool = _f(False, "Shard optimizer state over data-parallel ranks.")
     nnodes: int = _f(1, "Number of nodes.", "--actor-num-nodes")
     gpus_per_node: int = _f(1, "GPUs (CPU demo: worker processes) per node.", "--actor-num-gpus-per-node")
     expert_model_parallel_size: int = _f(
-        1, "Expert parallel size (mixture-of-experts models): each EP rank holds num_experts / EP experts; EP ranks "
-        "are drawn from the TP x CP x DP ranks of a pipeline stage (docs/moe.md).")
+        1,
+        "Expert parallel size (mixture-of-experts models): each EP rank holds num_experts / EP experts; EP ranks "
+        "are drawn from the TP x CP x DP ranks of a pipeline stage (docs/moe.md).",
+    )
     expert_tensor_parallel_size: Optional[int] = _f(
-        None, "Tensor parallel size of each expert (default: --tensor-model-parallel-size).")
+        None, "Tensor parallel size of each expert (default: --tensor-model-parallel-size)."
+    )
 
 
 @dataclass
@@ -75,82 +90,132 @@ class OptimConfig:
     adam_beta2: float = _f(0.999, "AdamW beta2.")
     adam_eps: float = _f(1e-8, "AdamW epsilon.")
     micro_batch_size: int = _f(
-        1, "Responses per micro-batch (consecutive responses; upper bound when --max-tokens-per-gpu also limits "
-        "them); with --use-packing micro-batches are bounded by --max-tokens-per-gpu only.")
+        1,
+        "Responses per micro-batch (consecutive responses; upper bound when --max-tokens-per-gpu also limits "
+        "them); with --use-packing micro-batches are bounded by --max-tokens-per-gpu only.",
+    )
     global_batch_size: int = _f(512, "Responses per optimizer step (all DP ranks).")
     max_tokens_per_gpu: Optional[int] = _f(None, "Token budget of one micro-batch; micro-batches are packed to it.")
     use_packing: bool = _f(
-        False, "Group responses into the fewest micro-batches of at most --max-tokens-per-gpu tokens, balanced by "
+        False,
+        "Group responses into the fewest micro-batches of at most --max-tokens-per-gpu tokens, balanced by "
         "tokens, instead of consecutive groups of --micro-batch-size (micro-batches are THD either way: each "
-        "sequence padded only to what TP/CP need). Always on with --context-parallel-size > 1.")
+        "sequence padded only to what TP/CP need). Always on with --context-parallel-size > 1.",
+    )
     seed: int = _f(1234, "Random seed.")
     max_skipped_steps: int = _f(3, "Stop after this many consecutive skipped (non-finite) optimizer steps.")
 
 
 @dataclass
 class RolloutConfig:
-    engine: str = _f("auto", "Rollout engine kind (rollout/engines.py ENGINE_KINDS): sglang (GPU), hf (CPU), or auto: the first kind made for this machine.", "--rollout-engine", choices=engine_choices())
+    engine: str = _f(
+        "auto",
+        "Rollout engine kind (rollout/engines.py ENGINE_KINDS): sglang (GPU), hf (CPU), or auto: the first kind made for this machine.",
+        "--rollout-engine",
+        choices=engine_choices(),
+    )
     rollout_batch_size: int = _f(512, "Prompts per rollout step (groups kept after dynamic sampling).")
     n_samples_per_prompt: int = _f(16, "Responses per prompt (group size G).")
     over_sampling_batch_size: Optional[int] = _f(
-        None, "Prompts generating at once (the window, default: --rollout-batch-size); a group that ends and is "
-        "verified frees its place for a new prompt while more are needed (docs/rollout.md, Streaming).")
+        None,
+        "Prompts generating at once (the window, default: --rollout-batch-size); a group that ends and is "
+        "verified frees its place for a new prompt while more are needed (docs/rollout.md, Streaming).",
+    )
     max_num_gen_batches: int = _f(
-        10, "The step's request budget in windows (>= 1): at most this many x --over-sampling-batch-size prompts are "
-        "started before the step fails with what to change.")
+        10,
+        "The step's request budget in windows (>= 1): at most this many x --over-sampling-batch-size prompts are "
+        "started before the step fails with what to change.",
+    )
     temperature: float = _f(
-        1.0, "Sampling temperature for training rollouts; the trainer divides its logits by it for old and new "
-        "logprobs, entropy and the KL reference.", "--rollout-temperature")
-    top_p: float = _f(1.0, "Top-p for training rollouts (must be 1.0: truncated sampling is refused for training).", "--rollout-top-p")
-    top_k: int = _f(-1, "Top-k for training rollouts (must be -1: truncated sampling is refused for training).", "--rollout-top-k")
+        1.0,
+        "Sampling temperature for training rollouts; the trainer divides its logits by it for old and new "
+        "logprobs, entropy and the KL reference.",
+        "--rollout-temperature",
+    )
+    top_p: float = _f(
+        1.0, "Top-p for training rollouts (must be 1.0: truncated sampling is refused for training).", "--rollout-top-p"
+    )
+    top_k: int = _f(
+        -1, "Top-k for training rollouts (must be -1: truncated sampling is refused for training).", "--rollout-top-k"
+    )
     stop: list = _f([], "Stop strings (repeatable).", "--rollout-stop", nargs="*")
     num_gpus_per_engine: int = _f(1, "GPUs per rollout engine (engine TP size).", "--rollout-num-gpus-per-engine")
     mem_fraction_static: float = _f(0.7, "SGLang static memory fraction.", "--sglang-mem-fraction-static")
     update_weight_buffer_size: int = _f(512 * 1024**2, "Weight-sync bucket size in bytes.")
     check_weight_sync_every: int = _f(
-        1, "Check the engines after every N-th weight sync (0 = never): exact per-tensor checksums of what the "
+        1,
+        "Check the engines after every N-th weight sync (0 = never): exact per-tensor checksums of what the "
         "engine holds against what the trainer sent (engines that can report them: hf), and engine vs trainer "
-        "logprobs on the probe's first 256 tokens.")
+        "logprobs on the probe's first 256 tokens.",
+    )
     check_weight_sync_init: bool = _f(
-        False, "Exact check of the first weight sync, by the engine's own tensor names (the check for SGLang): the "
+        False,
+        "Exact check of the first weight sync, by the engine's own tensor names (the check for SGLang): the "
         "engines load --hf-checkpoint's weights at launch and record them, overwrite them with random values before "
         "the first sync, and after it every tensor must equal its record again; the error names each tensor that "
         "differs. For runs whose trainer starts from --hf-checkpoint (not with --load or --pretrained-checkpoint); "
-        "engines load the checkpoint at launch (slower start).")
+        "engines load the checkpoint at launch (slower start).",
+    )
     weight_sync_tolerance: Optional[float] = _f(
-        None, "Mean |logp_engine - logp_trainer| tolerated on the weight-sync probe; its 90th percentile may reach "
-        "3x this, its max is logged only (default by parameter dtype: fp32 1e-4, fp16 0.03, bf16 0.1).")
+        None,
+        "Mean |logp_engine - logp_trainer| tolerated on the weight-sync probe; its 90th percentile may reach "
+        "3x this, its max is logged only (default by parameter dtype: fp32 1e-4, fp16 0.03, bf16 0.1).",
+    )
     offload_train: Optional[bool] = _f(
-        None, "Offload trainer params, grads and optimizer state while the engine generates "
-        "(default: on with GPUs, off on CPU)."
+        None,
+        "Offload trainer params, grads and optimizer state while the engine generates "
+        "(default: on with GPUs, off on CPU).",
     )
     reuse_surplus_groups: bool = _f(
-        False, "Carry mixed groups generated beyond --rollout-batch-size over to the next step (with their old-policy "
-        "logprobs) instead of dropping them. Not part of any --algorithm preset; the paper drops them.")
+        False,
+        "Carry mixed groups generated beyond --rollout-batch-size over to the next step (with their old-policy "
+        "logprobs) instead of dropping them. Not part of any --algorithm preset; the paper drops them.",
+    )
     engine_timeout_s: float = _f(600.0, "A generation call slower than this restarts the engine.")
     partial_rollout: bool = _f(
-        False, "Partial rollout: when a step's batch is full, in-flight generations are stopped and their prefixes "
+        False,
+        "Partial rollout: when a step's batch is full, in-flight generations are stopped and their prefixes "
         "kept (tokens, engine logprobs, weight version); the next step continues them with the new weights before "
-        "starting new prompts. A group is scored only when all its samples finished.")
+        "starting new prompts. A group is scored only when all its samples finished.",
+    )
     partial_rollout_offpolicy: str = _f(
-        "mask", "Tokens of a continued prefix generated under older weights: 'mask' (no loss) or 'correct' "
-        "(weighted by min(pi_old / pi_engine, --tis-cap)).", choices=("mask", "correct"))
+        "mask",
+        "Tokens of a continued prefix generated under older weights: 'mask' (no loss) or 'correct' "
+        "(weighted by min(pi_old / pi_engine, --tis-cap)).",
+        choices=("mask", "correct"),
+    )
     partial_rollout_max_staleness: int = _f(
-        2, "A kept prefix whose oldest token is more than this many steps old is dropped and its sample "
-        "regenerated from the prompt (>= 1).")
+        2,
+        "A kept prefix whose oldest token is more than this many steps old is dropped and its sample "
+        "regenerated from the prompt (>= 1).",
+    )
 
 
 @dataclass
 class RewardConfig:
-    mode: str = _f("dapo", "Built-in verifier (reward/api.py REWARD_MODES): dapo (official Answer: check), math (sympy equivalence).", "--reward-mode", choices=REWARD_MODES)
+    mode: str = _f(
+        "dapo",
+        "Built-in verifier (reward/api.py REWARD_MODES): dapo (official Answer: check), math (sympy equivalence).",
+        "--reward-mode",
+        choices=REWARD_MODES,
+    )
     reward_fn: Optional[str] = _f(
-        None, "Default reward instead of --reward-mode: 'package.module:function' or the http(s) URL of a remote "
-        "reward model (see docs/reward.md).")
+        None,
+        "Default reward instead of --reward-mode: 'package.module:function' or the http(s) URL of a remote "
+        "reward model (see docs/reward.md).",
+    )
     reward_source: list = _f(
-        [], "Reward per data source, DATA_SOURCE=SPEC (repeatable); SPEC is dapo, math, 'package.module:function' "
-        "or an http(s) URL of a remote reward model. Other sources use --reward-fn or --reward-mode.", nargs="*")
-    remote_timeout_s: float = _f(30.0, "Budget of one request to a remote reward model, seconds.", "--reward-remote-timeout")
-    remote_max_retries: int = _f(3, "Retries of a failed request to a remote reward model.", "--reward-remote-max-retries")
+        [],
+        "Reward per data source, DATA_SOURCE=SPEC (repeatable); SPEC is dapo, math, 'package.module:function' "
+        "or an http(s) URL of a remote reward model. Other sources use --reward-fn or --reward-mode.",
+        nargs="*",
+    )
+    remote_timeout_s: float = _f(
+        30.0, "Budget of one request to a remote reward model, seconds.", "--reward-remote-timeout"
+    )
+    remote_max_retries: int = _f(
+        3, "Retries of a failed request to a remote reward model.", "--reward-remote-max-retries"
+    )
     remote_batch_size: int = _f(64, "Samples per request to a remote reward model.", "--reward-remote-batch-size")
     num_workers: int = _f(2, "Verifier processes.", "--reward-num-workers")
     timeout_s: float = _f(10.0, "Per-item verifier timeout.", "--reward-timeout")
@@ -161,7 +226,9 @@ class DataConfig:
     prompt_data: Optional[str] = _f(None, "Training prompts: parquet or jsonl in the verl schema.")
     eval_data: list = _f([], "Evaluation sets (parquet/jsonl), repeatable.", nargs="*")
     max_prompt_length: int = _f(2048, "Prompts longer than this many tokens are skipped or left-truncated.")
-    prompt_overflow: str = _f("skip", "What to do with long prompts: skip (counted) or truncate-left.", choices=("skip", "truncate-left"))
+    prompt_overflow: str = _f(
+        "skip", "What to do with long prompts: skip (counted) or truncate-left.", choices=("skip", "truncate-left")
+    )
     apply_chat_template: bool = _f(True, "Render chat-message prompts with the tokenizer's chat template.")
     skip_bad_rows: bool = _f(False, "Skip rows without a prompt or ground truth (counted) instead of failing.")
     allow_data_change: bool = _f(False, "Allow resuming with a dataset whose fingerprint changed.")
@@ -173,14 +240,18 @@ class CheckpointConfig:
     load: Optional[str] = _f(None, "Resume a run from this checkpoint directory (weights, optimizer, trainer state).")
     save: Optional[str] = _f(None, "Directory for checkpoints.")
     save_interval: int = _f(0, "Save every N rollout steps (0 = only at the end when --save is given).")
-    keep_last: int = _f(2, "Keep the N newest checkpoints of this run (older ones of the same run are removed; "
-                        "another run's never).")
+    keep_last: int = _f(
+        2, "Keep the N newest checkpoints of this run (older ones of the same run are removed; another run's never)."
+    )
     start_over: bool = _f(
-        False, "Move what is in this run's way into aside-<time>/ (never deleting): a previous run's files in "
+        False,
+        "Move what is in this run's way into aside-<time>/ (never deleting): a previous run's files in "
         "--run-dir and its checkpoints in --save for a fresh run; this run's checkpoints after the --load step for "
-        "a rollback. Without it such a run is refused.")
+        "a rollback. Without it such a run is refused.",
+    )
     save_hf_interval: int = _f(
-        0, "Export the trainer's weights as an HF checkpoint every N rollout steps to RUN_DIR/hf/step_XXXXXX (0 = off).")
+        0, "Export the trainer's weights as an HF checkpoint every N rollout steps to RUN_DIR/hf/step_XXXXXX (0 = off)."
+    )
     save_hf_final: bool = _f(False, "Export the trainer's final weights as an HF checkpoint to RUN_DIR/final_hf.")
 
 
@@ -188,7 +259,9 @@ class CheckpointConfig:
 class LoggingConfig:
     run_dir: str = _f("runs/latest", "Run directory: metrics.jsonl, rollouts/, plots.")
     wandb_project: Optional[str] = _f(None, "wandb project (offline mode unless --wandb-mode online).")
-    wandb_mode: str = _f("offline", "wandb mode: offline, online or disabled.", choices=("offline", "online", "disabled"))
+    wandb_mode: str = _f(
+        "offline", "wandb mode: offline, online or disabled.", choices=("offline", "online", "disabled")
+    )
     tensorboard: bool = _f(False, "Also write tensorboard event files.")
     dump_rollouts_every: int = _f(0, "Write rollouts to RUN_DIR/rollouts/step_XXXXXX.jsonl every N steps.")
     eval_interval: int = _f(0, "Evaluate on --eval-data every N steps (0 = off).")
@@ -205,9 +278,15 @@ class RunConfig:
     deterministic: bool = _f(False, "Per-sample seeds, fixed generation rounds: reruns and resumes are identical.")
     dry_run: bool = _f(False, "Validate configuration, data and paths, print the plan, start nothing.")
     inject_nan_at_step: Optional[int] = _f(None, "Testing: make the loss NaN at this step.", "--debug-inject-nan-step")
-    kill_engine_at_step: Optional[int] = _f(None, "Testing: SIGKILL the engine process mid-generation at this step.", "--debug-kill-engine-step")
-    crash_during_save_at_step: Optional[int] = _f(None, "Testing: SIGKILL the driver mid-save at this step.", "--debug-crash-during-save-step")
-    dump_train_batch: Optional[str] = _f(None, "Testing: write the training batch and weights of each step here.", "--debug-dump-train-batch")
+    kill_engine_at_step: Optional[int] = _f(
+        None, "Testing: SIGKILL the engine process mid-generation at this step.", "--debug-kill-engine-step"
+    )
+    crash_during_save_at_step: Optional[int] = _f(
+        None, "Testing: SIGKILL the driver mid-save at this step.", "--debug-crash-during-save-step"
+    )
+    dump_train_batch: Optional[str] = _f(
+        None, "Testing: write the training batch and weights of each step here.", "--debug-dump-train-batch"
+    )
 
 
 @dataclass
@@ -215,21 +294,33 @@ class MoEConfig:
     """How a mixture-of-experts model (Qwen3-MoE) is trained; docs/moe.md has the defaults' sources."""
 
     moe_router_load_balancing_type: str = _f(
-        "aux_loss", "Load-balancing loss: aux_loss (Switch Transformer, per micro-batch), seq_aux_loss (per "
+        "aux_loss",
+        "Load-balancing loss: aux_loss (Switch Transformer, per micro-batch), seq_aux_loss (per "
         "sequence), global_aux_loss (over the data-parallel group: the global-batch balance Qwen3 trains with), "
-        "none.", choices=("aux_loss", "seq_aux_loss", "global_aux_loss", "none"))
+        "none.",
+        choices=("aux_loss", "seq_aux_loss", "global_aux_loss", "none"),
+    )
     moe_aux_loss_coeff: Optional[float] = _f(
-        None, "Coefficient of the load-balancing loss, as the mean over the step's micro-batches (default: the HF "
-        "config's router_aux_loss_coef, 0.001 for Qwen3-MoE).")
+        None,
+        "Coefficient of the load-balancing loss, as the mean over the step's micro-batches (default: the HF "
+        "config's router_aux_loss_coef, 0.001 for Qwen3-MoE).",
+    )
     moe_router_enable_expert_bias: bool = _f(
-        False, "Aux-loss-free balancing (DeepSeek-V3): a per-expert bias on the routing scores, updated after each "
-        "step. megatron-core supports it with sigmoid scores only: refused for Qwen3-MoE's softmax router.")
+        False,
+        "Aux-loss-free balancing (DeepSeek-V3): a per-expert bias on the routing scores, updated after each "
+        "step. megatron-core supports it with sigmoid scores only: refused for Qwen3-MoE's softmax router.",
+    )
     moe_router_bias_update_rate: float = _f(1e-3, "Update rate of that bias (DeepSeek-V3's gamma).")
     moe_token_dispatcher_type: str = _f(
-        "alltoall", "How tokens reach their experts' EP ranks: alltoall or allgather.", choices=("alltoall", "allgather"))
+        "alltoall",
+        "How tokens reach their experts' EP ranks: alltoall or allgather.",
+        choices=("alltoall", "allgather"),
+    )
     routing_replay: bool = _f(
-        False, "Routing replay (R3): the rollout engines return the routed experts of every token and the trainer "
-        "replays them in the old-logprob forward and in training (docs/moe.md). MoE models only.")
+        False,
+        "Routing replay (R3): the rollout engines return the routed experts of every token and the trainer "
+        "replays them in the old-logprob forward and in training (docs/moe.md). MoE models only.",
+    )
 
 
 @dataclass

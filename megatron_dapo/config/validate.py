@@ -36,11 +36,14 @@ def check_model_dir(cfg: DAPOConfig) -> None:
     if m.hf_checkpoint:
         if not os.path.isdir(m.hf_checkpoint):
             what = "not a directory" if os.path.exists(m.hf_checkpoint) else "directory not found"
-            raise ConfigError(f"--hf-checkpoint: {what}: {m.hf_checkpoint} (give an HF checkpoint directory with "
-                              "config.json)")
+            raise ConfigError(
+                f"--hf-checkpoint: {what}: {m.hf_checkpoint} (give an HF checkpoint directory with config.json)"
+            )
         if not os.path.isfile(os.path.join(m.hf_checkpoint, "config.json")):
-            raise ConfigError(f"--hf-checkpoint {m.hf_checkpoint}: no config.json there (give an HF checkpoint "
-                              "directory: config.json, weights, tokenizer)")
+            raise ConfigError(
+                f"--hf-checkpoint {m.hf_checkpoint}: no config.json there (give an HF checkpoint "
+                "directory: config.json, weights, tokenizer)"
+            )
 
 
 def check_paths(cfg: DAPOConfig) -> None:
@@ -52,12 +55,16 @@ def check_paths(cfg: DAPOConfig) -> None:
     if m.tokenizer:
         if not os.path.isdir(m.tokenizer):
             what = "not a directory" if os.path.exists(m.tokenizer) else "directory not found"
-            raise ConfigError(f"--tokenizer: {what}: {m.tokenizer} (give the directory the tokenizer was saved to; "
-                              "it is never downloaded)")
+            raise ConfigError(
+                f"--tokenizer: {what}: {m.tokenizer} (give the directory the tokenizer was saved to; "
+                "it is never downloaded)"
+            )
         if not any(os.path.isfile(os.path.join(m.tokenizer, f)) for f in TOKENIZER_FILES):
-            raise ConfigError(f"--tokenizer {m.tokenizer}: no tokenizer there (none of {', '.join(TOKENIZER_FILES)}); "
-                              "give the directory the tokenizer was saved to, or drop --tokenizer to use "
-                              "--hf-checkpoint's")
+            raise ConfigError(
+                f"--tokenizer {m.tokenizer}: no tokenizer there (none of {', '.join(TOKENIZER_FILES)}); "
+                "give the directory the tokenizer was saved to, or drop --tokenizer to use "
+                "--hf-checkpoint's"
+            )
     if cfg.data.prompt_data and not os.path.exists(cfg.data.prompt_data):
         raise ConfigError(f"--prompt-data: file not found: {cfg.data.prompt_data}")
     if cfg.checkpoint.load and not os.path.exists(cfg.checkpoint.load):
@@ -75,8 +82,9 @@ def load_tokenizer(path: str, flag: str):
     try:
         tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as e:  # the library's errors for a directory with a broken tokenizer
-        raise ModelConfigError(f"{flag} {path}: the tokenizer does not load ({' '.join(str(e).split())[:300]}); "
-                               f"{fix}") from e
+        raise ModelConfigError(
+            f"{flag} {path}: the tokenizer does not load ({' '.join(str(e).split())[:300]}); {fix}"
+        ) from e
     if len(tok) < 2:  # a tokenizer_config.json without its vocabulary: transformers builds an empty tokenizer
         raise ModelConfigError(f"{flag} {path}: the tokenizer has no vocabulary ({len(tok)} token); {fix}")
     return tok
@@ -131,7 +139,8 @@ def check_expert_layout(cfg: DAPOConfig, arch=None) -> None:
         raise ConfigError(
             f"world size {world} is not divisible by --expert-tensor-parallel-size {etp} x "
             f"--expert-model-parallel-size {ep} x --pipeline-model-parallel-size {pp} (experts are laid out over the "
-            "same ranks as the dense layers, per pipeline stage)")
+            "same ranks as the dense layers, per pipeline stage)"
+        )
     if m.moe_router_bias_update_rate < 0:
         raise ConfigError(f"--moe-router-bias-update-rate must be >= 0, got {m.moe_router_bias_update_rate}")
     if m.moe_aux_loss_coeff is not None and m.moe_aux_loss_coeff < 0:
@@ -142,27 +151,36 @@ def check_expert_layout(cfg: DAPOConfig, arch=None) -> None:
         if ep > 1 or p.expert_tensor_parallel_size not in (None, tp):
             raise ConfigError(
                 f"--expert-model-parallel-size {ep} / --expert-tensor-parallel-size {etp}: the model "
-                f"({arch.model_type}, --hf-checkpoint config) has no experts; drop them")
+                f"({arch.model_type}, --hf-checkpoint config) has no experts; drop them"
+            )
         if m.routing_replay:
-            raise ConfigError(f"--routing-replay: the model ({arch.model_type}, --hf-checkpoint config) has no "
-                              "experts to route; drop it")
+            raise ConfigError(
+                f"--routing-replay: the model ({arch.model_type}, --hf-checkpoint config) has no "
+                "experts to route; drop it"
+            )
         return
     if arch.num_experts % ep:
-        raise ConfigError(f"{arch.num_experts} experts (--hf-checkpoint config num_experts) not divisible by "
-                          f"--expert-model-parallel-size {ep}")
+        raise ConfigError(
+            f"{arch.num_experts} experts (--hf-checkpoint config num_experts) not divisible by "
+            f"--expert-model-parallel-size {ep}"
+        )
     if arch.moe_ffn_hidden_size % etp:
-        raise ConfigError(f"expert width {arch.moe_ffn_hidden_size} (--hf-checkpoint config moe_intermediate_size) "
-                          f"not divisible by --expert-tensor-parallel-size {etp}")
+        raise ConfigError(
+            f"expert width {arch.moe_ffn_hidden_size} (--hf-checkpoint config moe_intermediate_size) "
+            f"not divisible by --expert-tensor-parallel-size {etp}"
+        )
     if tp > 1 and not p.sequence_parallel:
         raise ConfigError(
             f"--tensor-model-parallel-size {tp} with a mixture-of-experts model needs --sequence-parallel (megatron-core "
             "refuses to train a MoE layer with TP > 1 otherwise; GPU/TE only): add --sequence-parallel, or split the "
-            "experts with --expert-model-parallel-size at TP 1")
+            "experts with --expert-model-parallel-size at TP 1"
+        )
     if m.moe_router_enable_expert_bias:
         raise ConfigError(
             f"--moe-router-enable-expert-bias: megatron-core's aux-loss-free bias needs sigmoid router scores, and "
             f"{arch.model_type} routes with a softmax (its rollout engines route without any bias either); drop it "
-            "and balance with --moe-router-load-balancing-type / --moe-aux-loss-coeff")
+            "and balance with --moe-router-load-balancing-type / --moe-aux-loss-coeff"
+        )
 
 
 def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[str]:
@@ -245,7 +263,8 @@ def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[
         raise ConfigError(
             f"--max-num-gen-batches must be >= 1, got {r.max_num_gen_batches}: it bounds the generation rounds of a "
             "step (on data the model always solves or always fails, an unbounded search would never end); give a "
-            "larger number for hard data, or --no-dynamic-sampling")
+            "larger number for hard data, or --no-dynamic-sampling"
+        )
     if a.dynamic_sampling and r.n_samples_per_prompt < 2:
         raise ConfigError(
             f"--dynamic-sampling needs --n-samples-per-prompt >= 2 (a group of 1 is never mixed), got {r.n_samples_per_prompt}"
@@ -256,7 +275,8 @@ def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[
         raise ConfigError("--sequence-parallel needs --tensor-model-parallel-size > 1")
     if p.sequence_parallel and cfg.model.transformer_impl == "local":
         raise ConfigError(
-            "--sequence-parallel needs --transformer-impl transformer_engine (megatron's local norm refuses it without TE/apex)")
+            "--sequence-parallel needs --transformer-impl transformer_engine (megatron's local norm refuses it without TE/apex)"
+        )
     if (cp > 1 or o.use_packing) and not o.max_tokens_per_gpu:
         raise ConfigError(
             f"--use-packing / --context-parallel-size {cp}: packed micro-batches are filled up to a token budget; "
@@ -268,7 +288,9 @@ def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[
             "share of it does not see: use token-mean or seq-mean-token-sum with --context-parallel-size > 1"
         )
     if r.temperature <= 0:
-        raise ConfigError(f"--rollout-temperature must be > 0 for training (the trainer divides logits by it), got {r.temperature}")
+        raise ConfigError(
+            f"--rollout-temperature must be > 0 for training (the trainer divides logits by it), got {r.temperature}"
+        )
     if r.top_p < 1.0 or r.top_k > 0:
         raise ConfigError(
             f"--rollout-top-p {r.top_p} / --rollout-top-k {r.top_k}: training rollouts must sample from the full "
@@ -282,7 +304,9 @@ def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[
         if p.sequence_parallel:
             raise ConfigError("--sequence-parallel is GPU-only (megatron's local norm refuses it without TE/apex)")
         if r.engine != AUTO and ENGINE_KINDS.get(r.engine).needs_gpu:
-            raise ConfigError(f"--rollout-engine {r.engine} needs a GPU (use {resolve_engine_kind(AUTO, False)} on CPU)")
+            raise ConfigError(
+                f"--rollout-engine {r.engine} needs a GPU (use {resolve_engine_kind(AUTO, False)} on CPU)"
+            )
     if cfg.model.recompute_method and cfg.model.recompute_granularity != "full":
         raise ConfigError(
             f"--recompute-method {cfg.model.recompute_method} needs --recompute-granularity full, "
@@ -296,8 +320,10 @@ def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[
         )
     check_paths(cfg)
     if cfg.rollout.check_weight_sync_init and (cfg.checkpoint.load or cfg.model.pretrained_checkpoint):
-        raise ConfigError("--check-weight-sync-init needs the trainer to start from --hf-checkpoint's weights: drop it "
-                          "or drop --load / --pretrained-checkpoint")
+        raise ConfigError(
+            "--check-weight-sync-init needs the trainer to start from --hf-checkpoint's weights: drop it "
+            "or drop --load / --pretrained-checkpoint"
+        )
     try:
         a.validate()
     except ValueError as e:
@@ -307,7 +333,8 @@ def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[
         raise ConfigError(
             f"--eps-clip-high {a.eps_clip_high} is below --eps-clip-low {a.eps_clip_low}: the ratio would be clipped "
             f"at 1 + {a.eps_clip_high} above and 1 - {a.eps_clip_low} below, the reverse of DAPO's clip-higher "
-            "(eps_high >= eps_low, the paper's 0.28 / 0.2); swap the two values")
+            "(eps_high >= eps_low, the paper's 0.28 / 0.2); swap the two values"
+        )
     check_reward(cfg)
     if a.dynamic_sampling and a.dynamic_sampling_metric != "acc":
         warnings.append(

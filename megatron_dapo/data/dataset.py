@@ -134,7 +134,9 @@ def _messages(prompt, path, i):
         return [{"role": "user", "content": prompt}]
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) and "content" in m for m in prompt):
         return [{"role": m.get("role", "user"), "content": m["content"]} for m in prompt]
-    raise DataError(f"{path}: row {i} field 'prompt' must be a string or a list of chat messages, got {type(prompt).__name__}")
+    raise DataError(
+        f"{path}: row {i} field 'prompt' must be a string or a list of chat messages, got {type(prompt).__name__}"
+    )
 
 
 def render_prompt(messages: list, tokenizer, apply_chat_template: bool) -> str:
@@ -153,8 +155,10 @@ class PromptDataset:
     def describe(self) -> str:
         """One line: how many prompts, from how many rows, and what loading dropped or changed."""
         st = self.stats
-        return (f"{len(self.records)} prompts from {self.path} ({st.rows} rows, {st.duplicates_removed} duplicates "
-                f"removed, {st.skipped_long} too long skipped, {st.truncated} left-truncated, {st.bad_rows} bad rows)")
+        return (
+            f"{len(self.records)} prompts from {self.path} ({st.rows} rows, {st.duplicates_removed} duplicates "
+            f"removed, {st.skipped_long} too long skipped, {st.truncated} left-truncated, {st.bad_rows} bad rows)"
+        )
 
     def __len__(self) -> int:
         return len(self.records)
@@ -237,8 +241,10 @@ def load_prompt_dataset(
     if not records:
         fix = ""
         if stats.skipped_long:
-            fix = (f"; {stats.skipped_long} prompt(s) are longer than --max-prompt-length {max_prompt_length} tokens: "
-                   "raise it or pass --prompt-overflow truncate-left")
+            fix = (
+                f"; {stats.skipped_long} prompt(s) are longer than --max-prompt-length {max_prompt_length} tokens: "
+                "raise it or pass --prompt-overflow truncate-left"
+            )
         elif stats.bad_rows:
             fix = "; every row lacks a prompt or a label (--skip-bad-rows skipped them all)"
         raise DataError(f"{path}: no usable prompts ({dataclasses.asdict(stats)}){fix}")

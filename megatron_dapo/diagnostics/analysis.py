@@ -37,13 +37,7 @@ from megatron_dapo.diagnostics.history import History
 from megatron_dapo.diagnostics.series import MetricSummary, _fmt, _summary
 from megatron_dapo.diagnostics.thresholds import Thresholds
 
-__all__ = [
-    "BOUNDARIES",
-    "Boundary",
-    "BoundaryReport",
-    "Diagnosis",
-    "diagnose",
-]
+__all__ = ["BOUNDARIES", "Boundary", "BoundaryReport", "Diagnosis", "diagnose"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,21 +50,45 @@ class Boundary:
 
 
 BOUNDARIES: tuple[Boundary, ...] = (
-    Boundary("exploration", "Exploration", "Does the policy still explore?",
-             ("entropy", "clip_frac_low", "clip_frac_high"),
-             ("mismatch_kl", "tis_clip_frac", "moe/routing_agreement_min", "moe/load_imbalance_max",
-              "moe/router_entropy")),
-    Boundary("group_contrast", "Group contrast", "Do the sampled groups still carry a direction?",
-             ("kept_group_ratio", "all_correct_ratio", "all_wrong_ratio", "num_gen_batches")),
-    Boundary("token_credit", "Token credit", "Do the generated tokens earn their credit?",
-             ("response_length_mean", "response_length_max", "repetition_rate"), ("acc_mean",)),
-    Boundary("reward_interpretation", "Reward interpretation", "Does the reward measure answers?",
-             ("truncation_ratio", "overlong_penalty_mean", "no_answer_rate"), ("offpolicy_token_frac",)),
+    Boundary(
+        "exploration",
+        "Exploration",
+        "Does the policy still explore?",
+        ("entropy", "clip_frac_low", "clip_frac_high"),
+        ("mismatch_kl", "tis_clip_frac", "moe/routing_agreement_min", "moe/load_imbalance_max", "moe/router_entropy"),
+    ),
+    Boundary(
+        "group_contrast",
+        "Group contrast",
+        "Do the sampled groups still carry a direction?",
+        ("kept_group_ratio", "all_correct_ratio", "all_wrong_ratio", "num_gen_batches"),
+    ),
+    Boundary(
+        "token_credit",
+        "Token credit",
+        "Do the generated tokens earn their credit?",
+        ("response_length_mean", "response_length_max", "repetition_rate"),
+        ("acc_mean",),
+    ),
+    Boundary(
+        "reward_interpretation",
+        "Reward interpretation",
+        "Does the reward measure answers?",
+        ("truncation_ratio", "overlong_penalty_mean", "no_answer_rate"),
+        ("offpolicy_token_frac",),
+    ),
 )
 
 #: Metrics summarised in the run overview (not part of any boundary's verdict).
-OVERVIEW_METRICS = ("acc_mean", "reward_mean", "approx_kl", "grad_norm",
-                    "train_infer_logprob_diff", "tokens_per_second", "time_step")
+OVERVIEW_METRICS = (
+    "acc_mean",
+    "reward_mean",
+    "approx_kl",
+    "grad_norm",
+    "train_infer_logprob_diff",
+    "tokens_per_second",
+    "time_step",
+)
 
 
 @dataclasses.dataclass
@@ -144,8 +162,9 @@ _HEADLINE = {
 }
 
 
-def _verdict(b: Boundary, status: str, metrics: dict[str, MetricSummary], alerts: list[Alert],
-             warnings: list[Alert]) -> str:
+def _verdict(
+    b: Boundary, status: str, metrics: dict[str, MetricSummary], alerts: list[Alert], warnings: list[Alert]
+) -> str:
     if status == "no_data":
         return f"no data: none of {', '.join(b.metrics)} was logged"
     parts = []
@@ -174,9 +193,19 @@ def diagnose(history: History, thresholds: Thresholds | None = None) -> Diagnosi
         missing = [k for k in b.metrics + b.context if not history.has(k)]
         if missing and status != "no_data":
             col.notes.append("not logged: " + ", ".join(missing))
-        reports.append(BoundaryReport(b.key, b.title, b.question, status,
-                                      _verdict(b, status, metrics, col.alerts, col.warnings),
-                                      metrics, col.alerts, col.warnings, col.notes))
+        reports.append(
+            BoundaryReport(
+                b.key,
+                b.title,
+                b.question,
+                status,
+                _verdict(b, status, metrics, col.alerts, col.warnings),
+                metrics,
+                col.alerts,
+                col.warnings,
+                col.notes,
+            )
+        )
     notes = []
     if history.bad_lines:
         notes.append(f"{history.bad_lines} unreadable line(s) skipped")

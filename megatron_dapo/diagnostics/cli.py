@@ -34,27 +34,36 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineArgumentParser(
         prog=PROG,
         description="Four-boundary stability diagnosis of a DAPO run (exploration, group contrast, "
-                    "token credit, reward interpretation) from RUN_DIR/metrics.jsonl. "
-                    "See docs/diagnosis.md.",
+        "token credit, reward interpretation) from RUN_DIR/metrics.jsonl. "
+        "See docs/diagnosis.md.",
     )
-    p.add_argument("run_dir", metavar="RUN_DIR",
-                   help="run directory holding metrics.jsonl (or the path of a metrics .jsonl file)")
-    p.add_argument("--fail-on-alert", action="store_true",
-                   help="exit with status 1 when any alert fires")
-    p.add_argument("--out", metavar="PNG", default=None,
-                   help="dashboard path (default: RUN_DIR/diagnosis.png)")
+    p.add_argument(
+        "run_dir", metavar="RUN_DIR", help="run directory holding metrics.jsonl (or the path of a metrics .jsonl file)"
+    )
+    p.add_argument("--fail-on-alert", action="store_true", help="exit with status 1 when any alert fires")
+    p.add_argument("--out", metavar="PNG", default=None, help="dashboard path (default: RUN_DIR/diagnosis.png)")
     p.add_argument("--no-plot", action="store_true", help="do not write the dashboard")
-    p.add_argument("--thresholds", metavar="FILE.yaml", default=None,
-                   help="YAML mapping of threshold names to values (see Thresholds)")
-    p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
-                   help="override one threshold (repeatable; applied after --thresholds)")
-    p.add_argument("--json", metavar="FILE", default=None,
-                   help="also write the full diagnosis as JSON ('-' for stdout)")
-    p.add_argument("--verbose", "-v", action="store_true",
-                   help="print every metric's early/recent/last values and slope")
+    p.add_argument(
+        "--thresholds",
+        metavar="FILE.yaml",
+        default=None,
+        help="YAML mapping of threshold names to values (see Thresholds)",
+    )
+    p.add_argument(
+        "--set",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="override one threshold (repeatable; applied after --thresholds)",
+    )
+    p.add_argument(
+        "--json", metavar="FILE", default=None, help="also write the full diagnosis as JSON ('-' for stdout)"
+    )
+    p.add_argument(
+        "--verbose", "-v", action="store_true", help="print every metric's early/recent/last values and slope"
+    )
     p.add_argument("--plain", action="store_true", help="plain text even on a terminal")
-    p.add_argument("--list-thresholds", action="store_true",
-                   help="print the thresholds in use (YAML) and exit")
+    p.add_argument("--list-thresholds", action="store_true", help="print the thresholds in use (YAML) and exit")
     return p
 
 
@@ -84,22 +93,27 @@ def _main(args) -> int:
         return EXIT_OK
     path = metrics_path(args.run_dir)
     if not os.path.isfile(path):
-        return _usage_error(f"no metrics file at {path}: give a run directory (--run-dir of megatron_dapo.train) "
-                            "or the path of its metrics.jsonl")
+        return _usage_error(
+            f"no metrics file at {path}: give a run directory (--run-dir of megatron_dapo.train) "
+            "or the path of its metrics.jsonl"
+        )
     try:
         history = load_metrics(path)
     except OSError as e:
         return _usage_error(f"cannot read {path}: {e.strerror or e}")
     if len(history) == 0:
         bad = f"{history.bad_lines} line(s) that are not JSON objects" if history.bad_lines else "no lines"
-        return _usage_error(f"{path}: no metrics in it ({bad}); give the metrics.jsonl that megatron_dapo.train "
-                            "writes (one JSON object per step)")
+        return _usage_error(
+            f"{path}: no metrics in it ({bad}); give the metrics.jsonl that megatron_dapo.train "
+            "writes (one JSON object per step)"
+        )
     diag = diagnose(history, th)
     if args.fail_on_alert and all(b.status == "no_data" for b in diag.boundaries):
         return _usage_error(
             f"{path}: {len(history)} record(s) but none of the {len(diag.boundaries)} boundaries has any of its "
             "metrics, so --fail-on-alert would check nothing; give the metrics.jsonl that megatron_dapo.train "
-            "writes (docs/metrics.md)")
+            "writes (docs/metrics.md)"
+        )
     print_report(diag, verbose=args.verbose, use_rich=False if args.plain else None)
     if args.json:
         text = json.dumps(diag.to_dict(), indent=2, default=str)

@@ -57,26 +57,51 @@ class _Collector:
         self.warnings: list[Alert] = []
         self.notes: list[str] = []
 
-    def condition(self, kind: str, metric: str, t: np.ndarray, smoothed: np.ndarray,
-                  cond: np.ndarray, threshold: float, describe: Callable[[float, str, int], str]) -> None:
+    def condition(
+        self,
+        kind: str,
+        metric: str,
+        t: np.ndarray,
+        smoothed: np.ndarray,
+        cond: np.ndarray,
+        threshold: float,
+        describe: Callable[[float, str, int], str],
+    ) -> None:
         # the smoothed value is judged only once its window is full (no verdicts on one step)
         cond = np.asarray(cond, dtype=bool).copy()
         cond[: _eff(self.th.window, len(t)) - 1] = False
         holds, onset, first = _onset(t, cond)
         if holds:
             v = float(smoothed[-1])
-            self.alerts.append(Alert(self.boundary, kind, metric, onset, v, threshold,
-                                     describe(v, f"since step {_step(onset)}", len(cond) - 1)))
+            self.alerts.append(
+                Alert(
+                    self.boundary,
+                    kind,
+                    metric,
+                    onset,
+                    v,
+                    threshold,
+                    describe(v, f"since step {_step(onset)}", len(cond) - 1),
+                )
+            )
         elif first is not None:
             i = int(np.argmax(cond))
             v = float(smoothed[i])
-            self.warnings.append(Alert(self.boundary, kind, metric, first, v, threshold,
-                                       describe(v, f"at step {_step(first)}, recovered since", i),
-                                       "warning"))
+            self.warnings.append(
+                Alert(
+                    self.boundary,
+                    kind,
+                    metric,
+                    first,
+                    v,
+                    threshold,
+                    describe(v, f"at step {_step(first)}, recovered since", i),
+                    "warning",
+                )
+            )
 
 
-def _sudden(col: _Collector, h: History, metric: str, direction: str, th: Thresholds,
-            rate: bool, hint: str) -> None:
+def _sudden(col: _Collector, h: History, metric: str, direction: str, th: Thresholds, rate: bool, hint: str) -> None:
     """Sudden one-step changes of ``metric`` against the median of the preceding window."""
     t, x = _finite(h, metric)
     n = len(x)
@@ -86,7 +111,7 @@ def _sudden(col: _Collector, h: History, metric: str, direction: str, th: Thresh
     recent_from = n - _eff(th.window, n)
     found_alert = found_warning = False
     for i in range(w, n):
-        prev = x[i - w:i]
+        prev = x[i - w : i]
         base = float(np.median(prev))
         sigma = 1.4826 * float(np.median(np.abs(prev - base)))
         delta = (base - x[i]) if direction == "drop" else (x[i] - base)
@@ -97,22 +122,27 @@ def _sudden(col: _Collector, h: History, metric: str, direction: str, th: Thresh
         if rate and delta <= th.sudden_abs_rate:
             continue
         word = "dropped" if direction == "drop" else "jumped"
-        msg = (f"{metric} {word} from ~{_fmt(base)} to {_fmt(float(x[i]))} at step "
-               f"{_step(float(t[i]))} (sudden change){hint}")
+        msg = (
+            f"{metric} {word} from ~{_fmt(base)} to {_fmt(float(x[i]))} at step "
+            f"{_step(float(t[i]))} (sudden change){hint}"
+        )
         if i >= recent_from:
             if not found_alert:
-                col.alerts.append(Alert(col.boundary, f"sudden_{direction}", metric, float(t[i]),
-                                        float(x[i]), base, msg))
+                col.alerts.append(
+                    Alert(col.boundary, f"sudden_{direction}", metric, float(t[i]), float(x[i]), base, msg)
+                )
                 found_alert = True
         elif not found_warning:
-            col.warnings.append(Alert(col.boundary, f"sudden_{direction}", metric, float(t[i]),
-                                      float(x[i]), base, msg, "warning"))
+            col.warnings.append(
+                Alert(col.boundary, f"sudden_{direction}", metric, float(t[i]), float(x[i]), base, msg, "warning")
+            )
             found_warning = True
 
 
 # ----------------------------------------------------------------------------------------------
 # the four boundaries
 # ----------------------------------------------------------------------------------------------
+
 
 def _exploration(h: History, th: Thresholds, col: _Collector) -> None:
     t, x = _finite(h, "entropy")
@@ -123,21 +153,34 @@ def _exploration(h: History, th: Thresholds, col: _Collector) -> None:
             sm = _rolling_mean(x, _eff(th.window, n))
             if early > 0:
                 col.condition(
-                    "entropy_collapse", "entropy", t, sm, sm < th.entropy_collapse_ratio * early,
+                    "entropy_collapse",
+                    "entropy",
+                    t,
+                    sm,
+                    sm < th.entropy_collapse_ratio * early,
                     th.entropy_collapse_ratio,
-                    lambda v, when, _i: (f"entropy collapsed to {_fmt(v)} = {v / early:.0%} of its early "
-                                     f"{_fmt(early)} (< {th.entropy_collapse_ratio:.0%}) {when}: the "
-                                     "policy stopped exploring; raise eps_high (clip-higher)"))
+                    lambda v, when, _i: (
+                        f"entropy collapsed to {_fmt(v)} = {v / early:.0%} of its early "
+                        f"{_fmt(early)} (< {th.entropy_collapse_ratio:.0%}) {when}: the "
+                        "policy stopped exploring; raise eps_high (clip-higher)"
+                    ),
+                )
                 col.condition(
-                    "entropy_runaway", "entropy", t, sm, sm > th.entropy_explode_ratio * early,
+                    "entropy_runaway",
+                    "entropy",
+                    t,
+                    sm,
+                    sm > th.entropy_explode_ratio * early,
                     th.entropy_explode_ratio,
-                    lambda v, when, _i: (f"entropy ran away to {_fmt(v)} = {v / early:.1f}x its early "
-                                     f"{_fmt(early)} (> {th.entropy_explode_ratio:g}x) {when}: "
-                                     "sampling turns to noise; lower eps_high or the learning rate"))
+                    lambda v, when, _i: (
+                        f"entropy ran away to {_fmt(v)} = {v / early:.1f}x its early "
+                        f"{_fmt(early)} (> {th.entropy_explode_ratio:g}x) {when}: "
+                        "sampling turns to noise; lower eps_high or the learning rate"
+                    ),
+                )
         else:
             col.notes.append(f"only {n} entropy values: no comparison with the early value yet")
-        _sudden(col, h, "entropy", "drop", th, rate=False,
-                hint=": exploration lost in one update")
+        _sudden(col, h, "entropy", "drop", th, rate=False, hint=": exploration lost in one update")
     lo, hi = h.get("clip_frac_low"), h.get("clip_frac_high")
     if h.has("clip_frac_low") or h.has("clip_frac_high"):
         both = np.where(np.isfinite(lo), lo, 0.0) + np.where(np.isfinite(hi), hi, 0.0)
@@ -145,19 +188,35 @@ def _exploration(h: History, th: Thresholds, col: _Collector) -> None:
         tc, xc = h.steps[m], both[m]
         sm = _rolling_mean(xc, _eff(th.window, len(xc)))
         col.condition(
-            "clip_frac_high", "clip_frac", tc, sm, sm > th.clip_frac_max, th.clip_frac_max,
-            lambda v, when, _i: (f"{v:.1%} of tokens clipped (low + high > {th.clip_frac_max:.0%}) "
-                             f"{when}: each rollout moves the policy too far; lower the learning "
-                             "rate or the number of mini-batches per rollout"))
+            "clip_frac_high",
+            "clip_frac",
+            tc,
+            sm,
+            sm > th.clip_frac_max,
+            th.clip_frac_max,
+            lambda v, when, _i: (
+                f"{v:.1%} of tokens clipped (low + high > {th.clip_frac_max:.0%}) "
+                f"{when}: each rollout moves the policy too far; lower the learning "
+                "rate or the number of mini-batches per rollout"
+            ),
+        )
     tk, xk = _finite(h, "mismatch_kl")
     if len(xk):
         sm = _rolling_mean(xk, _eff(th.window, len(xk)))
         col.condition(
-            "engine_mismatch_high", "mismatch_kl", tk, sm, sm > th.mismatch_kl_max, th.mismatch_kl_max,
-            lambda v, when, _i: (f"the engine samples from a different policy than the trainer computes: "
-                             f"KL(pi_engine || pi_old) {_fmt(v, 4)} (> {th.mismatch_kl_max:g}) {when}; "
-                             "the sampled tokens are off-policy: use --tis-mode token-truncate, check "
-                             "the engine's precision and logprob mode against the trainer's"))
+            "engine_mismatch_high",
+            "mismatch_kl",
+            tk,
+            sm,
+            sm > th.mismatch_kl_max,
+            th.mismatch_kl_max,
+            lambda v, when, _i: (
+                f"the engine samples from a different policy than the trainer computes: "
+                f"KL(pi_engine || pi_old) {_fmt(v, 4)} (> {th.mismatch_kl_max:g}) {when}; "
+                "the sampled tokens are off-policy: use --tis-mode token-truncate, check "
+                "the engine's precision and logprob mode against the trainer's"
+            ),
+        )
     _routing(h, th, col)
 
 
@@ -173,18 +232,34 @@ def _routing(h: History, th: Thresholds, col: _Collector) -> None:
         if math.isfinite(early):
             low = low | (sm < early - th.routing_agreement_drop)
         col.condition(
-            "routing_drift", "moe/routing_agreement_min", ta, sm, low, th.routing_agreement_min,
-            lambda v, when, _i: (f"engine and trainer route differently: worst-layer top-k agreement {_fmt(v)} "
-                             f"(< {th.routing_agreement_min:g}, or {th.routing_agreement_drop:g} below its "
-                             f"early {_fmt(early)}) {when}; the importance ratio drifts: train with "
-                             "--routing-replay, check the engine's precision"))
+            "routing_drift",
+            "moe/routing_agreement_min",
+            ta,
+            sm,
+            low,
+            th.routing_agreement_min,
+            lambda v, when, _i: (
+                f"engine and trainer route differently: worst-layer top-k agreement {_fmt(v)} "
+                f"(< {th.routing_agreement_min:g}, or {th.routing_agreement_drop:g} below its "
+                f"early {_fmt(early)}) {when}; the importance ratio drifts: train with "
+                "--routing-replay, check the engine's precision"
+            ),
+        )
     tl, xl = _finite(h, "moe/load_imbalance_max")
     if len(xl):
         sm = _rolling_mean(xl, _eff(th.window, len(xl)))
         col.condition(
-            "router_collapse", "moe/load_imbalance_max", tl, sm, sm > th.load_imbalance_max, th.load_imbalance_max,
-            lambda v, when, _i: (f"the busiest expert takes {_fmt(v)}x the mean load (> {th.load_imbalance_max:g}) "
-                             f"{when}: the router collapses onto few experts; raise --moe-aux-loss-coeff"))
+            "router_collapse",
+            "moe/load_imbalance_max",
+            tl,
+            sm,
+            sm > th.load_imbalance_max,
+            th.load_imbalance_max,
+            lambda v, when, _i: (
+                f"the busiest expert takes {_fmt(v)}x the mean load (> {th.load_imbalance_max:g}) "
+                f"{when}: the router collapses onto few experts; raise --moe-aux-loss-coeff"
+            ),
+        )
 
 
 def _group_contrast(h: History, th: Thresholds, col: _Collector) -> None:
@@ -193,8 +268,11 @@ def _group_contrast(h: History, th: Thresholds, col: _Collector) -> None:
     ac = _summary(h, "all_correct_ratio", th).recent
     aw = _summary(h, "all_wrong_ratio", th).recent
     if ac is not None and aw is not None:
-        why = ("mostly all-correct groups: the data became too easy" if ac >= aw else
-               "mostly all-wrong groups: the data is too hard for the model")
+        why = (
+            "mostly all-correct groups: the data became too easy"
+            if ac >= aw
+            else "mostly all-wrong groups: the data is too hard for the model"
+        )
     else:
         why = "groups became uniform (zero advantage)"
     if n:
@@ -204,26 +282,41 @@ def _group_contrast(h: History, th: Thresholds, col: _Collector) -> None:
         if n >= th.min_steps and early > th.kept_group_ratio_min:
             cond = cond | (sm < th.kept_group_ratio_drop * early)
         col.condition(
-            "kept_groups_low", "kept_group_ratio", t, sm, cond, th.kept_group_ratio_min,
-            lambda v, when, _i: (f"kept-group ratio fell to {_fmt(v)} (early {_fmt(early)}; alert below "
-                             f"{th.kept_group_ratio_min:g} or {th.kept_group_ratio_drop:.0%} of early) "
-                             f"{when}: {why}; dynamic sampling needs ever more generation"))
-        _sudden(col, h, "kept_group_ratio", "drop", th, rate=True,
-                hint=": the groups lost their contrast at once")
+            "kept_groups_low",
+            "kept_group_ratio",
+            t,
+            sm,
+            cond,
+            th.kept_group_ratio_min,
+            lambda v, when, _i: (
+                f"kept-group ratio fell to {_fmt(v)} (early {_fmt(early)}; alert below "
+                f"{th.kept_group_ratio_min:g} or {th.kept_group_ratio_drop:.0%} of early) "
+                f"{when}: {why}; dynamic sampling needs ever more generation"
+            ),
+        )
+        _sudden(col, h, "kept_group_ratio", "drop", th, rate=True, hint=": the groups lost their contrast at once")
     for key, limit, text in (
-        ("all_correct_ratio", th.all_correct_ratio_max,
-         "the data became too easy: refresh it with harder problems"),
-        ("all_wrong_ratio", th.all_wrong_ratio_max,
-         "the data is too hard for the model: easier problems or a stronger start"),
+        ("all_correct_ratio", th.all_correct_ratio_max, "the data became too easy: refresh it with harder problems"),
+        (
+            "all_wrong_ratio",
+            th.all_wrong_ratio_max,
+            "the data is too hard for the model: easier problems or a stronger start",
+        ),
     ):
         tk, xk = _finite(h, key)
         if len(xk):
             sm = _rolling_mean(xk, _eff(th.window, len(xk)))
             col.condition(
-                f"{key}_high", key, tk, sm, sm > limit, limit,
+                f"{key}_high",
+                key,
+                tk,
+                sm,
+                sm > limit,
+                limit,
                 lambda v, when, _i, key=key, limit=limit, text=text: (
-                    f"{key} at {_fmt(v)} (> {limit:g}) {when}: these groups have zero advantage; "
-                    f"{text}"))
+                    f"{key} at {_fmt(v)} (> {limit:g}) {when}: these groups have zero advantage; {text}"
+                ),
+            )
     tg, xg = _finite(h, "num_gen_batches")
     if len(xg):
         sm = _rolling_mean(xg, _eff(th.window, len(xg)))
@@ -232,10 +325,18 @@ def _group_contrast(h: History, th: Thresholds, col: _Collector) -> None:
         if len(xg) >= th.min_steps:
             cond = cond | ((sm >= th.num_gen_batches_rise * g_early) & (sm - g_early >= 1.0))
         col.condition(
-            "gen_batches_rising", "num_gen_batches", tg, sm, cond, th.num_gen_batches_rise,
-            lambda v, when, _i: (f"{_fmt(v)} generation rounds per step (early {_fmt(g_early)}; alert at "
-                             f"{th.num_gen_batches_max:g} or {th.num_gen_batches_rise:g}x early) {when}: "
-                             "dynamic sampling struggles to fill the batch with mixed groups"))
+            "gen_batches_rising",
+            "num_gen_batches",
+            tg,
+            sm,
+            cond,
+            th.num_gen_batches_rise,
+            lambda v, when, _i: (
+                f"{_fmt(v)} generation rounds per step (early {_fmt(g_early)}; alert at "
+                f"{th.num_gen_batches_max:g} or {th.num_gen_batches_rise:g}x early) {when}: "
+                "dynamic sampling struggles to fill the batch with mixed groups"
+            ),
+        )
 
 
 def _token_credit(h: History, th: Thresholds, col: _Collector) -> None:
@@ -263,9 +364,11 @@ def _token_credit(h: History, th: Thresholds, col: _Collector) -> None:
                     growth[i] = s_len * span / mean_len
                     gain[i] = _slope(t[sl], ac[sl]) * span
                     # the growth must be material and clear of the noise (> 3 standard errors)
-                    cond[i] = (growth[i] > th.length_growth_min
-                               and s_len > 3 * _slope_se(t[sl], ln[sl], s_len)
-                               and not gain[i] >= th.acc_stall_delta)
+                    cond[i] = (
+                        growth[i] > th.length_growth_min
+                        and s_len > 3 * _slope_se(t[sl], ln[sl], s_len)
+                        and not gain[i] >= th.acc_stall_delta
+                    )
                 # the slow version: over the whole run the (smoothed) length has grown by
                 # length_growth_run of its early value while accuracy gained < acc_stall_delta
                 w = _eff(th.window, n)
@@ -276,21 +379,35 @@ def _token_credit(h: History, th: Thresholds, col: _Collector) -> None:
 
                 def describe(v: float, when: str, i: int) -> str:
                     if cond[i]:
-                        what = (f"response length grew {growth[i]:+.0%} over the last {tw} steps "
-                                f"while acc_mean changed {_fmt(float(gain[i]), 2)}")
+                        what = (
+                            f"response length grew {growth[i]:+.0%} over the last {tw} steps "
+                            f"while acc_mean changed {_fmt(float(gain[i]), 2)}"
+                        )
                     else:
-                        what = (f"response length grew {run_growth[i]:+.0%} since the start "
-                                f"({_fmt(len0)} -> {_fmt(float(len_sm[i]))} tokens) while acc_mean "
-                                f"changed {_fmt(float(acc_sm[i] - acc0), 2)}")
-                    return (f"{what} (< {th.acc_stall_delta:g}) {when}: long samples earn credit "
-                            "without answers; check the token-level loss and overlong shaping")
+                        what = (
+                            f"response length grew {run_growth[i]:+.0%} since the start "
+                            f"({_fmt(len0)} -> {_fmt(float(len_sm[i]))} tokens) while acc_mean "
+                            f"changed {_fmt(float(acc_sm[i] - acc0), 2)}"
+                        )
+                    return (
+                        f"{what} (< {th.acc_stall_delta:g}) {when}: long samples earn credit "
+                        "without answers; check the token-level loss and overlong shaping"
+                    )
+
                 col.condition(
-                    "length_without_accuracy", "response_length_mean", t, growth, cond | slow,
-                    th.length_growth_min, describe)
+                    "length_without_accuracy",
+                    "response_length_mean",
+                    t,
+                    growth,
+                    cond | slow,
+                    th.length_growth_min,
+                    describe,
+                )
             else:
                 col.notes.append(f"only {n} steps: no length-vs-accuracy trend yet")
-        _sudden(col, h, "response_length_mean", "rise", th, rate=False,
-                hint=": responses became much longer in one update")
+        _sudden(
+            col, h, "response_length_mean", "rise", th, rate=False, hint=": responses became much longer in one update"
+        )
     tr, xr = _finite(h, "repetition_rate")
     if len(xr):
         sm = _rolling_mean(xr, _eff(th.window, len(xr)))
@@ -299,12 +416,19 @@ def _token_credit(h: History, th: Thresholds, col: _Collector) -> None:
         if len(xr) >= th.min_steps:
             cond = cond | (sm - r_early > th.repetition_rise)
         col.condition(
-            "repetition_rising", "repetition_rate", tr, sm, cond, th.repetition_rate_max,
-            lambda v, when, _i: (f"{v:.1%} of responses end in a repetition loop (early {r_early:.1%}; "
-                             f"alert above {th.repetition_rate_max:.0%} or +{th.repetition_rise:.0%}) "
-                             f"{when}: tokens of degenerate loops share the sample's reward"))
-        _sudden(col, h, "repetition_rate", "rise", th, rate=True,
-                hint=": the policy fell into loops at once")
+            "repetition_rising",
+            "repetition_rate",
+            tr,
+            sm,
+            cond,
+            th.repetition_rate_max,
+            lambda v, when, _i: (
+                f"{v:.1%} of responses end in a repetition loop (early {r_early:.1%}; "
+                f"alert above {th.repetition_rate_max:.0%} or +{th.repetition_rise:.0%}) "
+                f"{when}: tokens of degenerate loops share the sample's reward"
+            ),
+        )
+        _sudden(col, h, "repetition_rate", "rise", th, rate=True, hint=": the policy fell into loops at once")
 
 
 def _reward_interpretation(h: History, th: Thresholds, col: _Collector) -> None:
@@ -312,23 +436,36 @@ def _reward_interpretation(h: History, th: Thresholds, col: _Collector) -> None:
     if len(xt):
         sm = _rolling_mean(xt, _eff(th.window, len(xt)))
         col.condition(
-            "truncation_high", "truncation_ratio", tt, sm, sm > th.truncation_ratio_max,
+            "truncation_high",
+            "truncation_ratio",
+            tt,
+            sm,
+            sm > th.truncation_ratio_max,
             th.truncation_ratio_max,
-            lambda v, when, _i: (f"{v:.1%} of responses truncated at the length cap (> "
-                             f"{th.truncation_ratio_max:.0%}) {when}: truncated reasoning is scored "
-                             "as wrong, reward noise; use overlong filtering / soft punishment or a "
-                             "larger cap"))
-        _sudden(col, h, "truncation_ratio", "rise", th, rate=True,
-                hint=": many responses hit the cap at once")
+            lambda v, when, _i: (
+                f"{v:.1%} of responses truncated at the length cap (> "
+                f"{th.truncation_ratio_max:.0%}) {when}: truncated reasoning is scored "
+                "as wrong, reward noise; use overlong filtering / soft punishment or a "
+                "larger cap"
+            ),
+        )
+        _sudden(col, h, "truncation_ratio", "rise", th, rate=True, hint=": many responses hit the cap at once")
     to, xo = _finite(h, "overlong_penalty_mean")
     if len(xo):
         sm = np.abs(_rolling_mean(xo, _eff(th.window, len(xo))))
         col.condition(
-            "overlong_penalty_high", "overlong_penalty_mean", to, sm, sm > th.overlong_penalty_max,
+            "overlong_penalty_high",
+            "overlong_penalty_mean",
+            to,
+            sm,
+            sm > th.overlong_penalty_max,
             th.overlong_penalty_max,
-            lambda v, when, _i: (f"overlong penalty averages {_fmt(v)} per sample (|mean| > "
-                             f"{th.overlong_penalty_max:g}) {when}: length shaping outweighs the "
-                             "correctness signal"))
+            lambda v, when, _i: (
+                f"overlong penalty averages {_fmt(v)} per sample (|mean| > "
+                f"{th.overlong_penalty_max:g}) {when}: length shaping outweighs the "
+                "correctness signal"
+            ),
+        )
     tn, xn = _finite(h, "no_answer_rate")
     if len(xn):
         sm = _rolling_mean(xn, _eff(th.window, len(xn)))
@@ -337,22 +474,36 @@ def _reward_interpretation(h: History, th: Thresholds, col: _Collector) -> None:
         if len(xn) >= th.min_steps:
             cond = cond | (sm - n_early > th.no_answer_rise)
         col.condition(
-            "no_answer_rising", "no_answer_rate", tn, sm, cond, th.no_answer_rate_max,
-            lambda v, when, _i: (f"{v:.1%} of responses give no parsable answer (early {n_early:.1%}; "
-                             f"alert above {th.no_answer_rate_max:.0%} or +{th.no_answer_rise:.0%}) "
-                             f"{when}: format failures are scored as wrong answers"))
-        _sudden(col, h, "no_answer_rate", "rise", th, rate=True,
-                hint=": answers went missing at once")
+            "no_answer_rising",
+            "no_answer_rate",
+            tn,
+            sm,
+            cond,
+            th.no_answer_rate_max,
+            lambda v, when, _i: (
+                f"{v:.1%} of responses give no parsable answer (early {n_early:.1%}; "
+                f"alert above {th.no_answer_rate_max:.0%} or +{th.no_answer_rise:.0%}) "
+                f"{when}: format failures are scored as wrong answers"
+            ),
+        )
+        _sudden(col, h, "no_answer_rate", "rise", th, rate=True, hint=": answers went missing at once")
     tp, xp = _finite(h, "offpolicy_token_frac")
     if len(xp):
         sm = _rolling_mean(xp, _eff(th.window, len(xp)))
         col.condition(
-            "offpolicy_tokens_high", "offpolicy_token_frac", tp, sm, sm > th.offpolicy_token_frac_max,
+            "offpolicy_tokens_high",
+            "offpolicy_token_frac",
+            tp,
+            sm,
+            sm > th.offpolicy_token_frac_max,
             th.offpolicy_token_frac_max,
-            lambda v, when, _i: (f"{v:.1%} of the trained tokens were generated under older weights "
-                             f"(> {th.offpolicy_token_frac_max:.0%}, --partial-rollout) {when}: the rewards "
-                             "credit a policy that no longer exists; lower --partial-rollout-max-staleness "
-                             "or raise --over-sampling-batch-size"))
+            lambda v, when, _i: (
+                f"{v:.1%} of the trained tokens were generated under older weights "
+                f"(> {th.offpolicy_token_frac_max:.0%}, --partial-rollout) {when}: the rewards "
+                "credit a policy that no longer exists; lower --partial-rollout-max-staleness "
+                "or raise --over-sampling-batch-size"
+            ),
+        )
 
 
 _CHECKS = {
@@ -361,4 +512,3 @@ _CHECKS = {
     "token_credit": _token_credit,
     "reward_interpretation": _reward_interpretation,
 }
-

@@ -45,8 +45,9 @@ class History:
         return v
 
     @classmethod
-    def from_records(cls, records: Iterable[Mapping[str, Any]], source: str | None = None,
-                     bad_lines: int = 0) -> "History":
+    def from_records(
+        cls, records: Iterable[Mapping[str, Any]], source: str | None = None, bad_lines: int = 0
+    ) -> "History":
         by_step: dict[float, Mapping[str, Any]] = {}
         duplicates = 0
         last_step = -1.0
@@ -64,9 +65,7 @@ class History:
             for k in by_step[s]:
                 if k != "step":
                     keys.setdefault(k, None)
-        series = {
-            k: np.array([_num(by_step[s].get(k)) for s in steps], dtype=float) for k in keys
-        }
+        series = {k: np.array([_num(by_step[s].get(k)) for s in steps], dtype=float) for k in keys}
         return cls(np.array(steps, dtype=float), series, source, bad_lines, duplicates)
 
 

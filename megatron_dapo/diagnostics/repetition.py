@@ -76,8 +76,10 @@ def find_repetition_loop(
     ``tail=None`` examines the whole sequence.
     """
     if ngram < 1 or min_repeats < 2 or min_span < 1:
-        raise ValueError(f"need ngram >= 1, min_repeats >= 2, min_span >= 1; got "
-                         f"ngram={ngram}, min_repeats={min_repeats}, min_span={min_span}")
+        raise ValueError(
+            f"need ngram >= 1, min_repeats >= 2, min_span >= 1; got "
+            f"ngram={ngram}, min_repeats={min_repeats}, min_span={min_span}"
+        )
     arr = _as_array(token_ids)
     offset = 0
     if tail is not None and arr.shape[0] > tail:

@@ -18,12 +18,12 @@ def format_report(diag: Diagnosis, verbose: bool = False) -> str:
     lines = []
     src = f" ({diag.source})" if diag.source else ""
     if diag.num_steps:
-        lines.append(f"DAPO run diagnosis{src}: {diag.num_steps} steps, "
-                     f"{_step(diag.first_step)}..{_step(diag.last_step)}")
+        lines.append(
+            f"DAPO run diagnosis{src}: {diag.num_steps} steps, {_step(diag.first_step)}..{_step(diag.last_step)}"
+        )
     else:
         lines.append(f"DAPO run diagnosis{src}: no steps logged")
-    ov = [f"{k} {_fmt(s.last)} ({s.trend})" for k, s in diag.overview.items()
-          if k in ("acc_mean", "reward_mean")]
+    ov = [f"{k} {_fmt(s.last)} ({s.trend})" for k, s in diag.overview.items() if k in ("acc_mean", "reward_mean")]
     if ov:
         lines.append("  run: " + "; ".join(ov))
     for note in diag.notes:
@@ -39,9 +39,11 @@ def format_report(diag: Diagnosis, verbose: bool = False) -> str:
                 lines.append(f"          . {note}")
             for s in b.metrics.values():
                 if s.n:
-                    lines.append(f"          . {s.name}: last {_fmt(s.last)} @ {_step(s.last_step)}, "
-                                 f"early {_fmt(s.early)}, recent {_fmt(s.recent)}, "
-                                 f"slope/step {_fmt(s.slope)} ({s.trend})")
+                    lines.append(
+                        f"          . {s.name}: last {_fmt(s.last)} @ {_step(s.last_step)}, "
+                        f"early {_fmt(s.early)}, recent {_fmt(s.recent)}, "
+                        f"slope/step {_fmt(s.slope)} ({s.trend})"
+                    )
     n_alerts = len(diag.alerts)
     if n_alerts:
         which = ", ".join(sorted({a.boundary for a in diag.alerts}))
@@ -51,8 +53,9 @@ def format_report(diag: Diagnosis, verbose: bool = False) -> str:
     return "\n".join(lines)
 
 
-def print_report(diag: Diagnosis, verbose: bool = False, stream: TextIO | None = None,
-                 use_rich: bool | None = None) -> None:
+def print_report(
+    diag: Diagnosis, verbose: bool = False, stream: TextIO | None = None, use_rich: bool | None = None
+) -> None:
     """Print the report; with ``use_rich=None`` rich colours are used only on a terminal."""
     stream = stream or sys.stdout
     text = format_report(diag, verbose)

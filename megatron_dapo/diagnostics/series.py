@@ -37,6 +37,7 @@ class MetricSummary:
 # numeric helpers
 # ----------------------------------------------------------------------------------------------
 
+
 def _finite(h: History, key: str) -> tuple[np.ndarray, np.ndarray]:
     v = h.get(key)
     m = np.isfinite(v)
@@ -105,10 +106,8 @@ def _summary(h: History, key: str, th: Thresholds) -> MetricSummary:
             # "flat" unless the change is both material (5% of the level) and clear of the
             # noise (slope more than 3 standard errors from zero)
             clear = abs(s) > 3 * _slope_se(t[-tw:], x[-tw:], s)
-            trend = ("flat" if abs(change) < 0.05 * scale or not clear
-                     else ("rising" if change > 0 else "falling"))
-    return MetricSummary(key, n, float(x[-1]), float(t[-1]), _early(x, th), recent, slope,
-                         change, trend)
+            trend = "flat" if abs(change) < 0.05 * scale or not clear else ("rising" if change > 0 else "falling")
+    return MetricSummary(key, n, float(x[-1]), float(t[-1]), _early(x, th), recent, slope, change, trend)
 
 
 def _onset(t: np.ndarray, cond: np.ndarray) -> tuple[bool, float | None, float | None]:
@@ -137,4 +136,3 @@ def _fmt(v: float | None, digits: int = 3) -> str:
 
 def _step(s: float | None) -> str:
     return "n/a" if s is None else str(int(s)) if float(s).is_integer() else f"{s:g}"
-

@@ -110,8 +110,7 @@ class PolicyActor:
         return CHECKSUM_TAP.arm() if arm else CHECKSUM_TAP.take()
 
 
-def feeder_args(rank: int, gpus_per_engine: int, engine_handles, engine_kind: str,
-                make_calls=None) -> dict:
+def feeder_args(rank: int, gpus_per_engine: int, engine_handles, engine_kind: str, make_calls=None) -> dict:
     """``PolicyWorker.sync_weights`` arguments of trainer ``rank`` for one sync of the engines
     ``engine_handles`` (index = engine; None: not synced this time).
 

@@ -58,6 +58,7 @@ class Sample:
 
     def to_item(self) -> TrainItem:
         """The part of a sample a trainer rank needs (sequences as tensors)."""
+
         def seq(x, dtype):
             return None if x is None else torch.as_tensor(x, dtype=dtype)
 
@@ -91,7 +92,9 @@ def shape_rewards(samples: list, algo: AlgorithmConfig) -> None:
         return
     lengths = torch.tensor([len(s.response_ids) for s in samples])
     if algo.overlong_penalty:
-        pen = overlong_penalty(lengths, algo.max_response_length, algo.overlong_buffer_length, algo.overlong_penalty_factor)
+        pen = overlong_penalty(
+            lengths, algo.max_response_length, algo.overlong_buffer_length, algo.overlong_penalty_factor
+        )
     else:
         pen = torch.zeros(len(samples))
     for s, p in zip(samples, pen.tolist()):

@@ -43,8 +43,10 @@ def actor_threads(total_cpus: float, world: int, omp: Optional[str] = None) -> i
         if cap < 1:
             raise ValueError
     except ValueError:
-        raise ConfigError(f"OMP_NUM_THREADS={omp!r} is not a positive whole number: unset it, "
-                          "or set the threads each trainer and engine actor may use (e.g. 1)") from None
+        raise ConfigError(
+            f"OMP_NUM_THREADS={omp!r} is not a positive whole number: unset it, "
+            "or set the threads each trainer and engine actor may use (e.g. 1)"
+        ) from None
     return min(n, cap)
 
 
@@ -120,10 +122,8 @@ class Cluster:
         self.master_addr, self.master_port = self.rendezvous()
         self.actors = [
             PolicyActor.options(  # type: ignore[attr-defined]  # a @ray.remote class
-                scheduling_strategy=self._strategy(r), num_cpus=self.bundle_cpus / 2,
-                num_gpus=gpus * 0.5 if gpus else 0).remote(
-                r, self.world, self.master_addr, self.master_port, cfg, self.hf_dir, self.threads
-            )
+                scheduling_strategy=self._strategy(r), num_cpus=self.bundle_cpus / 2, num_gpus=gpus * 0.5 if gpus else 0
+            ).remote(r, self.world, self.master_addr, self.master_port, cfg, self.hf_dir, self.threads)
             for r in range(self.world)
         ]
         self.infos = ray.get([a.info.remote() for a in self.actors], timeout=timeout_s)
@@ -141,8 +141,10 @@ class Cluster:
         r, gpus = self.cfg.rollout, self.gpus
         kw, opts = engine_options(self.cfg, self.engine_kind, i, self.engine_plan[i]["base_gpu_id"], self.tokenizer_dir)
         handle = EngineActor.options(  # type: ignore[attr-defined]  # a @ray.remote class
-            scheduling_strategy=self._strategy(i * r.num_gpus_per_engine), num_cpus=self.bundle_cpus / 2,
-            num_gpus=gpus * 0.5 if gpus else 0, **opts,
+            scheduling_strategy=self._strategy(i * r.num_gpus_per_engine),
+            num_cpus=self.bundle_cpus / 2,
+            num_gpus=gpus * 0.5 if gpus else 0,
+            **opts,
         ).remote(self.engine_kind, self.hf_dir, self.tokenizer_dir, self.threads, **kw)
         self._engine_ids[handle._actor_id] = i
         return handle
@@ -166,8 +168,12 @@ class Cluster:
             by_index[i] = h
         outs = ray.get([a.sync_to.remote(by_index, self.engine_kind) for a in self.actors])
         fed = [o for r, o in enumerate(outs) if by_index[r // self.cfg.rollout.num_gpus_per_engine] is not None]
-        return {"bytes": fed[0]["bytes"] if fed else 0, "buckets": max(o["buckets"] for o in outs),
-                "seconds": max(o["seconds"] for o in outs), "engines": len(handles)}
+        return {
+            "bytes": fed[0]["bytes"] if fed else 0,
+            "buckets": max(o["buckets"] for o in outs),
+            "seconds": max(o["seconds"] for o in outs),
+            "engines": len(handles),
+        }
 
     # -- the hybrid step's trainer protocol (hybrid/phases.py): the trainer group's, plus the sync
     def _group(self) -> TrainerGroup:

@@ -22,15 +22,31 @@ def dump_rollouts(run_dir: str, dataset, step: int, roll) -> str:
     with open(path, "w") as f:
         for g in roll.generated:
             for s in g.samples:
-                f.write(json.dumps({
-                    "step": step, "prompt_index": s.prompt_index,
-                    "prompt": dataset[s.prompt_index].prompt_text, "response": s.response_text,
-                    "ground_truth": s.ground_truth, "pred": s.pred, "score": s.score, "reward": s.reward,
-                    "acc": s.acc, "reason": s.reason, "response_length": len(s.response_ids),
-                    "finish_reason": s.finish_reason, "advantage": s.advantage, "kept": id(g) in kept,
-                    "stale_len": s.stale_len, "submitted_at": s.submitted_at, "finished_at": s.finished_at,
-                    "group_scored_at": g.scored_at,
-                }) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "step": step,
+                            "prompt_index": s.prompt_index,
+                            "prompt": dataset[s.prompt_index].prompt_text,
+                            "response": s.response_text,
+                            "ground_truth": s.ground_truth,
+                            "pred": s.pred,
+                            "score": s.score,
+                            "reward": s.reward,
+                            "acc": s.acc,
+                            "reason": s.reason,
+                            "response_length": len(s.response_ids),
+                            "finish_reason": s.finish_reason,
+                            "advantage": s.advantage,
+                            "kept": id(g) in kept,
+                            "stale_len": s.stale_len,
+                            "submitted_at": s.submitted_at,
+                            "finished_at": s.finished_at,
+                            "group_scored_at": g.scored_at,
+                        }
+                    )
+                    + "\n"
+                )
     return path
 
 

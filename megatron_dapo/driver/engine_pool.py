@@ -119,8 +119,7 @@ class EnginePool:
 
     clock = staticmethod(time.time)  # the time base of Finished.finished_at and the manager's stamps
 
-    def __init__(self, make_engine: Callable, num_engines: int, resync: Callable, timeout_s: float,
-                 transport=None):
+    def __init__(self, make_engine: Callable, num_engines: int, resync: Callable, timeout_s: float, transport=None):
         self.make_engine, self.resync, self.timeout_s = make_engine, resync, timeout_s
         self.transport = transport if transport is not None else RayTransport()
         self.handles = [make_engine(i) for i in range(num_engines)]
@@ -240,8 +239,11 @@ class EnginePool:
         calls = []
         if x in self._polls:
             calls.append(self._polls.pop(x)[0])
-        calls.append(self.transport.call(self.handles[x], "abort_requests",
-                                         [rid for rid, (y, _) in self._reqs.items() if y == x]))
+        calls.append(
+            self.transport.call(
+                self.handles[x], "abort_requests", [rid for rid, (y, _) in self._reqs.items() if y == x]
+            )
+        )
         for fut in calls:
             try:
                 got = self.transport.get(fut, self.timeout_s)

@@ -14,11 +14,34 @@ import time
 from typing import Optional
 
 REQUIRED_KEYS = (
-    "step", "reward_mean", "acc_mean", "entropy", "clip_frac_low", "clip_frac_high", "approx_kl", "grad_norm",
-    "kept_group_ratio", "all_correct_ratio", "all_wrong_ratio", "num_gen_batches", "response_length_mean",
-    "response_length_max", "repetition_rate", "truncation_ratio", "overlong_penalty_mean", "no_answer_rate",
-    "train_infer_logprob_diff", "time_generate", "time_verify", "time_old_logprob", "time_train", "time_sync",
-    "time_offload", "time_save", "time_step", "tokens_per_second",
+    "step",
+    "reward_mean",
+    "acc_mean",
+    "entropy",
+    "clip_frac_low",
+    "clip_frac_high",
+    "approx_kl",
+    "grad_norm",
+    "kept_group_ratio",
+    "all_correct_ratio",
+    "all_wrong_ratio",
+    "num_gen_batches",
+    "response_length_mean",
+    "response_length_max",
+    "repetition_rate",
+    "truncation_ratio",
+    "overlong_penalty_mean",
+    "no_answer_rate",
+    "train_infer_logprob_diff",
+    "time_generate",
+    "time_verify",
+    "time_old_logprob",
+    "time_train",
+    "time_sync",
+    "time_offload",
+    "time_save",
+    "time_step",
+    "tokens_per_second",
 )
 
 
@@ -29,8 +52,15 @@ def _clean(v):
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: str, cfg_dict: dict, wandb_project: Optional[str], wandb_mode: str,
-                 tensorboard: bool, run_id: Optional[str] = None):
+    def __init__(
+        self,
+        run_dir: str,
+        cfg_dict: dict,
+        wandb_project: Optional[str],
+        wandb_mode: str,
+        tensorboard: bool,
+        run_id: Optional[str] = None,
+    ):
         os.makedirs(run_dir, exist_ok=True)
         self.path = os.path.join(run_dir, "metrics.jsonl")
         self.run_id = run_id
@@ -43,9 +73,13 @@ class MetricsLogger:
                 os.environ.setdefault("WANDB_SILENT", "true")
                 self._wandb = wandb.init(
                     # mode: one of --wandb-mode's choices (config validation), all wandb's own
-                    project=wandb_project or "megatron-dapo", mode=wandb_mode,  # type: ignore[arg-type]
-                    dir=run_dir, config=cfg_dict,
-                    id=run_id, resume="allow" if run_id else None, reinit=True,
+                    project=wandb_project or "megatron-dapo",
+                    mode=wandb_mode,  # type: ignore[arg-type]
+                    dir=run_dir,
+                    config=cfg_dict,
+                    id=run_id,
+                    resume="allow" if run_id else None,
+                    reinit=True,
                 )
                 self.run_id = self._wandb.id
             except Exception as e:  # logging must never stop a run

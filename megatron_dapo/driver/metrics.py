@@ -9,8 +9,18 @@ def mean(xs) -> float:
     return float(sum(xs) / len(xs)) if xs else 0.0
 
 
-def step_metrics(step: int, roll, samples: list, train_metrics: dict, hybrid_info: dict, *, repetition_rate,
-                 engine_restarts: int, timings: dict, untrainable: int = 0) -> dict:
+def step_metrics(
+    step: int,
+    roll,
+    samples: list,
+    train_metrics: dict,
+    hybrid_info: dict,
+    *,
+    repetition_rate,
+    engine_restarts: int,
+    timings: dict,
+    untrainable: int = 0,
+) -> dict:
     """The metrics.jsonl row of one rollout step (before eval and time_step). ``samples``: the
     trainer's list; ``untrainable``: the kept groups' samples left out of it (no trainable token),
     to which ``untrainable_samples`` adds the samples of the mixed groups the rollout manager did
@@ -18,9 +28,13 @@ def step_metrics(step: int, roll, samples: list, train_metrics: dict, hybrid_inf
     gen = [s for g in roll.generated for s in g.samples]
     n_groups = max(len(roll.generated), 1)
     # tokens generated under this step's weights only (not a --partial-rollout prefix's older ones)
-    diffs = [abs(o - e) for s in samples if s.old_logprobs
-             for o, e in zip(s.old_logprobs[s.stale_len:], s.engine_logprobs[s.stale_len:])
-             if s.step_generated == step]
+    diffs = [
+        abs(o - e)
+        for s in samples
+        if s.old_logprobs
+        for o, e in zip(s.old_logprobs[s.stale_len :], s.engine_logprobs[s.stale_len :])
+        if s.step_generated == step
+    ]
     return {
         "step": step,
         "reward_mean": mean(s.reward for s in gen),

@@ -36,8 +36,9 @@ def driver_state(t) -> dict:
 def load_driver_state(t, s: dict) -> None:
     """:func:`driver_state` ``s`` back into ``t``; a DataError (one line) when the prompt data
     changed since the checkpoint and --allow-data-change is not given."""
-    check_fingerprint(s.get("data_fingerprint"), t.data_fingerprint, t.cfg.data.allow_data_change,
-                      t.cfg.data.prompt_data)
+    check_fingerprint(
+        s.get("data_fingerprint"), t.data_fingerprint, t.cfg.data.allow_data_change, t.cfg.data.prompt_data
+    )
     t.step = int(s["step"])
     t.sampler.load_state_dict(s["sampler"])
     t.manager.load_state_dict(s["rollout_manager"])
@@ -53,8 +54,14 @@ def layout(cfg, trainers) -> dict:
     """This run's layout, in the keys of a checkpoint's ``layout`` record."""
     p = cfg.parallel
     hosts = {i.get("node_ip") for i in trainers.infos if i.get("node_ip")}
-    return run_layout(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size,
-                      trainers.world, len(hosts) or None, p.use_distributed_optimizer)
+    return run_layout(
+        p.tensor_model_parallel_size,
+        p.pipeline_model_parallel_size,
+        p.context_parallel_size,
+        trainers.world,
+        len(hosts) or None,
+        p.use_distributed_optimizer,
+    )
 
 
 def check_resume_layout(cfg, trainers, resume_dir: str) -> str:
@@ -76,6 +83,9 @@ def restore_rank_rng(cfg, trainers, resume_dir: str, state: dict, step: int, not
         print(f"[resume] layout: {note}", flush=True)
     else:
         trainers.derive_rng_states(step)
-        print(f"[resume] layout: {note} (the checkpoint's {len(rank_rng)} rank RNG state(s) belong to another "
-              f"layout; each of the {trainers.world} rank(s) seeded from (--seed {cfg.optim.seed}, rank, "
-              f"step {step}))", flush=True)
+        print(
+            f"[resume] layout: {note} (the checkpoint's {len(rank_rng)} rank RNG state(s) belong to another "
+            f"layout; each of the {trainers.world} rank(s) seeded from (--seed {cfg.optim.seed}, rank, "
+            f"step {step}))",
+            flush=True,
+        )

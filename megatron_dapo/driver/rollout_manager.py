@@ -187,8 +187,14 @@ class RolloutManager:
     def sampling_params(self, seed: Optional[int]) -> SamplingParams:
         r, a = self.cfg.rollout, self.cfg.algo
         return SamplingParams(
-            temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=a.max_response_length,
-            n=1, stop=list(r.stop), seed=seed, return_routed_experts=self.cfg.moe.routing_replay,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            max_new_tokens=a.max_response_length,
+            n=1,
+            stop=list(r.stop),
+            seed=seed,
+            return_routed_experts=self.cfg.moe.routing_replay,
         )
 
     def _seed(self, step: int, order: int, j: int) -> Optional[int]:
@@ -227,9 +233,22 @@ class RolloutManager:
         if self.cfg.rollout.reuse_surplus_groups:
             self.carry.surplus = surplus + self.carry.surplus
         return RolloutResult(
-            kept, run.generated, math.ceil(run.new_prompts / self._window), run.kept, run.all_correct, run.all_wrong,
-            run.reused, self.engines.clock() - t0 - run.t_verify, run.t_verify, run.resumed, run.dropped,
-            len(self.carry.pending), run.discarded, run.aborted, run.new_prompts, run.untrainable,
+            kept,
+            run.generated,
+            math.ceil(run.new_prompts / self._window),
+            run.kept,
+            run.all_correct,
+            run.all_wrong,
+            run.reused,
+            self.engines.clock() - t0 - run.t_verify,
+            run.t_verify,
+            run.resumed,
+            run.dropped,
+            len(self.carry.pending),
+            run.discarded,
+            run.aborted,
+            run.new_prompts,
+            run.untrainable,
             [x for g in self.carry.surplus for x in g.samples if x.old_logprobs is None],
         )
 
@@ -262,19 +281,30 @@ class RolloutManager:
                 self._announce_round(run, run.new_prompts // W + 1)
             pi = self.sampler.next_indices(1)[0]
             rec = self.dataset[pi]
-            samples = [Sample(prompt_index=pi, prompt_ids=list(rec.prompt_ids), response_ids=[], engine_logprobs=[],
-                              finish_reason="abort", ground_truth=rec.ground_truth, step_generated=run.step,
-                              token_versions=[] if self.cfg.rollout.partial_rollout else None)
-                       for _ in range(self.cfg.rollout.n_samples_per_prompt)]
+            samples = [
+                Sample(
+                    prompt_index=pi,
+                    prompt_ids=list(rec.prompt_ids),
+                    response_ids=[],
+                    engine_logprobs=[],
+                    finish_reason="abort",
+                    ground_truth=rec.ground_truth,
+                    step_generated=run.step,
+                    token_versions=[] if self.cfg.rollout.partial_rollout else None,
+                )
+                for _ in range(self.cfg.rollout.n_samples_per_prompt)
+            ]
             run.new_prompts += 1
             self._submit_group(run, Group(pi, samples))
 
     def _announce_round(self, run: _Run, rnd: int) -> None:
         """One line per started multiple of the window: a step searching for mixed groups is never silent."""
-        print(f"[rollout] step {run.step}: round {rnd} of at most {self.cfg.rollout.max_num_gen_batches}, "
-              f"{min(len(run.buffer), self.cfg.rollout.rollout_batch_size)}/{self.cfg.rollout.rollout_batch_size} "
-              f"mixed-correctness groups so far ({run.all_correct} all-correct, {run.all_wrong} all-wrong)",
-              flush=True)
+        print(
+            f"[rollout] step {run.step}: round {rnd} of at most {self.cfg.rollout.max_num_gen_batches}, "
+            f"{min(len(run.buffer), self.cfg.rollout.rollout_batch_size)}/{self.cfg.rollout.rollout_batch_size} "
+            f"mixed-correctness groups so far ({run.all_correct} all-correct, {run.all_wrong} all-wrong)",
+            flush=True,
+        )
 
     def _submit_group(self, run: _Run, g: Group, carried: bool = False) -> None:
         """Requests for the unfinished samples of ``g`` (all of a new group's; a ``carried``
@@ -283,8 +313,9 @@ class RolloutManager:
         L = self.cfg.algo.max_response_length
         todo = [(j, s) for j, s in enumerate(g.samples) if s.finish_reason == "abort"]
         for j, s in todo:
-            params = dataclasses.replace(self.sampling_params(self._seed(run.step, order, j)),
-                                         max_new_tokens=L - len(s.response_ids))
+            params = dataclasses.replace(
+                self.sampling_params(self._seed(run.step, order, j)), max_new_tokens=L - len(s.response_ids)
+            )
             rid = f"{gid}.{j}"
             run.outbox.append(Request(rid, list(s.prompt_ids) + list(s.response_ids), params, group=str(gid)))
             run.by_rid[rid] = (gid, s)
@@ -306,8 +337,9 @@ class RolloutManager:
         if hit is None:
             return
         gid, s = hit
-        extend_sample(s, f.output, run.step, self.cfg.algo.max_response_length,
-                      versions=self.cfg.rollout.partial_rollout)
+        extend_sample(
+            s, f.output, run.step, self.cfg.algo.max_response_length, versions=self.cfg.rollout.partial_rollout
+        )
         s.finished_at = f.finished_at
         fl = run.flights[gid]
         fl.todo -= 1
@@ -354,14 +386,18 @@ class RolloutManager:
         run.all_wrong += res.num_all_wrong
         if res.num_kept or not self.cfg.algo.dynamic_sampling:
             r = self.cfg.rollout
-            if r.partial_rollout and r.partial_rollout_offpolicy == "mask" and \
-                    not any(has_trainable_token(s, "mask") for s in g.samples):
+            if (
+                r.partial_rollout
+                and r.partial_rollout_offpolicy == "mask"
+                and not any(has_trainable_token(s, "mask") for s in g.samples)
+            ):
                 run.untrainable += len(g.samples)
             else:
                 run.kept += 1
                 run.buffer.append(g)
-        run.bars.kept(min(len(run.buffer), self.cfg.rollout.rollout_batch_size),
-                      math.ceil(run.new_prompts / self._window))
+        run.bars.kept(
+            min(len(run.buffer), self.cfg.rollout.rollout_batch_size), math.ceil(run.new_prompts / self._window)
+        )
 
     def _finalize(self, g: Group, step: int) -> None:
         """A group whose samples all ended: ``stale_len`` (tokens generated before ``step``), text."""
@@ -438,10 +474,23 @@ class RolloutManager:
         # a checkpoint of the chunked manager: prompts of chunks that never started
         for pi in s.get("pending_prompts", []):
             rec = self.dataset[pi]
-            self.carry.pending.append(Group(pi, [
-                Sample(prompt_index=pi, prompt_ids=list(rec.prompt_ids), response_ids=[], engine_logprobs=[],
-                       finish_reason="abort", ground_truth=rec.ground_truth, token_versions=[])
-                for _ in range(self.cfg.rollout.n_samples_per_prompt)]))
+            self.carry.pending.append(
+                Group(
+                    pi,
+                    [
+                        Sample(
+                            prompt_index=pi,
+                            prompt_ids=list(rec.prompt_ids),
+                            response_ids=[],
+                            engine_logprobs=[],
+                            finish_reason="abort",
+                            ground_truth=rec.ground_truth,
+                            token_versions=[],
+                        )
+                        for _ in range(self.cfg.rollout.n_samples_per_prompt)
+                    ],
+                )
+            )
 
 
 def extend_sample(s: Sample, out, step: int, max_len: int, versions: bool = True) -> None:

@@ -25,8 +25,11 @@ def _on_sigterm(signum, frame):
     during that cleanup is ignored; Slurm's KILL after its KillWait still ends it."""
     SIGTERM_SEEN.set()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    print("megatron_dapo.train: SIGTERM: stopping the run (checkpoints already committed are kept)",
-          file=sys.stderr, flush=True)
+    print(
+        "megatron_dapo.train: SIGTERM: stopping the run (checkpoints already committed are kept)",
+        file=sys.stderr,
+        flush=True,
+    )
     raise Terminated()
 
 

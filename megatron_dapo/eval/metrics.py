@@ -105,8 +105,7 @@ def normalize_answer(pred: Any) -> str:
 
 
 def majority_answer(
-    preds: Sequence[Any],
-    normalize: Callable[[Any], str] = normalize_answer,
+    preds: Sequence[Any], normalize: Callable[[Any], str] = normalize_answer
 ) -> tuple[str | None, list[int]]:
     """The majority answer among ``preds`` and the indices of the samples that gave it.
 
@@ -193,9 +192,7 @@ def _is_no_answer(s: Mapping[str, Any]) -> bool:
 
 
 def summarize(
-    samples: Iterable[Mapping[str, Any]],
-    k: int | None = None,
-    normalize: Callable[[Any], str] = normalize_answer,
+    samples: Iterable[Mapping[str, Any]], k: int | None = None, normalize: Callable[[Any], str] = normalize_answer
 ) -> dict[str, Any]:
     """Summarise sampled evaluation results.
 

@@ -133,7 +133,7 @@ def extract_problem(text: str) -> str:
     t = text.strip()
     head, tail = _DAPO_HEAD.strip(), _DAPO_TAIL.strip()
     if t.startswith(head):
-        t = t[len(head):]
+        t = t[len(head) :]
         if t.endswith(tail):
             t = t[: -len(tail)]
         return t.strip()
@@ -161,8 +161,10 @@ def _row_problem(row: Mapping[str, Any], path: str, i: int) -> tuple[list, str, 
             gt = row.get("answer")
         if isinstance(prompt, str):
             msgs = [{"role": "user", "content": prompt}]
-        elif isinstance(prompt, (list, tuple)) and prompt and all(
-            isinstance(m, Mapping) and "content" in m for m in prompt
+        elif (
+            isinstance(prompt, (list, tuple))
+            and prompt
+            and all(isinstance(m, Mapping) and "content" in m for m in prompt)
         ):
             msgs = [{"role": m.get("role", "user"), "content": m["content"]} for m in prompt]
         else:
@@ -176,7 +178,12 @@ def _row_problem(row: Mapping[str, Any], path: str, i: int) -> tuple[list, str, 
         return [{"role": "user", "content": DAPO_TEMPLATE.format(problem=question)}], question, gt, source or "gsm8k"
     text = row.get("problem", row.get("question"))
     if text is not None:  # math500 / amc23 / aime json
-        return [{"role": "user", "content": DAPO_TEMPLATE.format(problem=str(text))}], str(text), _gt_string(answer), source
+        return (
+            [{"role": "user", "content": DAPO_TEMPLATE.format(problem=str(text))}],
+            str(text),
+            _gt_string(answer),
+            source,
+        )
     raise DataError(
         f"{path}: row {i} has none of the supported schemas (verl 'prompt' + 'reward_model.ground_truth'; "
         f"GSM8K 'question' + 'answer' with '#### N'; 'problem' + 'answer'); keys: {sorted(row)}"
@@ -213,7 +220,9 @@ def load_eval_problems(
             continue
         if limit is not None and len(problems) >= limit:
             continue  # still count copies of kept problems
-        problems[key] = EvalProblem(str(len(problems)), msgs, bare, gt, 1, source, i, dict(meta) if isinstance(meta, Mapping) else {})
+        problems[key] = EvalProblem(
+            str(len(problems)), msgs, bare, gt, 1, source, i, dict(meta) if isinstance(meta, Mapping) else {}
+        )
     if not problems:
         raise DataError(f"{path}: no problems")
     return list(problems.values())
@@ -250,9 +259,7 @@ def dataset_name(path: str) -> str:
 def eval_log_keys(summary: Mapping[str, Any], name: str) -> dict[str, float]:
     """``{"eval/<name>/<key>": value}`` for the numeric entries of an :func:`evaluate` summary."""
     return {
-        f"eval/{name}/{k}": v
-        for k, v in summary.items()
-        if isinstance(v, (int, float)) and not isinstance(v, bool)
+        f"eval/{name}/{k}": v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
     }
 
 
@@ -393,7 +400,7 @@ def evaluate(
         if not ids:
             raise DataError(f"{dataset_path}: problem {p.problem_id} (row {p.row}) renders to an empty prompt")
         if max_prompt_length is not None and len(ids) > max_prompt_length:
-            ids = ids[-int(max_prompt_length):]
+            ids = ids[-int(max_prompt_length) :]
             truncated += 1
         cap = int(max_new_tokens)
         if context_length is not None:
@@ -462,7 +469,9 @@ def evaluate(
                 for j, out in enumerate(group):
                     text = _response_text(out, tokenizer, specials)
                     p = problems[i]
-                    batch.append(RewardInput(prefixes[i] + text, p.ground_truth, prompt_texts[i], p.data_source, p.metadata))
+                    batch.append(
+                        RewardInput(prefixes[i] + text, p.ground_truth, prompt_texts[i], p.data_source, p.metadata)
+                    )
                     where.append((i, j, out, text))
             results = scorer.score(batch)
             for (i, j, out, text), res in zip(where, results):
@@ -554,10 +563,21 @@ def evaluate_in_training(engine, tokenizer, cfg, hf_dir: str, arch, scorer, out_
     responses go under ``out_root/<name>``."""
     out, lg = {}, cfg.logging
     for path in cfg.data.eval_data:
-        res = evaluate(engine, tokenizer, path, progress=False, max_new_tokens=cfg.algo.max_response_length,
-                       scorer=scorer, k=lg.eval_k, temperature=lg.eval_temperature, top_p=lg.eval_top_p,
-                       prompt_style=lg.eval_prompt_style, stop_token_ids=generation_eos_ids(hf_dir),
-                       context_length=arch.max_position_embeddings, apply_chat_template=cfg.data.apply_chat_template,
-                       out_dir=os.path.join(out_root, dataset_name(path)))
+        res = evaluate(
+            engine,
+            tokenizer,
+            path,
+            progress=False,
+            max_new_tokens=cfg.algo.max_response_length,
+            scorer=scorer,
+            k=lg.eval_k,
+            temperature=lg.eval_temperature,
+            top_p=lg.eval_top_p,
+            prompt_style=lg.eval_prompt_style,
+            stop_token_ids=generation_eos_ids(hf_dir),
+            context_length=arch.max_position_embeddings,
+            apply_chat_template=cfg.data.apply_chat_template,
+            out_dir=os.path.join(out_root, dataset_name(path)),
+        )
         out.update(eval_log_keys(res, dataset_name(path)))
     return out

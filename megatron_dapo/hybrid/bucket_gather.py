@@ -81,7 +81,11 @@ class BucketGather:
                 half = n // 2
                 for i in range(2):  # gate, then up
                     out = slot[i * half * self.tp_size : (i + 1) * half * self.tp_size]
-                    works.append(dist.all_gather_into_tensor(out, src[i * half : (i + 1) * half], group=self.tp_group, async_op=True))
+                    works.append(
+                        dist.all_gather_into_tensor(
+                            out, src[i * half : (i + 1) * half], group=self.tp_group, async_op=True
+                        )
+                    )
             elif t.tp_dim == 0:
                 works.append(dist.all_gather_into_tensor(slot, src, group=self.tp_group, async_op=True))
             else:
@@ -120,12 +124,16 @@ class BucketGather:
         else:
             src = self._scratch_for(n_local * shard_bytes * (group + 1))[group * n_local * shard_bytes :]
         for j, idx in enumerate(t.experts):
-            src[j * shard_bytes : (j + 1) * shard_bytes].copy_(self._local[idx].detach().contiguous().view(-1).view(torch.uint8))
+            src[j * shard_bytes : (j + 1) * shard_bytes].copy_(
+                self._local[idx].detach().contiguous().view(-1).view(torch.uint8)
+            )
         if group == 1 and not self.force_collectives:
             return
         if direct:
             # in place (this rank's part of the output is the input) where NCCL allows it
-            dist.all_gather_into_tensor(full, src if self.device.type == "cuda" else src.clone(), group=self.expert_group)
+            dist.all_gather_into_tensor(
+                full, src if self.device.type == "cuda" else src.clone(), group=self.expert_group
+            )
             return
         tmp = self._scratch_for(n_local * shard_bytes * (group + 1))[: group * n_local * shard_bytes]
         dist.all_gather_into_tensor(tmp, src, group=self.expert_group)

@@ -41,10 +41,7 @@ def align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-DTYPES = {
-    str(d): d
-    for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int8, torch.uint8)
-}
+DTYPES = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int8, torch.uint8)}
 
 
 @dataclasses.dataclass
@@ -60,7 +57,9 @@ class PlannedTensor:
     full_shape: Tuple[int, ...] = ()
     offset: int = 0  # byte offset of the slot in its bucket
     nbytes: int = 0  # slot bytes (full megatron tensor, aligned)
-    hf: List[Tuple[str, Tuple[int, ...], int]] = dataclasses.field(default_factory=list)  # (name, shape, byte offset in slot)
+    hf: List[Tuple[str, Tuple[int, ...], int]] = dataclasses.field(
+        default_factory=list
+    )  # (name, shape, byte offset in slot)
     # an expert stack (gname = mapping.expert_stack_name): the local experts' indices among the
     # owner's local tensors, in local expert order; shard_shape is one expert's shard
     experts: Optional[Tuple[int, ...]] = None
@@ -123,8 +122,9 @@ def local_entries(local: Sequence[Tuple[str, torch.Tensor]], moe: bool) -> list:
     return [tuple(e) for e in out]
 
 
-def build_plan(per_stage: Sequence[list], arch, *, tp_size: int, etp: int, expert_group_size: int,
-               bucket_bytes: int) -> List[Bucket]:
+def build_plan(
+    per_stage: Sequence[list], arch, *, tp_size: int, etp: int, expert_group_size: int, bucket_bytes: int
+) -> List[Bucket]:
     """The bucket plan from every stage's :func:`local_entries` (``per_stage``, PP group rank
     order). ``tp_size``: the TP group's size (dense tensors' shards); ``etp`` and
     ``expert_group_size``: the expert-tensor-parallel size and the size of the ETP x EP group
@@ -139,14 +139,23 @@ def build_plan(per_stage: Sequence[list], arch, *, tp_size: int, etp: int, exper
                 raise WeightSyncError(f"{gname} is held by two pipeline stages")
             seen.add(gname)
             if experts is not None:
-                t = PlannedTensor(gname, stage, experts[0], shard_shape, DTYPES[dtype_s],
-                                  mapping.tp_partition_dim(mapping.stack_member(gname, 0)), experts=tuple(experts))
+                t = PlannedTensor(
+                    gname,
+                    stage,
+                    experts[0],
+                    shard_shape,
+                    DTYPES[dtype_s],
+                    mapping.tp_partition_dim(mapping.stack_member(gname, 0)),
+                    experts=tuple(experts),
+                )
                 full = list(shard_shape)
                 if t.tp_dim is not None:
                     full[t.tp_dim] *= etp
                 if len(experts) * expert_group_size // etp != arch.num_experts:
-                    raise WeightSyncError(f"{gname}: {len(experts)} local experts x EP "
-                                          f"{expert_group_size // etp} != {arch.num_experts} experts")
+                    raise WeightSyncError(
+                        f"{gname}: {len(experts)} local experts x EP "
+                        f"{expert_group_size // etp} != {arch.num_experts} experts"
+                    )
                 t.full_shape = (arch.num_experts, *full)
                 es = elem_bytes(t.dtype)
                 t.nbytes = align(numel(t.full_shape) * es)

@@ -36,9 +36,7 @@ def engine_feeders(world_size: int, gpus_per_engine: int) -> List[List[int]]:
     consecutive (launch/placement.py), so with K dividing the GPUs per node an engine's
     feeders share its node."""
     if gpus_per_engine < 1 or world_size % gpus_per_engine:
-        raise ValueError(
-            f"--rollout-num-gpus-per-engine {gpus_per_engine} must divide the world size {world_size}"
-        )
+        raise ValueError(f"--rollout-num-gpus-per-engine {gpus_per_engine} must divide the world size {world_size}")
     k = gpus_per_engine
     return [list(range(e * k, (e + 1) * k)) for e in range(world_size // k)]
 
@@ -64,8 +62,13 @@ class EngineFeeding:
     def sink(self, calls: Optional["EngineCalls"], protocol: "EngineProtocol") -> "PayloadSink":
         """This rank's sink. ``calls``: the engine's calls, used on the leader only; ``protocol``:
         the engine's :class:`EngineProtocol`, the same on EVERY feeder of the engine."""
-        return PayloadSink(calls if self.rank == self.leader else None, self.group, self.leader,
-                           protocol=protocol, engine_index=self.engine)
+        return PayloadSink(
+            calls if self.rank == self.leader else None,
+            self.group,
+            self.leader,
+            protocol=protocol,
+            engine_index=self.engine,
+        )
 
 
 # ------------------------------------------------------------------------- sinks ----
@@ -187,8 +190,10 @@ class EngineProtocol:
 
     def describe(self) -> tuple:
         """What the feeders compare: kind, lag and the codec's qualified names."""
-        names = tuple(f"{getattr(x, '__module__', '?')}.{getattr(x, '__qualname__', type(x).__name__)}"
-                      for x in (self.codec or ()))
+        names = tuple(
+            f"{getattr(x, '__module__', '?')}.{getattr(x, '__qualname__', type(x).__name__)}"
+            for x in (self.codec or ())
+        )
         return (self.kind, self.lag, names)
 
 
@@ -211,8 +216,9 @@ class PayloadSink(BucketSink):
     asynchronous = True
     shared_memory = True
 
-    def __init__(self, calls: Optional[EngineCalls], group, leader: int, *, protocol: EngineProtocol,
-                 engine_index: int = 0):
+    def __init__(
+        self, calls: Optional[EngineCalls], group, leader: int, *, protocol: EngineProtocol, engine_index: int = 0
+    ):
         self.group = group
         self.leader = int(leader)
         self.rank = dist.get_rank()
@@ -248,13 +254,16 @@ class PayloadSink(BucketSink):
         dist.all_gather_object(seen, mine, group=self.group)
         if any(x != seen[0] for x in seen):
             ranks = dist.get_process_group_ranks(self.group)
-            detail = "; ".join(f"rank {r}: kind {k}, lag {lag}, codec {', '.join(c) or 'default'}"
-                               for r, (k, lag, c) in zip(ranks, seen))
+            detail = "; ".join(
+                f"rank {r}: kind {k}, lag {lag}, codec {', '.join(c) or 'default'}"
+                for r, (k, lag, c) in zip(ranks, seen)
+            )
             raise WeightSyncError(f"the feeders of engine {self.engine_index} disagree on its protocol ({detail})")
 
     def submit(self, index, views, flat):
-        payload = serialize_flat(flat, entries_in(flat, views), 1, metadata_cls=self.metadata_cls,
-                                 serializer=self.serializer)[0]
+        payload = serialize_flat(
+            flat, entries_in(flat, views), 1, metadata_cls=self.metadata_cls, serializer=self.serializer
+        )[0]
         if self.size > 1:
             gathered = [None] * self.size if self.is_leader else None
             dist.gather_object(payload, gathered, dst=self.leader, group=self.group)

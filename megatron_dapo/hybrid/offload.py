@@ -110,7 +110,10 @@ HOST_CHUNK_BYTES = 256 * 2**20
 
 
 def _host_chunks(n: int, pin: bool) -> List[torch.Tensor]:
-    return [torch.empty(min(HOST_CHUNK_BYTES, n - i), dtype=torch.uint8, pin_memory=pin) for i in range(0, n, HOST_CHUNK_BYTES)]
+    return [
+        torch.empty(min(HOST_CHUNK_BYTES, n - i), dtype=torch.uint8, pin_memory=pin)
+        for i in range(0, n, HOST_CHUNK_BYTES)
+    ]
 
 
 def _byte_view(s: torch.UntypedStorage) -> torch.Tensor:

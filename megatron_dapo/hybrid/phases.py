@@ -236,7 +236,8 @@ class HybridStep:
                 "by the sync (its name never reached the engine's loader, or the loader skipped it) or was written "
                 "with other values or in another layout (two tensors exchanged, a TP shard or a fused q/k/v or "
                 "gate/up block in the wrong order, a wrong conversion). The trainer's weights at the first sync must "
-                "be --hf-checkpoint's (no --load, no --pretrained-checkpoint)")
+                "be --hf-checkpoint's (no --load, no --pretrained-checkpoint)"
+            )
 
     def _probe_engines(self, engines, probe: Optional[list], ref: list) -> float:
         assert probe is not None, "a reference to probe against exists only for a probe"

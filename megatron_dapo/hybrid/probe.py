@@ -144,8 +144,11 @@ def compare_checksums(reference: dict, per_engine: Sequence[Optional[dict]], *, 
             if got[name] != reference[name]:
                 differ.append(name)
         parts = []
-        for label, names in (("missing in the engine", missing), ("extra in the engine", extra),
-                             ("different from what the trainer sent", differ)):
+        for label, names in (
+            ("missing in the engine", missing),
+            ("extra in the engine", extra),
+            ("different from what the trainer sent", differ),
+        ):
             if names:
                 shown = ", ".join(names[:limit]) + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
                 parts.append(f"{len(names)} {label}: {shown}")

@@ -229,10 +229,19 @@ class WeightSync(BucketGather):
 
             etp = ps.get_expert_tensor_parallel_world_size()
             self._expert_coords = [None] * self.expert_group_size
-            dist.all_gather_object(self._expert_coords, (ps.get_expert_model_parallel_rank(),
-                                                         ps.get_expert_tensor_parallel_rank()), group=self.expert_group)
-        return build_plan(per_stage, self.arch, tp_size=self.tp_size, etp=etp,
-                          expert_group_size=self.expert_group_size, bucket_bytes=self.bucket_bytes)
+            dist.all_gather_object(
+                self._expert_coords,
+                (ps.get_expert_model_parallel_rank(), ps.get_expert_tensor_parallel_rank()),
+                group=self.expert_group,
+            )
+        return build_plan(
+            per_stage,
+            self.arch,
+            tp_size=self.tp_size,
+            etp=etp,
+            expert_group_size=self.expert_group_size,
+            bucket_bytes=self.bucket_bytes,
+        )
 
     @property
     def plan(self) -> List[Bucket]:
@@ -247,7 +256,9 @@ class WeightSync(BucketGather):
 
     # ----------------------------------------------------------------- buckets ----
 
-    def iter_buckets(self, convert: bool = True, naming: str = "checkpoint") -> Iterator[List[Tuple[str, torch.Tensor]]]:
+    def iter_buckets(
+        self, convert: bool = True, naming: str = "checkpoint"
+    ) -> Iterator[List[Tuple[str, torch.Tensor]]]:
         """Drive the collectives of a full sync; yields each bucket (HF names of ``naming``,
         views) on feeders.
 
@@ -281,8 +292,15 @@ class WeightSync(BucketGather):
             return False
         return any(self._replicas[r] & active for r in dist.get_process_group_ranks(self.expert_group))
 
-    def _buckets(self, convert: bool, num_buffers: int, sinks: Sequence["BucketSink"], shared: bool = False,
-                 participates: Optional[bool] = None, active_feeders: Optional[Sequence[int]] = None):
+    def _buckets(
+        self,
+        convert: bool,
+        num_buffers: int,
+        sinks: Sequence["BucketSink"],
+        shared: bool = False,
+        participates: Optional[bool] = None,
+        active_feeders: Optional[Sequence[int]] = None,
+    ):
         """Yields (index, bucket, flat buffer) per bucket on feeders; bucket i is written into
         buffer ``i % num_buffers`` after every sink said the bucket that held it before is free."""
         self._ensure_replicas()
@@ -339,16 +357,15 @@ class WeightSync(BucketGather):
         engine on feeders). ``active_feeders`` (the same on every rank): the feeder ranks whose
         engines are synced this time; a model-parallel replica without one sits this sync out
         (e.g. re-syncing one restarted engine). Default: every feeder rank."""
-        participates = self.participates if active_feeders is None else any(
-            int(r) in self.mp_ranks for r in active_feeders)
+        participates = (
+            self.participates if active_feeders is None else any(int(r) in self.mp_ranks for r in active_feeders)
+        )
         if engines is None:
             engines = []
         elif not isinstance(engines, (list, tuple)):
             engines = [engines]
         if engines and not self.is_feeder:
-            raise WeightSyncError(
-                f"rank {self.rank} got an engine but is not a feeder rank ({self.feeder_ranks})"
-            )
+            raise WeightSyncError(f"rank {self.rank} got an engine but is not a feeder rank ({self.feeder_ranks})")
         if self.is_feeder and not engines:
             raise WeightSyncError(f"rank {self.rank} is a feeder rank but was given no engine")
         sinks = [e if isinstance(e, BucketSink) else DirectSink(e) for e in engines]
@@ -408,7 +425,11 @@ class WeightSync(BucketGather):
         if self.is_feeder:
             log.info(
                 "weight sync: %d tensors, %d buckets, %.1f MiB in %.3f s (%.2f GB/s)",
-                stats.tensors, stats.buckets, stats.bytes / 2**20, stats.seconds, stats.bytes_per_s / 1e9,
+                stats.tensors,
+                stats.buckets,
+                stats.bytes / 2**20,
+                stats.seconds,
+                stats.bytes_per_s / 1e9,
             )
         return stats
 
@@ -458,7 +479,12 @@ def sync_weights(
 ) -> SyncStats:
     """One-shot :class:`WeightSync` (builds the plan each call; keep a WeightSync to reuse it)."""
     ws = WeightSync(
-        model, arch, feeder_ranks=feeder_ranks, bucket_bytes=bucket_bytes,
-        tp_group=tp_group, pp_group=pp_group, mp_group=mp_group,
+        model,
+        arch,
+        feeder_ranks=feeder_ranks,
+        bucket_bytes=bucket_bytes,
+        tp_group=tp_group,
+        pp_group=pp_group,
+        mp_group=mp_group,
     )
     return ws.sync(engines)

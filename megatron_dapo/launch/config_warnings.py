@@ -25,7 +25,9 @@ def plan_warnings(cfg: DAPOConfig, arch: ModelArch, on_gpu: bool) -> List[str]:
     e = r.num_gpus_per_engine
     seq = d.max_prompt_length + a.max_response_length
     if tp > p.gpus_per_node:
-        w.append(f"--tensor-model-parallel-size {tp} > --actor-num-gpus-per-node {p.gpus_per_node}: TP all-reduces cross nodes")
+        w.append(
+            f"--tensor-model-parallel-size {tp} > --actor-num-gpus-per-node {p.gpus_per_node}: TP all-reduces cross nodes"
+        )
     if e > p.gpus_per_node or p.gpus_per_node % e:
         w.append(
             f"--rollout-num-gpus-per-engine {e} does not divide --actor-num-gpus-per-node {p.gpus_per_node}: "
@@ -35,13 +37,16 @@ def plan_warnings(cfg: DAPOConfig, arch: ModelArch, on_gpu: bool) -> List[str]:
         w.append(
             f"--expert-tensor-parallel-size x --expert-model-parallel-size = {expert_group_size(cfg)} > "
             f"--actor-num-gpus-per-node {p.gpus_per_node}: every MoE layer's token all-to-all (and the weight sync's "
-            "expert all-gather) crosses nodes")
+            "expert all-gather) crosses nodes"
+        )
     if arch.num_attention_heads % e:
         w.append(f"rollout TP {e} does not divide the {arch.num_attention_heads} attention heads: SGLang refuses it")
     elif arch.num_query_groups % e and e % arch.num_query_groups:
         w.append(f"rollout TP {e} and {arch.num_query_groups} KV heads: uneven KV-head split")
     elif e > arch.num_query_groups:
-        w.append(f"rollout TP {e} > {arch.num_query_groups} KV heads: the KV cache is replicated {e // arch.num_query_groups}x")
+        w.append(
+            f"rollout TP {e} > {arch.num_query_groups} KV heads: the KV cache is replicated {e // arch.num_query_groups}x"
+        )
     if dp > 1 and not p.use_distributed_optimizer:
         w.append(f"DP {dp} without --use-distributed-optimizer: Adam state replicated on every DP rank")
     if on_gpu and not cfg.model.bf16:
@@ -70,7 +75,9 @@ def plan_warnings(cfg: DAPOConfig, arch: ModelArch, on_gpu: bool) -> List[str]:
     elif r.over_sampling_batch_size and r.over_sampling_batch_size != r.rollout_batch_size:
         w.append("--over-sampling-batch-size has no effect without --dynamic-sampling")
     if r.mem_fraction_static > 0.9:
-        w.append(f"--sglang-mem-fraction-static {r.mem_fraction_static} leaves little room for activations and CUDA graphs")
+        w.append(
+            f"--sglang-mem-fraction-static {r.mem_fraction_static} leaves little room for activations and CUDA graphs"
+        )
     if on_gpu and r.engine != AUTO and not engine_kind_spec(r.engine).needs_gpu:
         w.append(f"--rollout-engine {r.engine} on GPU: HF generate is far slower than SGLang for long responses")
     if o.lr > 1e-5 and arch.num_parameters > 5e9:

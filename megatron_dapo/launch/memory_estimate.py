@@ -184,8 +184,9 @@ def expert_params_per_gpu(arch: ModelArch, pp: int, expert_group: int) -> int:
     return arch.num_layers // pp * arch.expert_parameters_per_layer // expert_group
 
 
-def stage_params(arch: ModelArch, tp: int, pp: int, make_vocab_size_divisible_by: int = 128,
-                 expert_group: int = 1) -> List[int]:
+def stage_params(
+    arch: ModelArch, tp: int, pp: int, make_vocab_size_divisible_by: int = 128, expert_group: int = 1
+) -> List[int]:
     """Parameters held by one GPU of each pipeline stage (TP-sharded; a MoE model's experts
     split over ``expert_group`` = ETP x EP ranks; norms counted once)."""
     v = padded_vocab_size(arch.vocab_size, make_vocab_size_divisible_by, tp)
@@ -240,14 +241,15 @@ def estimate_memory(cfg: DAPOConfig, arch: ModelArch, capacity_gb: float = 80.0)
     experts = expert_params_per_gpu(arch, pp, group)
     edp = max(1, world_size(cfg) // (pp * group))
     # dense state: megatron-core's distributed optimizer shards it over DP x CP (its dp_cp group)
-    optimizer = ((params - experts) / (dp * cp) + experts / edp if p.use_distributed_optimizer else params) * opt_per_param
+    optimizer = (
+        (params - experts) / (dp * cp) + experts / edp if p.use_distributed_optimizer else params
+    ) * opt_per_param
 
     tokens = o.max_tokens_per_gpu
     if tokens is None:
         tokens = o.micro_batch_size * (cfg.data.max_prompt_length + cfg.algo.max_response_length)
     tokens_cp = math.ceil(tokens / cp)
-    hid, tpp = _act_bytes_per_token_layer(arch, tp, p.sequence_parallel, wbytes,
-                                          p.expert_tensor_parallel_size or tp)
+    hid, tpp = _act_bytes_per_token_layer(arch, tp, p.sequence_parallel, wbytes, p.expert_tensor_parallel_size or tp)
     layers_in_flight = arch.num_layers // pp * pp  # first stage: its layers x PP micro-batches (1F1B)
     full = tokens_cp * layers_in_flight * (hid + tpp)
     layer_input = arch.hidden_size * wbytes / (tp if p.sequence_parallel else 1)

@@ -129,14 +129,19 @@ def _init_local(ray, kw: dict, attempts: int = RAY_START_ATTEMPTS, pause_s: floa
                 pass
             _end_processes(_child_pids() - before)  # ray.shutdown() knows no node that failed to start
             if attempt < attempts:
-                print(f"[ray] the local Ray node did not start ({cause}); retrying after a clean shutdown "
-                      f"(attempt {attempt + 1} of {attempts})", file=sys.stderr, flush=True)
+                print(
+                    f"[ray] the local Ray node did not start ({cause}); retrying after a clean shutdown "
+                    f"(attempt {attempt + 1} of {attempts})",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 time.sleep(pause_s)
                 continue
             raise StartupError(
                 f"the local Ray node did not start in {attempts} attempts ({time.monotonic() - started:.0f} s; "
                 f"{cause}; {_machine_load()}): run again when the machine is less busy, or start Ray "
-                f"yourself (`ray start --head`) and pass its address in RAY_ADDRESS") from e
+                f"yourself (`ray start --head`) and pass its address in RAY_ADDRESS"
+            ) from e
 
 
 def _child_pids() -> set:
@@ -353,8 +358,11 @@ def _where(with_port: bool = False) -> dict:
 
     from ..distributed import free_port  # torch: this module stays torch-free (its __main__ runs in Slurm scripts)
 
-    out = {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address(),
-           "gpu_ids": [int(g) for g in ray.get_gpu_ids()]}
+    out = {
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "node_ip": ray.util.get_node_ip_address(),
+        "gpu_ids": [int(g) for g in ray.get_gpu_ids()],
+    }
     if with_port:
         out["port"] = free_port()
     return out
@@ -366,8 +374,11 @@ def on_bundle(pg, bundle: int, gpus: float = 0.0, timeout_s: float = 300.0) -> d
     import ray  # lazy: Ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    task = ray.remote(_where).options(num_cpus=0, num_gpus=gpus, scheduling_strategy=PlacementGroupSchedulingStrategy(
-        pg, placement_group_bundle_index=bundle))
+    task = ray.remote(_where).options(
+        num_cpus=0,
+        num_gpus=gpus,
+        scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle),
+    )
     return ray.get(task.remote(True), timeout=timeout_s)
 
 
@@ -380,8 +391,14 @@ def bundle_placements(pg, gpus_per_bundle: float, timeout_s: float = 300.0) -> L
 
     gpus = 0.01 if gpus_per_bundle else 0
     task = ray.remote(_where)
-    futs = [task.options(num_cpus=0, num_gpus=gpus, scheduling_strategy=PlacementGroupSchedulingStrategy(
-        pg, placement_group_bundle_index=b)).remote() for b in range(pg.bundle_count)]
+    futs = [
+        task.options(
+            num_cpus=0,
+            num_gpus=gpus,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=b),
+        ).remote()
+        for b in range(pg.bundle_count)
+    ]
     return ray.get(futs, timeout=timeout_s)
 
 
@@ -403,11 +420,16 @@ def ranks_to_bundles(placements: Sequence[dict]) -> List[int]:
     ``i + 1`` share a node nor that their GPU ids ascend). Rank 0 is on the node with the
     lowest address. CPU bundles (no GPU ids) of one node keep their bundle order.
     """
+
     def key(b):
         p = placements[b]
         gpus = p.get("gpu_ids") or []
-        return (_address_key(p.get("node_ip") or p.get("node_id") or ""), p.get("node_id") or "",
-                min(gpus) if gpus else -1, b)
+        return (
+            _address_key(p.get("node_ip") or p.get("node_id") or ""),
+            p.get("node_id") or "",
+            min(gpus) if gpus else -1,
+            b,
+        )
 
     return sorted(range(len(placements)), key=key)
 
@@ -447,8 +469,15 @@ def engine_gpu_plan(placements: Sequence[dict], gpus_per_engine: int) -> List[di
                     "(SGLang puts TP rank j on base_gpu_id + j)"
                 )
             ids = got
-        plan.append({"engine": e, "node_id": nodes.pop(), "ranks": ranks,
-                     "base_gpu_id": ids[0] if ids else None, "gpu_ids": ids or None})
+        plan.append(
+            {
+                "engine": e,
+                "node_id": nodes.pop(),
+                "ranks": ranks,
+                "base_gpu_id": ids[0] if ids else None,
+                "gpu_ids": ids or None,
+            }
+        )
     return plan
 
 
@@ -456,7 +485,7 @@ def _node_names(n: dict) -> set:
     names = set()
     for k in n.get("Resources", {}):
         if k.startswith(NODE_RESOURCE_PREFIX):
-            names.add(k[len(NODE_RESOURCE_PREFIX):])
+            names.add(k[len(NODE_RESOURCE_PREFIX) :])
     host = n.get("NodeManagerHostname") or ""
     if host:
         names.update({host, host.split(".")[0]})
@@ -479,7 +508,9 @@ def missing_nodes(expected: Iterable[str], gpus_per_node: float, nodes: Sequence
     return out
 
 
-def wait_for_nodes(expected: Sequence[str], gpus_per_node: float = 0, timeout_s: float = 300.0, poll_s: float = 2.0) -> List[dict]:
+def wait_for_nodes(
+    expected: Sequence[str], gpus_per_node: float = 0, timeout_s: float = 300.0, poll_s: float = 2.0
+) -> List[dict]:
     """Block until every node in ``expected`` is alive with ``gpus_per_node`` GPUs.
 
     Raises :class:`PlacementError` naming the missing nodes after ``timeout_s``.

@@ -130,9 +130,13 @@ def dry_run_report(
         f"{arch.hidden_size}, FFN {arch.ffn_hidden_size}, {arch.num_attention_heads} heads / "
         f"{arch.num_query_groups} KV heads x {arch.head_dim}, vocab {arch.vocab_size}, "
         f"{'tied' if arch.tie_word_embeddings else 'untied'} embeddings"
-        + (f"; {arch.num_experts} experts of width {arch.moe_ffn_hidden_size}, top-{arch.moe_router_topk}, "
-           f"expert parallel EP {p.expert_model_parallel_size} x ETP "
-           f"{p.expert_tensor_parallel_size or p.tensor_model_parallel_size}" if arch.is_moe else "")
+        + (
+            f"; {arch.num_experts} experts of width {arch.moe_ffn_hidden_size}, top-{arch.moe_router_topk}, "
+            f"expert parallel EP {p.expert_model_parallel_size} x ETP "
+            f"{p.expert_tensor_parallel_size or p.tensor_model_parallel_size}"
+            if arch.is_moe
+            else ""
+        )
     )
     if hf_config_source:
         add(f"model shape from: {hf_config_source}")
@@ -176,13 +180,18 @@ def dry_run_report(
         f"(--update-weight-buffer-size), {sp.buffers} bucket buffers per GPU = {_gb(sp.extra_peak_bytes)} extra peak"
     )
     if sp.expert_bytes_per_feeder:
-        add(f"experts: {_gb(sp.expert_bytes_per_feeder)} of it per feeder ({arch.num_layers} layers x "
+        add(
+            f"experts: {_gb(sp.expert_bytes_per_feeder)} of it per feeder ({arch.num_layers} layers x "
             f"{arch.num_experts} experts), {_gb(sp.expert_gathered_bytes)} all-gathered from the other "
             f"{sp.expert_group - 1} ranks of each stage's ETP x EP group ("
-            + (f"{_gb(sp.expert_cross_node_bytes)} of it from other nodes" if sp.expert_cross_node_bytes else
-               "within the node") +
-            f"); one bucket slot per layer's fc1 / fc2 of all "
-            f"experts ({'per-expert' if engine_kind_spec(engine_kind).weight_naming == 'checkpoint' else 'fused'} names for the {engine_kind} engine)")
+            + (
+                f"{_gb(sp.expert_cross_node_bytes)} of it from other nodes"
+                if sp.expert_cross_node_bytes
+                else "within the node"
+            )
+            + f"); one bucket slot per layer's fc1 / fc2 of all "
+            f"experts ({'per-expert' if engine_kind_spec(engine_kind).weight_naming == 'checkpoint' else 'fused'} names for the {engine_kind} engine)"
+        )
     add(
         f"engine TP rank j <- feeder rank (first + j) on the same node: one payload of memory handles per feeder "
         f"({'CUDA IPC' if on_gpu else 'shared memory'}); Ray carries one small call per bucket and engine, "
@@ -194,12 +203,14 @@ def dry_run_report(
             add(f"  ... {len(sp.feeds) - 8} more engines ...")
         where = f"node {f.node}" if f.node is not None else "SPANS NODES (refused at launch)"
         cross = f", {_gb(f.cross_node_bytes)} of it from PP stages on other nodes" if f.cross_node_bytes else ""
-        add(f"  engine {f.engine:>3} ({where}) <- ranks {_span(f.feeders)}: {_gb(sp.bytes_per_feeder)} per feeder{cross}")
+        add(
+            f"  engine {f.engine:>3} ({where}) <- ranks {_span(f.feeders)}: {_gb(sp.bytes_per_feeder)} per feeder{cross}"
+        )
     add(
         f"expected sync: {sp.seconds:.2f} s for all engines in parallel at {INTRA_NODE_GBPS:.0f} GB/s intra-node "
         f"(NVLink gathers), {INTER_NODE_GBPS:.0f} GB/s between nodes, {ENGINE_COPY_GBPS:.0f} GB/s engine copy (HBM)"
-        if on_gpu else
-        f"expected sync: {sp.seconds:.2f} s at the GPU figures ({INTRA_NODE_GBPS:.0f} GB/s intra-node); on CPU "
+        if on_gpu
+        else f"expected sync: {sp.seconds:.2f} s at the GPU figures ({INTRA_NODE_GBPS:.0f} GB/s intra-node); on CPU "
         "the copies run at memory bandwidth (benchmarks/bench_weight_sync.py)"
     )
     if any(f.node is None for f in sp.feeds):
@@ -230,7 +241,9 @@ def dry_run_report(
     )
     mark = lambda on: "  <- configured" if on else ""  # noqa: E731
     sel = " (selective: about the same with flash attention)" if cfg.model.recompute_granularity == "selective" else ""
-    add(f"    no recompute           {_gb(m.activations_no_recompute):>10}{mark(not m.recompute)}{sel if not m.recompute else ''}")
+    add(
+        f"    no recompute           {_gb(m.activations_no_recompute):>10}{mark(not m.recompute)}{sel if not m.recompute else ''}"
+    )
     add(f"    full recompute         {_gb(m.activations_full_recompute):>10}{mark(m.recompute)}")
     add(f"  logits (vocab / TP)      {_gb(m.logits):>10}  (bf16 + grad; fp32 only {LOGPROB_CHUNK} tokens at a time)")
     add(f"  + reserve                {_gb(RESERVE_GB * GB):>10}")
@@ -266,9 +279,14 @@ def dry_run_report(
     )
     for name, cap in GPU_CAPACITY_GB.items():
         fit = longest_fitting_sequence(cfg, arch, cap)
-        verdict = (f"a {seq}-token sequence fits at CP {plan.cp}" if fit >= seq else
-                   f"a {seq}-token sequence does NOT fit at CP {plan.cp}: raise --context-parallel-size")
-        add(f"  {name}: longest sequence whose training step leaves {MARGIN_FRACTION:.0%} free: {fit:,} tokens -> {verdict}")
+        verdict = (
+            f"a {seq}-token sequence fits at CP {plan.cp}"
+            if fit >= seq
+            else f"a {seq}-token sequence does NOT fit at CP {plan.cp}: raise --context-parallel-size"
+        )
+        add(
+            f"  {name}: longest sequence whose training step leaves {MARGIN_FRACTION:.0%} free: {fit:,} tokens -> {verdict}"
+        )
     if on_gpu:
         h100 = mems["H100 80GB"]
         if longest_fitting_sequence(cfg, arch, h100.capacity / GB) < seq:
@@ -277,24 +295,31 @@ def dry_run_report(
                 "raise --context-parallel-size (or TP / recompute)"
             )
         if h100.train_peak > h100.capacity:
-            if not h100.recompute and h100.train_peak - h100.activations_no_recompute + h100.activations_full_recompute <= h100.capacity:
-                warnings.append("training does not fit an 80 GB GPU without recompute; --recompute-granularity full would fit")
+            if (
+                not h100.recompute
+                and h100.train_peak - h100.activations_no_recompute + h100.activations_full_recompute <= h100.capacity
+            ):
+                warnings.append(
+                    "training does not fit an 80 GB GPU without recompute; --recompute-granularity full would fit"
+                )
             else:
-                warnings.append("training does not fit an 80 GB GPU: raise TP/PP, shard the optimizer or lower --max-tokens-per-gpu")
+                warnings.append(
+                    "training does not fit an 80 GB GPU: raise TP/PP, shard the optimizer or lower --max-tokens-per-gpu"
+                )
         if h100.engine_weights > h100.engine_pool:
             warnings.append(
                 f"engine weights {_gb(h100.engine_weights)} exceed --sglang-mem-fraction-static x 80 GB: raise "
                 "--rollout-num-gpus-per-engine"
             )
         elif h100.kv_tokens < seq:
-            warnings.append(f"an engine's KV cache ({h100.kv_tokens} tokens) cannot hold one {seq}-token sequence on 80 GB")
+            warnings.append(
+                f"an engine's KV cache ({h100.kv_tokens} tokens) cannot hold one {seq}-token sequence on 80 GB"
+            )
 
     add("")
     s = lr_schedule(cfg)
     add("--- LR schedule ---")
-    add(
-        f"AdamW lr {s.lr:g}, constant after linear warm-up; weight decay {o.weight_decay}, clip-grad {o.clip_grad}"
-    )
+    add(f"AdamW lr {s.lr:g}, constant after linear warm-up; weight decay {o.weight_decay}, clip-grad {o.clip_grad}")
     add(
         f"optimizer steps per rollout step = --rollout-batch-size {r.rollout_batch_size} x --n-samples-per-prompt "
         f"{r.n_samples_per_prompt} / --global-batch-size {o.global_batch_size} = {s.optimizer_steps_per_rollout_step}"

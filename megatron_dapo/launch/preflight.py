@@ -44,8 +44,13 @@ from .preflight_inputs import check_eval_data, check_prompt_data, check_reward, 
 from .preflight_result import FAIL, OK, Check, Checks
 
 #: The flags whose mistakes a check reports (by check name; default ``--<name>``).
-_FLAGS = {"reward": ("--reward-fn", "--reward-mode", "--reward-source"), "hf-checkpoint": ("--hf-checkpoint",),
-          "tokenizer": ("--tokenizer", "--hf-checkpoint"), "outputs": ("--run-dir", "--save"), "disk": ("--save",)}
+_FLAGS = {
+    "reward": ("--reward-fn", "--reward-mode", "--reward-source"),
+    "hf-checkpoint": ("--hf-checkpoint",),
+    "tokenizer": ("--tokenizer", "--hf-checkpoint"),
+    "outputs": ("--run-dir", "--save"),
+    "disk": ("--save",),
+}
 
 
 # ----------------------------------------------------------------------------- all of them
@@ -89,8 +94,14 @@ def run_checks(cfg, arch, dry_run: bool = True) -> Checks:
     if dry_run:
         try:
             checks.outputs_lines = prepare_outputs(cfg, dry_run=True).lines
-            add(Check("outputs", OK, "", "--run-dir" + (" and --save" if cfg.checkpoint.save else "")
-                      + " usable (the [outputs] lines)"))
+            add(
+                Check(
+                    "outputs",
+                    OK,
+                    "",
+                    "--run-dir" + (" and --save" if cfg.checkpoint.save else "") + " usable (the [outputs] lines)",
+                )
+            )
         except ConfigError as e:
             add(Check("outputs", FAIL, "", one_line(e)))
     return checks
@@ -105,11 +116,18 @@ def dry_run(cfg, arch, hf_config_source: str = "", on_gpu: Optional[bool] = None
     except user_error_types() as e:  # validate(): config, reward, paths
         msg = one_line(e)
         # what validate() refuses may already be a failed check (a path, a reward spec): one line per mistake
-        if not any((c.target and c.target in msg) or msg.startswith(_FLAGS.get(c.name, ("--" + c.name,)))
-                   for c in checks.failed):
+        if not any(
+            (c.target and c.target in msg) or msg.startswith(_FLAGS.get(c.name, ("--" + c.name,)))
+            for c in checks.failed
+        ):
             checks.append(Check("config", FAIL, "", msg))
-        text = "\n".join(["=== megatron-dapo dry run: configuration invalid (no plan), nothing started ===",
-                          f"--- {checks.title()} ---", *checks.lines()])
+        text = "\n".join(
+            [
+                "=== megatron-dapo dry run: configuration invalid (no plan), nothing started ===",
+                f"--- {checks.title()} ---",
+                *checks.lines(),
+            ]
+        )
     print(text, flush=True)
     for line in checks.outputs_lines:
         print(f"[outputs] {line}", flush=True)

@@ -74,18 +74,31 @@ def check_hf_checkpoint(cfg, arch, dry_run: bool) -> Check:
     if weights_from:
         return Check("hf-checkpoint", OK, hf, f"{shape}; the initial weights come from {weights_from}")
     if problem or missing:
-        why = problem or (f"model.safetensors.index.json names {len(missing)} missing shard file(s) "
-                          f"({', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''})")
+        why = problem or (
+            f"model.safetensors.index.json names {len(missing)} missing shard file(s) "
+            f"({', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''})"
+        )
         return Check("hf-checkpoint", FAIL, hf, f"--hf-checkpoint: {why}; copy the complete checkpoint")
     if not present:
         if dry_run and os.path.exists(os.path.join(hf, SHAPE_ONLY_FILE)):
-            return Check("hf-checkpoint", WARN, hf, f"{shape}; a model shape only ({SHAPE_ONLY_FILE}), no weights: a "
-                         "real run needs --hf-checkpoint with the weights (or --pretrained-checkpoint / --load)")
-        return Check("hf-checkpoint", FAIL, hf, "--hf-checkpoint: no model.safetensors or "
-                     "model.safetensors.index.json, and the trainer's initial weights come from here (no --load or "
-                     "--pretrained-checkpoint); give the HF checkpoint directory with its weights")
-    return Check("hf-checkpoint", OK, hf, f"{shape}; initial weights: {len(present)} safetensors file(s), "
-                 f"{_bytes(size)}")
+            return Check(
+                "hf-checkpoint",
+                WARN,
+                hf,
+                f"{shape}; a model shape only ({SHAPE_ONLY_FILE}), no weights: a "
+                "real run needs --hf-checkpoint with the weights (or --pretrained-checkpoint / --load)",
+            )
+        return Check(
+            "hf-checkpoint",
+            FAIL,
+            hf,
+            "--hf-checkpoint: no model.safetensors or "
+            "model.safetensors.index.json, and the trainer's initial weights come from here (no --load or "
+            "--pretrained-checkpoint); give the HF checkpoint directory with its weights",
+        )
+    return Check(
+        "hf-checkpoint", OK, hf, f"{shape}; initial weights: {len(present)} safetensors file(s), {_bytes(size)}"
+    )
 
 
 def _torch_dist_meta(flag: str, path: str, arch) -> Tuple[Optional[dict], Optional[str]]:
@@ -109,14 +122,20 @@ def _torch_dist_meta(flag: str, path: str, arch) -> Tuple[Optional[dict], Option
         except CheckpointError as e:
             return None, f"{flag}: {_strip(one_line(e), path)}"
     if not os.path.exists(os.path.join(path, "metadata.json")) or not any(
-            n.endswith(".distcp") for n in os.listdir(path)):
-        return None, (f"{flag}: metadata present but no torch_dist tensor files (metadata.json, *.distcp): "
-                      "an incomplete copy")
+        n.endswith(".distcp") for n in os.listdir(path)
+    ):
+        return None, (
+            f"{flag}: metadata present but no torch_dist tensor files (metadata.json, *.distcp): an incomplete copy"
+        )
     return meta, None
 
 
-_LONG_KEYS = {"tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp",
-              "context_parallel_size": "cp", "data_parallel_size": "dp"}
+_LONG_KEYS = {
+    "tensor_model_parallel_size": "tp",
+    "pipeline_model_parallel_size": "pp",
+    "context_parallel_size": "cp",
+    "data_parallel_size": "dp",
+}
 
 
 def saved_layout(meta: dict) -> dict:
@@ -137,9 +156,15 @@ def _layout_str(lay: dict) -> str:
 def current_layout(cfg) -> dict:
     """This run's layout, in the keys of a checkpoint's ``layout`` record (checkpoint/dist_ckpt.py)."""
     p = cfg.parallel
-    return {"tp": p.tensor_model_parallel_size, "pp": p.pipeline_model_parallel_size, "cp": p.context_parallel_size,
-            "dp": data_parallel_size(cfg), "world_size": world_size(cfg), "nodes": p.nnodes,
-            "distributed_optimizer": bool(p.use_distributed_optimizer)}
+    return {
+        "tp": p.tensor_model_parallel_size,
+        "pp": p.pipeline_model_parallel_size,
+        "cp": p.context_parallel_size,
+        "dp": data_parallel_size(cfg),
+        "world_size": world_size(cfg),
+        "nodes": p.nnodes,
+        "distributed_optimizer": bool(p.use_distributed_optimizer),
+    }
 
 
 def check_torch_dist(cfg, arch, flag: str, path: str) -> Check:
@@ -147,10 +172,21 @@ def check_torch_dist(cfg, arch, flag: str, path: str) -> Check:
     name = flag.lstrip("-")
     meta, why = _torch_dist_meta(flag, path, arch)
     if why:
-        return Check(name, FAIL, path, why + ("; convert an HF checkpoint with tools/convert_hf_to_megatron.py"
-                                              if "not a megatron-dapo" not in why else ""))
-    detail = (f"torch_dist, {meta.get('dtype', '?')}, saved at {_layout_str(saved_layout(meta))}, architecture matches "
-              "the model")
+        return Check(
+            name,
+            FAIL,
+            path,
+            why
+            + (
+                "; convert an HF checkpoint with tools/convert_hf_to_megatron.py"
+                if "not a megatron-dapo" not in why
+                else ""
+            ),
+        )
+    detail = (
+        f"torch_dist, {meta.get('dtype', '?')}, saved at {_layout_str(saved_layout(meta))}, architecture matches "
+        "the model"
+    )
     if flag == "--ref-load" and not cfg.algo.kl_coef > 0:
         return Check(name, WARN, path, detail + "; unused: --kl-coef is 0 (no reference model)")
     return Check(name, OK, path, detail)
@@ -165,8 +201,13 @@ def check_load(cfg, arch, dataset=None, dry_run: bool = True) -> Check:
         return Check("load", FAIL, load, "--load: not found")
     resolved = checkpoints.resolve(load)
     if resolved is None:
-        return Check("load", FAIL, load, f"--load: no checkpoint found (no '{checkpoints.LATEST}' pointer or "
-                     f"{checkpoints.STATE_FILE}); give a run's --save directory or one step_* in it")
+        return Check(
+            "load",
+            FAIL,
+            load,
+            f"--load: no checkpoint found (no '{checkpoints.LATEST}' pointer or "
+            f"{checkpoints.STATE_FILE}); give a run's --save directory or one step_* in it",
+        )
     meta, why = _torch_dist_meta("--load", resolved, arch)
     if why:
         return Check("load", FAIL, load, why)
@@ -177,16 +218,27 @@ def check_load(cfg, arch, dataset=None, dry_run: bool = True) -> Check:
     if note_fn is not None:
         record = dist_ckpt.checkpoint_layout(meta) if hasattr(dist_ckpt, "checkpoint_layout") else (saved or None)
         p = cfg.parallel
-        new = run_layout(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size,
-                         world_size(cfg), p.nnodes if dry_run else None, p.use_distributed_optimizer)
+        new = run_layout(
+            p.tensor_model_parallel_size,
+            p.pipeline_model_parallel_size,
+            p.context_parallel_size,
+            world_size(cfg),
+            p.nnodes if dry_run else None,
+            p.use_distributed_optimizer,
+        )
         try:
             verdict = note_fn(record, new)
         except dist_ckpt.CheckpointError as e:
             verdict = (False, one_line(e))
         ok, note = verdict if isinstance(verdict, tuple) else (True, str(verdict))
         if not ok:
-            return Check("load", FAIL, load, f"--load ({os.path.basename(resolved)}): saved at {_layout_str(saved)}, "
-                         f"cannot resume at this layout: {note}")
+            return Check(
+                "load",
+                FAIL,
+                load,
+                f"--load ({os.path.basename(resolved)}): saved at {_layout_str(saved)}, "
+                f"cannot resume at this layout: {note}",
+            )
         layout = f"saved at {_layout_str(saved)}; {note}"
     else:
         same = all(saved[k] == new[k] for k in ("tp", "pp", "cp", "dp", "world_size") if k in saved)
@@ -196,20 +248,28 @@ def check_load(cfg, arch, dataset=None, dry_run: bool = True) -> Check:
             layout = f"saved at {_layout_str(saved)}, resumed at the same layout"
         else:
             status = WARN
-            layout = (f"saved at {_layout_str(saved)}, resumed at {_layout_str(new)}: resharding the model and "
-                      "optimizer is left to dist_checkpointing (resuming at another layout is not tested here)")
+            layout = (
+                f"saved at {_layout_str(saved)}, resumed at {_layout_str(new)}: resharding the model and "
+                "optimizer is left to dist_checkpointing (resuming at another layout is not tested here)"
+            )
     detail = f"{os.path.basename(resolved)}: torch_dist, architecture matches the model, {layout}"
     if dataset is not None:
         try:
             state = torch.load(os.path.join(resolved, checkpoints.STATE_FILE), weights_only=False)
-            check_fingerprint(state.get("data_fingerprint"), dataset.fingerprint, cfg.data.allow_data_change,
-                              cfg.data.prompt_data)
+            check_fingerprint(
+                state.get("data_fingerprint"), dataset.fingerprint, cfg.data.allow_data_change, cfg.data.prompt_data
+            )
         except DataError as e:
             pd = cfg.data.prompt_data
             return Check("load", FAIL, load, f"--prompt-data {pd}: {_strip(one_line(e), pd)}")
         except Exception as e:  # noqa: BLE001 - a truncated state file (prepare_outputs names it too)
-            return Check("load", FAIL, load, f"--load: {os.path.basename(resolved)}/{checkpoints.STATE_FILE} cannot be read "
-                         f"({type(e).__name__}); give another checkpoint")
+            return Check(
+                "load",
+                FAIL,
+                load,
+                f"--load: {os.path.basename(resolved)}/{checkpoints.STATE_FILE} cannot be read "
+                f"({type(e).__name__}); give another checkpoint",
+            )
         detail += f"; step {state.get('step')}, the same prompt data"
     return Check("load", status, load, detail)
 
@@ -221,7 +281,7 @@ def checkpoint_bytes(arch, bf16: bool) -> Tuple[float, str]:
     """Estimated size of one trainer checkpoint (model + optimizer state) and how it is made up:
     weights in the parameter dtype, Adam m and v in fp32, and fp32 main parameters with bf16."""
     per = (2 + 4 + 8) if bf16 else (4 + 8)
-    how = ("bf16 weights 2 + fp32 main params 4 + Adam m, v 8" if bf16 else "fp32 weights 4 + Adam m, v 8")
+    how = "bf16 weights 2 + fp32 main params 4 + Adam m, v 8" if bf16 else "fp32 weights 4 + Adam m, v 8"
     return arch.num_parameters * per, f"{_params(arch.num_parameters)} params x {per} B ({how})"
 
 
@@ -240,31 +300,57 @@ def check_disk(cfg, arch) -> List[Check]:
         free = shutil.disk_usage(where).free
         have = len(checkpoints.steps(ck.save)) if os.path.isdir(ck.save) else 0
         peak = max(1, ck.keep_last + 1 - have)
-        detail = (f"one checkpoint ~{_bytes(size)} ({how}); --keep-last {ck.keep_last} holds up to "
-                  f"{ck.keep_last + 1} during a save; free {_bytes(free)} on {where}"
-                  + ("" if known else " (--save and its parent do not exist yet)"))
+        detail = (
+            f"one checkpoint ~{_bytes(size)} ({how}); --keep-last {ck.keep_last} holds up to "
+            f"{ck.keep_last + 1} during a save; free {_bytes(free)} on {where}"
+            + ("" if known else " (--save and its parent do not exist yet)")
+        )
         if free < size:
             fix = "free space there or choose another --save"
             if known:
                 out.append(Check("disk", FAIL, ck.save, f"--save: {detail}: the first save cannot fit; {fix}"))
             else:
-                out.append(Check("disk", WARN, ck.save, f"{detail}: a checkpoint would not fit there, if that is the "
-                                 f"filesystem the run writes to; {fix}"))
+                out.append(
+                    Check(
+                        "disk",
+                        WARN,
+                        ck.save,
+                        f"{detail}: a checkpoint would not fit there, if that is the "
+                        f"filesystem the run writes to; {fix}",
+                    )
+                )
         elif free < peak * size:
-            out.append(Check("disk", WARN, ck.save, f"{detail}: {peak} more checkpoint(s) do not fit; lower "
-                             "--keep-last or free space"))
+            out.append(
+                Check(
+                    "disk",
+                    WARN,
+                    ck.save,
+                    f"{detail}: {peak} more checkpoint(s) do not fit; lower --keep-last or free space",
+                )
+            )
         else:
             out.append(Check("disk", OK, ck.save, detail))
-    n = (cfg.run.num_rollout_steps // ck.save_hf_interval if ck.save_hf_interval else 0) + (1 if ck.save_hf_final else 0)
+    n = (cfg.run.num_rollout_steps // ck.save_hf_interval if ck.save_hf_interval else 0) + (
+        1 if ck.save_hf_final else 0
+    )
     if n:
         export = arch.num_parameters * (2 if cfg.model.bf16 else 4)
         where = _nearest_existing(cfg.logging.run_dir)
         free = shutil.disk_usage(where).free
-        detail = (f"{n} HF export(s) of ~{_bytes(export)} each (--save-hf-interval / --save-hf-final, kept, not "
-                  f"rotated) = {_bytes(n * export)}; free {_bytes(free)} on {where}")
+        detail = (
+            f"{n} HF export(s) of ~{_bytes(export)} each (--save-hf-interval / --save-hf-final, kept, not "
+            f"rotated) = {_bytes(n * export)}; free {_bytes(free)} on {where}"
+        )
         if free < n * export:
-            out.append(Check("disk", WARN, cfg.logging.run_dir, detail + ": they do not all fit (an export comes "
-                             "after its step's checkpoint); free space or raise --save-hf-interval"))
+            out.append(
+                Check(
+                    "disk",
+                    WARN,
+                    cfg.logging.run_dir,
+                    detail + ": they do not all fit (an export comes "
+                    "after its step's checkpoint); free space or raise --save-hf-interval",
+                )
+            )
         else:
             out.append(Check("disk", OK, cfg.logging.run_dir, detail))
     return out

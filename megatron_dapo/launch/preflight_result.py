@@ -68,7 +68,7 @@ class Checks(list):
 
 def _strip(msg: str, path: str) -> str:
     """``msg`` without a leading ``"<path>: "`` (the check's line names the path already)."""
-    return msg[len(path) + 2:] if path and msg.startswith(path + ": ") else msg
+    return msg[len(path) + 2 :] if path and msg.startswith(path + ": ") else msg
 
 
 __all__ = ["Check", "Checks", "PreflightError", "SHAPE_ONLY_FILE"]

@@ -91,8 +91,16 @@ def sync_plan(cfg: DAPOConfig, arch: ModelArch, engine_kind: str = "hf") -> Sync
     # the expert all-gather of a feeder's own stage: the group's ranks beyond its node send over the network
     expert_cross = int(experts / pp * (group - min(group, g)) / group) if group > g else 0
     net = worst_cross + expert_cross
-    seconds = (total - net) / (INTRA_NODE_GBPS * GB) + net / (INTER_NODE_GBPS * GB) + total / (
-        ENGINE_COPY_GBPS * GB)
-    return SyncPlan(feeds, total, bucket, math.ceil(total / bucket), buffers, seconds,
-                    expert_bytes_per_feeder=experts, expert_gathered_bytes=experts - experts // group,
-                    expert_group=group, expert_cross_node_bytes=expert_cross)
+    seconds = (total - net) / (INTRA_NODE_GBPS * GB) + net / (INTER_NODE_GBPS * GB) + total / (ENGINE_COPY_GBPS * GB)
+    return SyncPlan(
+        feeds,
+        total,
+        bucket,
+        math.ceil(total / bucket),
+        buffers,
+        seconds,
+        expert_bytes_per_feeder=experts,
+        expert_gathered_bytes=experts - experts // group,
+        expert_group=group,
+        expert_cross_node_bytes=expert_cross,
+    )

@@ -28,8 +28,14 @@ __all__ = [
 
 
 def __getattr__(name):  # megatron-core is imported only when a model is built
-    if name in ("build_gpt_model", "ModelBuildOptions", "MoEOptions", "causal_mask", "transformer_config_from_arch",
-                "layer_spec"):
+    if name in (
+        "build_gpt_model",
+        "ModelBuildOptions",
+        "MoEOptions",
+        "causal_mask",
+        "transformer_config_from_arch",
+        "layer_spec",
+    ):
         from . import provider
 
         return getattr(provider, name)

@@ -47,13 +47,30 @@ def _segments(packed_seq_params):
 class PackedDotProductAttention(DotProductAttention):
     """megatron's ``DotProductAttention`` plus packed (THD) segments and context parallelism."""
 
-    def __init__(self, config, layer_number, attn_mask_type, attention_type, attention_dropout=None,
-                 softmax_scale=None, cp_comm_type=None, pg_collection=None):
+    def __init__(
+        self,
+        config,
+        layer_number,
+        attn_mask_type,
+        attention_type,
+        attention_dropout=None,
+        softmax_scale=None,
+        cp_comm_type=None,
+        pg_collection=None,
+    ):
         # the parent refuses CP > 1 (it has no CP path); CP is handled here, in forward
         cfg1 = copy.copy(config)
         cfg1.context_parallel_size = 1
-        super().__init__(cfg1, layer_number, attn_mask_type, attention_type, attention_dropout, softmax_scale,
-                         cp_comm_type, pg_collection)
+        super().__init__(
+            cfg1,
+            layer_number,
+            attn_mask_type,
+            attention_type,
+            attention_dropout,
+            softmax_scale,
+            cp_comm_type,
+            pg_collection,
+        )
         self.config = config
         self.cp_group = getattr(pg_collection, "cp", None) if pg_collection is not None else None
         if config.apply_query_key_layer_scaling:
@@ -61,8 +78,9 @@ class PackedDotProductAttention(DotProductAttention):
         if config.softmax_type != "vanilla" or self.softmax_offset is not None:
             raise ValueError(f"PackedDotProductAttention: softmax_type {config.softmax_type!r} is not supported")
 
-    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
-                packed_seq_params=None):
+    def forward(
+        self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None, packed_seq_params=None
+    ):
         if packed_seq_params is None:
             if self.config.context_parallel_size > 1:
                 raise ValueError("context parallelism needs packed (THD) micro-batches: pass packed_seq_params")

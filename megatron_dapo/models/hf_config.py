@@ -108,7 +108,9 @@ def _rope_theta(cfg: dict) -> float:
     if isinstance(rp, dict):
         rtype = rp.get("rope_type", "default")
         if rtype not in (None, "default"):
-            raise ModelConfigError(f"unsupported HF config field rope_parameters.rope_type={rtype!r} (only default RoPE)")
+            raise ModelConfigError(
+                f"unsupported HF config field rope_parameters.rope_type={rtype!r} (only default RoPE)"
+            )
         if "rope_theta" in rp:
             return float(rp["rope_theta"])
     return float(cfg.get("rope_theta", 10000.0))
@@ -145,8 +147,9 @@ def parse_hf_config(path_or_dict) -> ModelArch:
         raise ModelConfigError(f"unsupported HF config field attention_bias=true for {mtype}")
     layer_types = cfg.get("layer_types") or []
     if any(t != "full_attention" for t in layer_types):
-        raise ModelConfigError(f"unsupported HF config field layer_types={sorted(set(layer_types))!r} (full attention "
-                               "in every layer only)")
+        raise ModelConfigError(
+            f"unsupported HF config field layer_types={sorted(set(layer_types))!r} (full attention in every layer only)"
+        )
     moe = _moe_fields(cfg) if mtype in MOE_MODEL_TYPES else {}
     if cfg.get("pretraining_tp", 1) not in (1, None):
         raise ModelConfigError(f"unsupported HF config field pretraining_tp={cfg['pretraining_tp']!r}")
@@ -191,14 +194,20 @@ def _moe_fields(cfg: dict) -> dict:
     experts = int(experts)
     topk = int(_require(cfg, "num_experts_per_tok"))
     if experts < 1 or not 1 <= topk <= experts:
-        raise ModelConfigError(f"HF config num_experts={experts} / num_experts_per_tok={topk}: need 1 <= "
-                               "num_experts_per_tok <= num_experts")
+        raise ModelConfigError(
+            f"HF config num_experts={experts} / num_experts_per_tok={topk}: need 1 <= "
+            "num_experts_per_tok <= num_experts"
+        )
     if cfg.get("mlp_only_layers"):
-        raise ModelConfigError(f"unsupported HF config field mlp_only_layers={cfg['mlp_only_layers']!r} (every layer "
-                               "must be a mixture-of-experts layer)")
+        raise ModelConfigError(
+            f"unsupported HF config field mlp_only_layers={cfg['mlp_only_layers']!r} (every layer "
+            "must be a mixture-of-experts layer)"
+        )
     if int(cfg.get("decoder_sparse_step", 1)) != 1:
-        raise ModelConfigError(f"unsupported HF config field decoder_sparse_step={cfg['decoder_sparse_step']!r} "
-                               "(only 1: every layer a mixture-of-experts layer)")
+        raise ModelConfigError(
+            f"unsupported HF config field decoder_sparse_step={cfg['decoder_sparse_step']!r} "
+            "(only 1: every layer a mixture-of-experts layer)"
+        )
     for key in ("shared_expert_intermediate_size", "n_shared_experts"):
         if cfg.get(key):
             raise ModelConfigError(f"unsupported HF config field {key}={cfg[key]!r} (no shared experts)")

@@ -214,13 +214,15 @@ def layer_spec(use_te: Optional[bool] = None, arch: Optional[ModelArch] = None, 
     grouped = bool(config is not None and getattr(config, "moe_grouped_gemm", False))
     if resolve_use_te(use_te):
         return specs.get_gpt_layer_with_transformer_engine_spec(
-            num_experts=experts, moe_grouped_gemm=grouped, qk_layernorm=qk)
+            num_experts=experts, moe_grouped_gemm=grouped, qk_layernorm=qk
+        )
     from .attention import PackedDotProductAttention  # imports megatron-core at its top
 
     if experts:
         platform.apply_moe_cpu_patches()
-    spec = specs.get_gpt_layer_local_spec(num_experts=experts, moe_grouped_gemm=grouped, qk_layernorm=qk,
-                                          normalization="RMSNorm")
+    spec = specs.get_gpt_layer_local_spec(
+        num_experts=experts, moe_grouped_gemm=grouped, qk_layernorm=qk, normalization="RMSNorm"
+    )
     spec.submodules.self_attention.submodules.core_attention = PackedDotProductAttention
     return spec
 

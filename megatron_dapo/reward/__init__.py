@@ -20,6 +20,15 @@ from .remote import RemoteRewardError, RemoteRewardModel
 from .result import REASONS, RewardResult
 
 __all__ = [
-    "BatchScorer", "REASONS", "RemoteRewardError", "RemoteRewardModel", "RewardInput", "RewardResult", "RewardRouter",
-    "compute_score", "is_equivalent", "load_reward_fn", "reward_needs_label",
+    "BatchScorer",
+    "REASONS",
+    "RemoteRewardError",
+    "RemoteRewardModel",
+    "RewardInput",
+    "RewardResult",
+    "RewardRouter",
+    "compute_score",
+    "is_equivalent",
+    "load_reward_fn",
+    "reward_needs_label",
 ]

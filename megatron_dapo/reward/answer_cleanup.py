@@ -26,11 +26,36 @@ _THOUSANDS_WHOLE = re.compile(r"\s*([^=]*=\s*)?([-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)
 
 
 _UNICODE = (
-    ("−", "-"), ("≤", "\\le "), ("≥", "\\ge "), ("≦", "\\le "), ("≧", "\\ge "), ("⩽", "\\le "), ("⩾", "\\ge "),
-    ("＜", "<"), ("＞", ">"), ("＝", "="), ("≠", "\\ne "), ("×", "\\times "), ("·", "\\cdot "), ("÷", "\\div "),
-    ("π", "\\pi "), ("∞", "\\infty "), ("√", "\\sqrt "), ("∪", "\\cup "), ("∩", "\\cap "), ("∈", "\\in "),
-    ("∴", "\\therefore "), ("（", "("), ("）", ")"), ("，", ","), ("：", ":"), ("′", "'"), ("″", "''"),
-    ("€", ""), ("²", "^2"), ("³", "^3"),
+    ("−", "-"),
+    ("≤", "\\le "),
+    ("≥", "\\ge "),
+    ("≦", "\\le "),
+    ("≧", "\\ge "),
+    ("⩽", "\\le "),
+    ("⩾", "\\ge "),
+    ("＜", "<"),
+    ("＞", ">"),
+    ("＝", "="),
+    ("≠", "\\ne "),
+    ("×", "\\times "),
+    ("·", "\\cdot "),
+    ("÷", "\\div "),
+    ("π", "\\pi "),
+    ("∞", "\\infty "),
+    ("√", "\\sqrt "),
+    ("∪", "\\cup "),
+    ("∩", "\\cap "),
+    ("∈", "\\in "),
+    ("∴", "\\therefore "),
+    ("（", "("),
+    ("）", ")"),
+    ("，", ","),
+    ("：", ":"),
+    ("′", "'"),
+    ("″", "''"),
+    ("€", ""),
+    ("²", "^2"),
+    ("³", "^3"),
 )
 _NUM = r"\d+(?:\.\d+)?"
 _DEG = r"(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|°|\\circ|\\degree)"
@@ -92,7 +117,11 @@ def clean_answer(text: str) -> str:
     s = s.replace("~", " ")
     s = re.sub(r"\\(?:displaystyle|textstyle|scriptstyle)", "", s)
     s = re.sub(r"\\[dtc]frac", r"\\frac", s)
-    s = re.sub(r"\\(?:mbox|textnormal|textrm|textit|textup|textsf|textbf|mathrm|mathit|mathbf|mathsf|operatorname)(?![a-zA-Z])", r"\\text", s)
+    s = re.sub(
+        r"\\(?:mbox|textnormal|textrm|textit|textup|textsf|textbf|mathrm|mathit|mathbf|mathsf|operatorname)(?![a-zA-Z])",
+        r"\\text",
+        s,
+    )
     s = re.sub(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\\degree|°|º", "", s)
     s = re.sub(r"\\(?:therefore|because)(?![a-zA-Z])", " ", s).strip()
     s = re.sub(r"\\text\s*\{\s*(sin|cos|tan|cot|sec|csc|log|ln|exp|arcsin|arccos|arctan)\s*\}", r"\\\1 ", s)
@@ -169,7 +198,11 @@ _COLON_LABEL = re.compile(r"\s*((?:\\text\s*\{)?[A-Za-z][A-Za-z0-9 ]*[A-Za-z0-9]
 def colon_label(item: str) -> tuple[str, str] | None:
     """(label, value) of "Smallest: 2", else None."""
     m = _COLON_LABEL.fullmatch(item)
-    if m and re.search(r"[A-Za-z]{3,}", m.group(1)) and not re.search(r"(?<![A-Za-z])(?:frac|sqrt|pi|infty)", m.group(1)):
+    if (
+        m
+        and re.search(r"[A-Za-z]{3,}", m.group(1))
+        and not re.search(r"(?<![A-Za-z])(?:frac|sqrt|pi|infty)", m.group(1))
+    ):
         return m.group(1), m.group(2)
     return None
 
@@ -200,7 +233,14 @@ def split_label(item: str) -> tuple[str | None, str, bool]:
     cuts = []
     for m in _REL_SPLIT.finditer(item):
         chunk = item[pos : m.start()]  # bracket depth kept incrementally: linear in len(item)
-        depth += chunk.count("(") + chunk.count("[") + chunk.count("{") - chunk.count(")") - chunk.count("]") - chunk.count("}")
+        depth += (
+            chunk.count("(")
+            + chunk.count("[")
+            + chunk.count("{")
+            - chunk.count(")")
+            - chunk.count("]")
+            - chunk.count("}")
+        )
         pos = m.start()
         if depth == 0:
             cuts.append(m)

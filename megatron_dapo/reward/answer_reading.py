@@ -106,10 +106,7 @@ def find_boxed_spans(text: str) -> tuple[list[str], int] | None:
 
 def find_math_spans(text: str) -> list[str] | None:
     """Contents of the last group of math spans ($...$, \\(...\\), \\[...\\], $$...$$)."""
-    spans = [
-        (m.start(), m.end(), next(g for g in m.groups() if g is not None))
-        for m in _MATH_SPAN.finditer(text)
-    ]
+    spans = [(m.start(), m.end(), next(g for g in m.groups() if g is not None)) for m in _MATH_SPAN.finditer(text)]
     spans = [s for s in spans if s[2].strip()]
     if not spans:
         return None
@@ -159,7 +156,6 @@ def preprocess(text: str) -> str:
     # Literal "\n" escapes (double-encoded JSON); "\neq", "\nu", "\not" ... stay commands.
     text = re.sub(r"\\n(?![a-z])", "\n", text)
     return text
-
 
 
 # --------------------------------------------------------------------------- readings
@@ -223,7 +219,22 @@ _AMBIGUOUS = {"a", "an", "the", "I"}
 _UNIT_MARKS = {"percent": "%", "%": "%", "degrees": "°", "degree": "°"}
 #: How a sentence continues after its answer ("12, which is ...", "3 because ..."): a
 #: connective word after a comma.
-_VERBS = {"is", "are", "was", "equals", "equal", "be", "=", "gives", "yields", "becomes", "it's", "that's", "it’s", "that’s"}
+_VERBS = {
+    "is",
+    "are",
+    "was",
+    "equals",
+    "equal",
+    "be",
+    "=",
+    "gives",
+    "yields",
+    "becomes",
+    "it's",
+    "that's",
+    "it’s",
+    "that’s",
+}
 
 
 _BOLD = re.compile(r"(?<![\w)\]}])\*\*|\*\*(?![\w(\[{+-])")
@@ -478,7 +489,9 @@ def _conclusion(text: str) -> tuple[list[str], int] | None:
         return None
     parts, pos = found
     sentence = _mask_math(sentence_after(text, pos)[0])
-    if not re.search(r"=|\b(?:is|are|was|equals|gives|get|obtain)\b", sentence) and not re.search(r"=", " ".join(parts)):
+    if not re.search(r"=|\b(?:is|are|was|equals|gives|get|obtain)\b", sentence) and not re.search(
+        r"=", " ".join(parts)
+    ):
         return None  # "so we need to find $x$ such that": states no value
     if not re.search(r"[\d\\^=+*/]|(?<![A-Za-z])[A-Za-z](?![A-Za-z])", " ".join(parts)):
         return None  # a conclusion in words only ("so we are done"): no answer

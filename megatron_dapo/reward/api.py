@@ -39,8 +39,9 @@ class RewardMode:
         return self.score.__doc__ or ""
 
 
-def register_reward_mode(name: str, *, equivalent: Callable[[str, str], bool],
-                         warmup: Optional[Callable[[], Any]] = None):
+def register_reward_mode(
+    name: str, *, equivalent: Callable[[str, str], bool], warmup: Optional[Callable[[], Any]] = None
+):
     """Decorator: register ``score`` as the reward mode ``name`` (see :class:`RewardMode`)."""
 
     def add(score):
@@ -151,9 +152,7 @@ def is_equivalent(gold: str, pred: str, mode: str = "math") -> bool:
     return checker.equivalent(gold, pred)
 
 
-def compute_score(
-    response: str, ground_truth: str, mode: str = "dapo", eos_text: str | None = None
-) -> RewardResult:
+def compute_score(response: str, ground_truth: str, mode: str = "dapo", eos_text: str | None = None) -> RewardResult:
     """Score one decoded response against its ground truth.
 
     `dapo` mode is the official DAPO-Math rule (last 300 characters, last "Answer:" line,

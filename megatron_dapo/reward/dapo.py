@@ -45,15 +45,49 @@ _SUBSTITUTIONS = (
     ("\\text{m}", "\\text{}"),
 )
 _REMOVED = (
-    "square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units",
-    "\\ldots", "sue", "points", "feet", "minutes", "digits", "cents", "degrees", "cm", "gm",
-    "pounds", "meters", "meals", "edges", "students", "childrentickets", "multiples",
-    "\\text{s}", "\\text{.}", "\\text{\ns}", "\\text{}^2", "\\text{}^3", "\\text{\n}",
-    "\\text{}", "\\mathrm{th}", "^\\circ", "^{\\circ}", "\\;", ",\\!", "{,}", '"', "\\dots",
+    "square",
+    "ways",
+    "integers",
+    "dollars",
+    "mph",
+    "inches",
+    "hours",
+    "km",
+    "units",
+    "\\ldots",
+    "sue",
+    "points",
+    "feet",
+    "minutes",
+    "digits",
+    "cents",
+    "degrees",
+    "cm",
+    "gm",
+    "pounds",
+    "meters",
+    "meals",
+    "edges",
+    "students",
+    "childrentickets",
+    "multiples",
+    "\\text{s}",
+    "\\text{.}",
+    "\\text{\ns}",
+    "\\text{}^2",
+    "\\text{}^3",
+    "\\text{\n}",
+    "\\text{}",
+    "\\mathrm{th}",
+    "^\\circ",
+    "^{\\circ}",
+    "\\;",
+    ",\\!",
+    "{,}",
+    '"',
+    "\\dots",
 )
-_UNWRAP_LAZY = tuple(
-    re.compile(re.escape(cmd) + r"\{([^}\n]*)\}") for cmd in ("\\text", "\\textbf", "\\overline")
-)
+_UNWRAP_LAZY = tuple(re.compile(re.escape(cmd) + r"\{([^}\n]*)\}") for cmd in ("\\text", "\\textbf", "\\overline"))
 _BOXED_GREEDY = re.compile(r"\\boxed\{(.*)\}")
 _FRAC_SHORT = re.compile(r"(frac)([^{])(.)")
 _SQRT_SHORT = re.compile(r"(sqrt)([^{])")

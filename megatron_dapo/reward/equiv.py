@@ -67,7 +67,9 @@ def _numbers_equal(a: sympy.Expr, b: sympy.Expr) -> bool:
         return False
     if not (va.is_number and vb.is_number):
         return False
-    scale = max(abs(va), abs(vb), sympy.Integer(1)) if (va.is_real and vb.is_real) else max(sympy.Abs(va), sympy.Abs(vb), 1)
+    scale = (
+        max(abs(va), abs(vb), sympy.Integer(1)) if (va.is_real and vb.is_real) else max(sympy.Abs(va), sympy.Abs(vb), 1)
+    )
     try:
         close = bool(sympy.Abs(va - vb) <= scale * sympy.Float(1e-9, 30))
     except TypeError:
@@ -162,7 +164,12 @@ def _interval(v):
         lo, hi = v.items
         if not (_is_plain_expr(lo) and _is_plain_expr(hi)):
             return None
-        if lo.free_symbols or hi.free_symbols or not (lo.is_real or lo in (sympy.oo, -sympy.oo)) or not (hi.is_real or hi in (sympy.oo, -sympy.oo)):
+        if (
+            lo.free_symbols
+            or hi.free_symbols
+            or not (lo.is_real or lo in (sympy.oo, -sympy.oo))
+            or not (hi.is_real or hi in (sympy.oo, -sympy.oo))
+        ):
             return None
         try:
             return sympy.Interval(lo, hi, v.left == "(" or lo == -sympy.oo, v.right == ")" or hi == sympy.oo)
@@ -208,7 +215,10 @@ def _is_inequality_list(v) -> bool:
     return (
         isinstance(v, Seq)
         and v.kind == "list"
-        and any(isinstance(_unlabel(x), Rel) and any(op in ("<", "<=", ">", ">=") for op in _unlabel(x).ops) for x in v.items)
+        and any(
+            isinstance(_unlabel(x), Rel) and any(op in ("<", "<=", ">", ">=") for op in _unlabel(x).ops)
+            for x in v.items
+        )
     )
 
 
@@ -376,7 +386,11 @@ def _as_equation(v):
 
 def _numeric_equation_value(v):
     """ "1/2 = 10/9" (no unknowns): a computation whose value is its last part."""
-    if isinstance(v, Rel) and v.ops == ("=",) * len(v.ops) and all(_is_plain_expr(p) and not p.free_symbols for p in v.parts):
+    if (
+        isinstance(v, Rel)
+        and v.ops == ("=",) * len(v.ops)
+        and all(_is_plain_expr(p) and not p.free_symbols for p in v.parts)
+    ):
         return v.parts[-1]
     return v
 
@@ -443,7 +457,10 @@ def values_equal(a, b) -> bool:
     ma, mb = _labelled_map(a), _labelled_map(b)
     if ma is not None and mb is not None and set(ma) == set(mb):
         # p=4, q=7 against q=7, p=4: the values of each label (in any order for a repeated one).
-        return all(_set_equal(ma[k], mb[k]) if len(ma[k]) > 1 or len(mb[k]) > 1 else values_equal(ma[k][0], mb[k][0]) for k in ma)
+        return all(
+            _set_equal(ma[k], mb[k]) if len(ma[k]) > 1 or len(mb[k]) > 1 else values_equal(ma[k][0], mb[k][0])
+            for k in ma
+        )
     a, b = _numeric_equation_value(a), _numeric_equation_value(b)
     # Equations against "label = value".
     a_eq = isinstance(_unlabel(a), Rel) and _unlabel(a).ops == ("=",)
@@ -478,7 +495,14 @@ def values_equal(a, b) -> bool:
             return True
         sa, sb = _rel_to_set(a), _rel_to_set(b)
         return sa is not None and sb is not None and sa == sb
-    if isinstance(a, Seq) or isinstance(b, Seq) or isinstance(a, tuple) or isinstance(b, tuple) or isinstance(a, Rel) or isinstance(b, Rel):
+    if (
+        isinstance(a, Seq)
+        or isinstance(b, Seq)
+        or isinstance(a, tuple)
+        or isinstance(b, tuple)
+        or isinstance(a, Rel)
+        or isinstance(b, Rel)
+    ):
         return _collection_equal(a, b)
     return False
 

@@ -53,8 +53,20 @@ from .sympy_build import (
 )
 
 __all__ = [
-    "PM", "ParseError", "Rel", "Seq", "Text", "bigop_value", "check_power_cost", "check_sum_cost",
-    "guarded_subs", "make_binomial", "make_factorial", "make_number", "make_pow", "parse_latex",
+    "PM",
+    "ParseError",
+    "Rel",
+    "Seq",
+    "Text",
+    "bigop_value",
+    "check_power_cost",
+    "check_sum_cost",
+    "guarded_subs",
+    "make_binomial",
+    "make_factorial",
+    "make_number",
+    "make_pow",
+    "parse_latex",
     "tokenize",
 ]
 
@@ -200,7 +212,27 @@ class _Parser(_StructuresMixin):
             return text in ("(", "[", "{") or (text == "|" and not self.in_abs)
         if kind == "cmd":
             name = text[1:]
-            if name in _REL_CMDS or name in _MUL_CMDS or name in ("cup", "cap", "setminus", "pm", "mp", "div", "end", "right", "}", "rfloor", "rceil", "quad", "lor", "land"):
+            if (
+                name in _REL_CMDS
+                or name in _MUL_CMDS
+                or name
+                in (
+                    "cup",
+                    "cap",
+                    "setminus",
+                    "pm",
+                    "mp",
+                    "div",
+                    "end",
+                    "right",
+                    "}",
+                    "rfloor",
+                    "rceil",
+                    "quad",
+                    "lor",
+                    "land",
+                )
+            ):
                 return False
             return True
         return False
@@ -469,7 +501,20 @@ class _Parser(_StructuresMixin):
                 return Seq((), "set", "{", "}")
             if name == "text":
                 return _text_value(self.raw_group())
-            if name in ("overline", "bar", "boxed", "fbox", "mathbf", "mathrm", "mathit", "operatorname", "hat", "vec", "widehat", "tilde"):
+            if name in (
+                "overline",
+                "bar",
+                "boxed",
+                "fbox",
+                "mathbf",
+                "mathrm",
+                "mathit",
+                "operatorname",
+                "hat",
+                "vec",
+                "widehat",
+                "tilde",
+            ):
                 group = self.parse_group() if self.at("{") else self.parse_atom()
                 return group
             if name in _GREEK:

@@ -225,7 +225,9 @@ def committed_equal(gold: str, reading: Reading) -> bool:
         if all(o == primary or _answer_equal(gold, o) for o in others):
             return True
         elements = gold_elements(gold)
-        return elements is not None and all(o == primary or _answer_equal(gold, o) or _element_of(elements, o) for o in others)
+        return elements is not None and all(
+            o == primary or _answer_equal(gold, o) or _element_of(elements, o) for o in others
+        )
     if others and gold_elements(gold) is not None:
         return _answer_equal(gold, _joined([primary] + others))
     return False
@@ -234,8 +236,31 @@ def committed_equal(gold: str, reading: Reading) -> bool:
 # --------------------------------------------------------------------------- text answers
 _ARTICLES = {"a", "an", "the"}
 _MATH_WORDS = {
-    "pi", "sqrt", "frac", "infty", "inf", "sin", "cos", "tan", "cot", "sec", "csc", "log", "ln", "exp",
-    "mod", "cup", "cap", "le", "ge", "times", "cdot", "dfrac", "boxed", "left", "right",
+    "pi",
+    "sqrt",
+    "frac",
+    "infty",
+    "inf",
+    "sin",
+    "cos",
+    "tan",
+    "cot",
+    "sec",
+    "csc",
+    "log",
+    "ln",
+    "exp",
+    "mod",
+    "cup",
+    "cap",
+    "le",
+    "ge",
+    "times",
+    "cdot",
+    "dfrac",
+    "boxed",
+    "left",
+    "right",
 }
 
 
@@ -262,7 +287,9 @@ def text_answer(text: str) -> str | None:
 
 
 # --------------------------------------------------------------------------- percent
-_PERCENT = re.compile(r"(?<![\d.])([-+]?(?:\d+(?:\.\d*)?|\.\d+))\s*(?:\\%|%|\\text\s*\{\s*\\?%\s*\}|\s*(?:percent|pct)\b)")
+_PERCENT = re.compile(
+    r"(?<![\d.])([-+]?(?:\d+(?:\.\d*)?|\.\d+))\s*(?:\\%|%|\\text\s*\{\s*\\?%\s*\}|\s*(?:percent|pct)\b)"
+)
 
 
 _DEGREES = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\s*(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|°|\\degree)")
@@ -392,4 +419,11 @@ def math_score(response: str, ground_truth: str) -> RewardResult:
     return RewardResult(1.0 if ok else -1.0, ok, answer[:200], "ok" if ok else "wrong")
 
 
-__all__ = ["answer_value", "committed_equal", "extract_response_answer", "gold_elements", "math_equivalent", "math_score"]
+__all__ = [
+    "answer_value",
+    "committed_equal",
+    "extract_response_answer",
+    "gold_elements",
+    "math_equivalent",
+    "math_score",
+]

@@ -162,8 +162,9 @@ class BatchScorer:
         # validates mode, specs and URLs, and imports every function spec once (fail fast)
         self.router = RewardRouter(mode, reward_fn, sources)
         self._remote = {
-            key: RemoteRewardModel(url, timeout_s=remote_timeout_s, max_retries=remote_max_retries,
-                                   batch_size=remote_batch_size)
+            key: RemoteRewardModel(
+                url, timeout_s=remote_timeout_s, max_retries=remote_max_retries, batch_size=remote_batch_size
+            )
             for key, url in self.router.remote_specs().items()
         }
         self.num_workers = int(num_workers or min(4, os.cpu_count() or 1))
@@ -186,9 +187,15 @@ class BatchScorer:
         """The scorer of a run's reward config (`megatron_dapo.config.schema.RewardConfig`)."""
         c = reward_cfg
         return cls(
-            num_workers=c.num_workers, timeout_s=c.timeout_s, mode=c.mode, reward_fn=c.reward_fn,
-            sources=c.reward_source, remote_timeout_s=c.remote_timeout_s, remote_max_retries=c.remote_max_retries,
-            remote_batch_size=c.remote_batch_size, **kwargs,
+            num_workers=c.num_workers,
+            timeout_s=c.timeout_s,
+            mode=c.mode,
+            reward_fn=c.reward_fn,
+            sources=c.reward_source,
+            remote_timeout_s=c.remote_timeout_s,
+            remote_max_retries=c.remote_max_retries,
+            remote_batch_size=c.remote_batch_size,
+            **kwargs,
         )
 
     def needs_label(self, data_source: str) -> bool:

@@ -150,7 +150,7 @@ class RemoteRewardModel:
         if not isinstance(rewards, list) or len(rewards) != n:
             got = f"{len(rewards)} rewards" if isinstance(rewards, list) else f"{body[:200]!r}"
             raise RemoteRewardError(
-                f"remote reward model at {self.url}: expected {{\"rewards\": [...]}} with {n} entries, got {got}"
+                f'remote reward model at {self.url}: expected {{"rewards": [...]}} with {n} entries, got {got}'
             )
         out = []
         for i, value in enumerate(rewards):

@@ -54,9 +54,7 @@ def check_ground_truth(ground_truth: Any) -> str:
     if ground_truth is None:
         raise ValueError("ground_truth is None: every item needs a non-empty gold answer string")
     if not isinstance(ground_truth, str):
-        raise ValueError(
-            f"ground_truth must be a str, got {type(ground_truth).__name__}: {ground_truth!r:.80}"
-        )
+        raise ValueError(f"ground_truth must be a str, got {type(ground_truth).__name__}: {ground_truth!r:.80}")
     if not ground_truth.strip():
         raise ValueError("ground_truth is empty: every item needs a non-empty gold answer string")
     return ground_truth
@@ -86,7 +84,4 @@ def to_reward_result(value: Any) -> RewardResult:
         reason = value.get("reason") or ("ok" if acc else "wrong")
         extra = {k: v for k, v in value.items() if k not in ("score", "acc", "pred", "reason")}
         return RewardResult(score, acc, str(value.get("pred", "")), reason, extra)
-    raise TypeError(
-        "a reward function must return RewardResult, float, bool or dict, "
-        f"got {type(value).__name__}"
-    )
+    raise TypeError(f"a reward function must return RewardResult, float, bool or dict, got {type(value).__name__}")

@@ -86,7 +86,11 @@ def make_pow(base, exp):
         raise ParseError("matrix power")
     if exp.is_number and not exp.free_symbols:
         if exp.is_Rational:
-            if abs(exp.p) > 10**6 and base.is_number and base not in (sympy.Integer(1), sympy.Integer(0), sympy.Integer(-1)):
+            if (
+                abs(exp.p) > 10**6
+                and base.is_number
+                and base not in (sympy.Integer(1), sympy.Integer(0), sympy.Integer(-1))
+            ):
                 raise TooComplex("exponent too large")
             if abs(exp.p) > 1 and base not in (sympy.Integer(1), sympy.Integer(0), sympy.Integer(-1)):
                 check_power_cost(base, abs(int(exp.p)))

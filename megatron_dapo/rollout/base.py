@@ -174,9 +174,7 @@ class RolloutEngine(abc.ABC):
 
     # --- generation -----------------------------------------------------------------
     @abc.abstractmethod
-    def generate(
-        self, prompts: List[List[int]], params: SamplingParams
-    ) -> List[List[GenerationOutput]]:
+    def generate(self, prompts: List[List[int]], params: SamplingParams) -> List[List[GenerationOutput]]:
         """``params.n`` outputs per prompt, in prompt order."""
 
     # --- streaming generation (the rollout manager) ------------------------------------
@@ -196,9 +194,7 @@ class RolloutEngine(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} has no streaming generation")
 
     @abc.abstractmethod
-    def score(
-        self, sequences: List[List[int]], prompt_lens: Sequence[int]
-    ) -> List[List[float]]:
+    def score(self, sequences: List[List[int]], prompt_lens: Sequence[int]) -> List[List[float]]:
         """Raw (temperature 1) logprob of each token ``sequences[i][prompt_lens[i]:]`` given
         its prefix. ``prompt_lens[i]`` must be >= 1."""
 

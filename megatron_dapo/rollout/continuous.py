@@ -63,7 +63,9 @@ class ContinuousBatcher:
         self.rows: List[_Row] = []
         self.cache = None
         self.mask = None  # [B, T]: which cache columns hold a row's tokens
-        self.logits = None  # next-token logits of the rows ([n_k, V] blocks in row order), None while they need a forward
+        self.logits = (
+            None  # next-token logits of the rows ([n_k, V] blocks in row order), None while they need a forward
+        )
         self.last = None  # [B] the tokens sampled last, fed by the next forward
 
     @property
@@ -106,7 +108,9 @@ class ContinuousBatcher:
         gone = [i for i, row in enumerate(self.rows) if row.req.rid in want]
         for i in gone:
             row = self.rows[i]
-            out.append(Finished(row.req.rid, self._output(row.req, row.out, row.lps, "abort", routing=row.routing), now))
+            out.append(
+                Finished(row.req.rid, self._output(row.req, row.out, row.lps, "abort", routing=row.routing), now)
+            )
         self._drop(gone)
         return out
 
@@ -154,8 +158,8 @@ class ContinuousBatcher:
         ids = torch.full((n, width), self.e.pad_token_id, dtype=torch.long)
         mask = torch.zeros((n, width), dtype=torch.long)
         for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         dev = self.e.device
         cache = DynamicCache(config=self.e.config)
@@ -167,7 +171,7 @@ class ContinuousBatcher:
             rec = self.e._router_rec.last(n, width)
             for r, i in zip(rows, pick.tolist()):
                 if r.routing is not None:
-                    r.routing.append(rec[i, width - len(r.req.prompt_ids):])
+                    r.routing.append(rec[i, width - len(r.req.prompt_ids) :])
         self._merge(cache, mask.to(dev)[pick.to(dev)], logits[pick.to(logits.device)], rows)
 
     def _row(self, r: Request) -> _Row:
@@ -197,7 +201,7 @@ class ContinuousBatcher:
     def _sample_rows(self) -> None:
         tokens, lps, start = [], [], 0
         for block in self.logits:
-            t, lp = self._sample_block(block, self.rows[start:start + block.shape[0]])
+            t, lp = self._sample_block(block, self.rows[start : start + block.shape[0]])
             tokens.append(t)
             lps.append(lp.float())
             start += block.shape[0]
@@ -244,15 +248,22 @@ class ContinuousBatcher:
             return "length"
         return None
 
-    def _output(self, req: Request, ids, lps, reason: str, text: Optional[str] = None,
-                routing: Optional[list] = None) -> GenerationOutput:
+    def _output(
+        self, req: Request, ids, lps, reason: str, text: Optional[str] = None, routing: Optional[list] = None
+    ) -> GenerationOutput:
         if text is None and self.e.tokenizer is not None:
             text = self.e.tokenizer.decode(list(ids))
         routed = None
         if routing and ids:  # the prompt and every output token but the last were fed
             routed = torch.cat(routing, dim=0)[: len(req.prompt_ids) + len(ids) - 1]
-        return GenerationOutput(prompt_ids=list(req.prompt_ids), output_ids=list(ids), logprobs=list(lps),
-                                finish_reason=reason, text=text, routed_experts=routed)
+        return GenerationOutput(
+            prompt_ids=list(req.prompt_ids),
+            output_ids=list(ids),
+            logprobs=list(lps),
+            finish_reason=reason,
+            text=text,
+            routed_experts=routed,
+        )
 
     def _drop(self, idx: List[int]) -> None:
         """Remove rows ``idx`` from the batch; cut cache columns no remaining row uses."""

@@ -117,6 +117,7 @@ def resolve_engine_kind(name: str, on_gpu: bool) -> str:
 
 # -- HFEngine: transformers on the CPU -----------------------------------------------------------
 
+
 def _hf_options(cfg, index: int, base_gpu_id: int, tokenizer_dir: Optional[str]):
     """Logprobs of the tempered distribution (as the trainer computes them); with
     --check-weight-sync-init the engine starts from the checkpoint (HybridStep._init_check)."""
@@ -148,6 +149,7 @@ def _hf_codec():
 
 # -- SGLang on the GPU ---------------------------------------------------------------------------
 
+
 def _sglang_options(cfg, index: int, base_gpu_id: int, tokenizer_dir: Optional[str]):
     """TP over the engine's GPUs from the physical ``base_gpu_id`` (Ray must not narrow the
     actor's visible devices to the one GPU of its bundle), the tokenizer, a seed per engine,
@@ -156,11 +158,18 @@ def _sglang_options(cfg, index: int, base_gpu_id: int, tokenizer_dir: Optional[s
     --check-weight-sync-init (else "dummy": the first sync fills them in)."""
     r = cfg.rollout
     from_ckpt = bool(r.check_weight_sync_init)
-    kw = dict(tp_size=r.num_gpus_per_engine, mem_fraction_static=r.mem_fraction_static,
-              base_gpu_id=base_gpu_id, enable_memory_saver=True, tokenizer_path=tokenizer_dir,
-              random_seed=cfg.optim.seed + index, enable_deterministic_inference=cfg.run.deterministic,
-              dtype="bfloat16" if cfg.model.bf16 else "float32", logprobs_mode="processed",
-              load_format="auto" if from_ckpt else "dummy")
+    kw = dict(
+        tp_size=r.num_gpus_per_engine,
+        mem_fraction_static=r.mem_fraction_static,
+        base_gpu_id=base_gpu_id,
+        enable_memory_saver=True,
+        tokenizer_path=tokenizer_dir,
+        random_seed=cfg.optim.seed + index,
+        enable_deterministic_inference=cfg.run.deterministic,
+        dtype="bfloat16" if cfg.model.bf16 else "float32",
+        logprobs_mode="processed",
+        load_format="auto" if from_ckpt else "dummy",
+    )
     if cfg.moe.routing_replay:  # SGLang captures the routed experts only when launched so
         kw["enable_return_routed_experts"] = True
     return kw, {"runtime_env": {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}}
@@ -174,9 +183,14 @@ def _sglang_standalone(model_dir: str, tokenizer, opts: StandaloneOptions):
     """The checkpoint's own weights (load_format "auto"; the adapter's default, "dummy", waits
     for a sync), no memory saver (nothing else shares the GPUs); SGLang loads its own tokenizer."""
     return ENGINE_KINDS.get("sglang").load_class()(
-        model_dir, tp_size=opts.tp, mem_fraction_static=opts.mem_fraction, enable_memory_saver=False,
-        dtype={"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[opts.dtype], random_seed=opts.seed,
-        load_format="auto")
+        model_dir,
+        tp_size=opts.tp,
+        mem_fraction_static=opts.mem_fraction,
+        enable_memory_saver=False,
+        dtype={"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[opts.dtype],
+        random_seed=opts.seed,
+        load_format="auto",
+    )
 
 
 def _sglang_codec():
@@ -185,13 +199,33 @@ def _sglang_codec():
     return sglang_codec()
 
 
-ENGINE_KINDS.register("hf", EngineKind(
-    "megatron_dapo.rollout.hf_engine:HFEngine",
-    "HF transformers engine on the CPU (continuous batching); the weight sync copies before it returns.",
-    _hf_options, _hf_build, _hf_codec, needs_gpu=False, lag=0, weight_naming="transformers", title="HF",
-    standalone=Standalone(_hf_standalone, dtype="fp32", batch_size=32)))
-ENGINE_KINDS.register("sglang", EngineKind(
-    "megatron_dapo.rollout.sglang_engine:SGLangEngine",
-    "SGLang on the GPU (TP over --rollout-num-gpus-per-engine GPUs, memory saver, CUDA IPC weight payloads).",
-    _sglang_options, _sglang_build, _sglang_codec, needs_gpu=True, lag=1, weight_naming="checkpoint",
-    title="SGLang", standalone=Standalone(_sglang_standalone, dtype="bf16", batch_size=None)))
+ENGINE_KINDS.register(
+    "hf",
+    EngineKind(
+        "megatron_dapo.rollout.hf_engine:HFEngine",
+        "HF transformers engine on the CPU (continuous batching); the weight sync copies before it returns.",
+        _hf_options,
+        _hf_build,
+        _hf_codec,
+        needs_gpu=False,
+        lag=0,
+        weight_naming="transformers",
+        title="HF",
+        standalone=Standalone(_hf_standalone, dtype="fp32", batch_size=32),
+    ),
+)
+ENGINE_KINDS.register(
+    "sglang",
+    EngineKind(
+        "megatron_dapo.rollout.sglang_engine:SGLangEngine",
+        "SGLang on the GPU (TP over --rollout-num-gpus-per-engine GPUs, memory saver, CUDA IPC weight payloads).",
+        _sglang_options,
+        _sglang_build,
+        _sglang_codec,
+        needs_gpu=True,
+        lag=1,
+        weight_naming="checkpoint",
+        title="SGLang",
+        standalone=Standalone(_sglang_standalone, dtype="bf16", batch_size=None),
+    ),
+)

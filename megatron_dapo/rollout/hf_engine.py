@@ -183,8 +183,7 @@ class HFEngine(RolloutEngine):
             param = self._params[canonical]
             if tuple(tensor.shape) != tuple(param.shape):
                 raise WeightUpdateError(
-                    f"shape mismatch for {name!r}: bucket has {tuple(tensor.shape)}, "
-                    f"model expects {tuple(param.shape)}"
+                    f"shape mismatch for {name!r}: bucket has {tuple(tensor.shape)}, model expects {tuple(param.shape)}"
                 )
             if tensor.is_floating_point() != param.is_floating_point():
                 raise WeightUpdateError(
@@ -237,7 +236,9 @@ class HFEngine(RolloutEngine):
                 self._weights_valid = False  # garbage until the next complete update
                 return []
             if self._snapshot is None:
-                raise RuntimeError("HFEngine.check_weights('compare') without a snapshot: call check_weights('snapshot') first")
+                raise RuntimeError(
+                    "HFEngine.check_weights('compare') without a snapshot: call check_weights('snapshot') first"
+                )
             snap, self._snapshot = self._snapshot, None
             out = []
             for name in sorted(snap):
@@ -245,8 +246,10 @@ class HFEngine(RolloutEngine):
                 if _same_bytes(want, got):
                     continue
                 err = (got.double() - want.double()).abs()
-                out.append(f"{name}: max_abs_err={float(err.max()):.4g}, {int((err != 0).sum())} of "
-                           f"{want.numel()} elements differ")
+                out.append(
+                    f"{name}: max_abs_err={float(err.max()):.4g}, {int((err != 0).sum())} of "
+                    f"{want.numel()} elements differ"
+                )
             return out
 
     # ------------------------------------------------------------------- memory ----
@@ -380,8 +383,8 @@ class HFEngine(RolloutEngine):
             ids = torch.full((P, max_len), self.pad_token_id, dtype=torch.long)
             mask = torch.zeros((P, max_len), dtype=torch.long)
             for i, p in enumerate(prompts):
-                ids[i, max_len - len(p):] = torch.tensor([int(t) for t in p])
-                mask[i, max_len - len(p):] = 1
+                ids[i, max_len - len(p) :] = torch.tensor([int(t) for t in p])
+                mask[i, max_len - len(p) :] = 1
             pos = (mask.cumsum(-1) - 1).clamp(min=0)
             ids, mask, pos = ids.to(self.device), mask.to(self.device), pos.to(self.device)
             cache = DynamicCache(config=self.config)
@@ -390,7 +393,7 @@ class HFEngine(RolloutEngine):
             if record:
                 rec = self._router_rec.last(P, max_len)
                 for b, (i, _, p, _) in enumerate(rows):
-                    routing[b].append(rec[i, max_len - len(p):])
+                    routing[b].append(rec[i, max_len - len(p) :])
             if params.n > 1:
                 cache.batch_repeat_interleave(params.n)
                 logits = logits.repeat_interleave(params.n, dim=0)
@@ -431,9 +434,9 @@ class HFEngine(RolloutEngine):
                     tokens = tokens[sel.cpu()]
                     active = [active[s] for s in still]
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-                logits = self._forward(
-                    tokens.view(-1, 1).to(self.device), mask, next_pos, cache, last_only=True
-                )[:, -1, :]
+                logits = self._forward(tokens.view(-1, 1).to(self.device), mask, next_pos, cache, last_only=True)[
+                    :, -1, :
+                ]
                 if record:
                     rec = self._router_rec.last(len(active), 1)
                     for slot, b in enumerate(active):

@@ -83,16 +83,20 @@ def flatten_bucket(
         nbytes = t.numel() * t.element_size()
         entries.append(BucketEntry(name, torch.Size(t.shape), t.dtype, offset, offset + nbytes, nbytes))
         offset += -(-nbytes // align) * align if nbytes else 0
-    flat = (shared_cpu_buffer(max(offset, 1)) if shared_cpu and device.type == "cpu"
-            else torch.zeros(max(offset, 1), dtype=torch.uint8, device=device))
+    flat = (
+        shared_cpu_buffer(max(offset, 1))
+        if shared_cpu and device.type == "cpu"
+        else torch.zeros(max(offset, 1), dtype=torch.uint8, device=device)
+    )
     for e, (_, t) in zip(entries, named_tensors):
         if e.numel:
-            flat[e.start_idx:e.end_idx].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
+            flat[e.start_idx : e.end_idx].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
     return flat, entries
 
 
-def entries_in(flat: torch.Tensor, named_views: Sequence[Tuple[str, torch.Tensor]],
-               align: int = BUCKET_ALIGN_BYTES) -> List[BucketEntry]:
+def entries_in(
+    flat: torch.Tensor, named_views: Sequence[Tuple[str, torch.Tensor]], align: int = BUCKET_ALIGN_BYTES
+) -> List[BucketEntry]:
     """Entries describing ``named_views``, contiguous views that already live inside ``flat``
     (a 1-D uint8 tensor): no copy. Raises ValueError for a view outside ``flat``, a
     non-contiguous view or a start not aligned to ``align`` bytes."""
@@ -113,7 +117,7 @@ def entries_in(flat: torch.Tensor, named_views: Sequence[Tuple[str, torch.Tensor
 
 def reconstruct_bucket(flat: torch.Tensor, metadata) -> List[Tuple[str, torch.Tensor]]:
     """What SGLang's FlattenedTensorBucket.reconstruct_tensors does: views of ``flat``."""
-    return [(m.name, flat[m.start_idx:m.end_idx].view(m.dtype).reshape(m.shape)) for m in metadata]
+    return [(m.name, flat[m.start_idx : m.end_idx].view(m.dtype).reshape(m.shape)) for m in metadata]
 
 
 @functools.lru_cache(maxsize=None)
@@ -122,8 +126,13 @@ def _forking_pickler():
         def reducer_override(self, obj):
             """A view of one of this process's :func:`shared_cpu_buffer` files pickles as its
             file name and range; everything else as ForkingPickler does."""
-            if isinstance(obj, torch.Tensor) and obj.device.type == "cpu" and obj.dtype == torch.uint8 \
-                    and obj.dim() == 1 and obj.is_contiguous():
+            if (
+                isinstance(obj, torch.Tensor)
+                and obj.device.type == "cpu"
+                and obj.dtype == torch.uint8
+                and obj.dim() == 1
+                and obj.is_contiguous()
+            ):
                 known = _OWN_FILES.get(obj.untyped_storage().data_ptr())
                 if known is not None:
                     return map_shared_file, (known[0], known[1], obj.storage_offset(), obj.numel())
@@ -151,8 +160,10 @@ def serialize_flat(
 ) -> List[Any]:
     """``copies`` payloads (one per engine TP rank) of one flat buffer and its entries."""
     make = metadata_cls or BucketEntry
-    metadata = [make(name=e.name, shape=e.shape, dtype=e.dtype, start_idx=e.start_idx,
-                     end_idx=e.end_idx, numel=e.numel) for e in entries]
+    metadata = [
+        make(name=e.name, shape=e.shape, dtype=e.dtype, start_idx=e.start_idx, end_idx=e.end_idx, numel=e.numel)
+        for e in entries
+    ]
     payload = {"flattened_tensor": flat, "metadata": metadata}
     return [serializer(payload, output_str=True) for _ in range(int(copies))]
 
@@ -183,8 +194,14 @@ def serialize_bucket(
 # dtype classes, and the metadata class. Anything else is refused (a payload is code).
 _ALLOWED = {
     "torch.multiprocessing.reductions": {
-        "rebuild_tensor", "rebuild_storage_filename", "rebuild_storage_fd", "rebuild_storage_empty",
-        "rebuild_typed_storage", "rebuild_typed_storage_child", "rebuild_cuda_tensor", "rebuild_event",
+        "rebuild_tensor",
+        "rebuild_storage_filename",
+        "rebuild_storage_fd",
+        "rebuild_storage_empty",
+        "rebuild_typed_storage",
+        "rebuild_typed_storage_child",
+        "rebuild_cuda_tensor",
+        "rebuild_event",
         "rebuild_nested_tensor",
     },
     "torch._utils": {"_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_parameter"},
@@ -199,7 +216,9 @@ _ALLOWED = {
 
 class _PayloadUnpickler(pickle.Unpickler):
     def find_class(self, module, name):
-        if name in _ALLOWED.get(module, ()) or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+        if name in _ALLOWED.get(module, ()) or (
+            module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        ):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"weight payload refers to {module}.{name}, which is not allowed")
 
@@ -302,8 +321,10 @@ def map_shared_file(path: str, nbytes: int, offset: int, numel: int) -> torch.Te
 def shared_memory_files(pid: int) -> List[str]:
     """The named shared-memory files of process ``pid`` on this node: its bucket buffers
     (``/dev/shm/megatron_dapo_<pid>_*``) and torch's ``file_system`` files (``torch_<pid>_*``)."""
-    return sorted(glob.glob(os.path.join(SHM_DIR, f"torch_{int(pid)}_*"))
-                  + glob.glob(os.path.join(SHM_DIR, f"{SHM_PREFIX}_{int(pid)}_*")))
+    return sorted(
+        glob.glob(os.path.join(SHM_DIR, f"torch_{int(pid)}_*"))
+        + glob.glob(os.path.join(SHM_DIR, f"{SHM_PREFIX}_{int(pid)}_*"))
+    )
 
 
 def remove_shared_memory_files(pids: Sequence[int]) -> int:
@@ -332,7 +353,7 @@ def remove_stale_shared_memory_files() -> int:
     when a cluster starts."""
     dead = set()
     for f in glob.glob(os.path.join(SHM_DIR, f"{SHM_PREFIX}_*")):
-        pid = os.path.basename(f)[len(SHM_PREFIX) + 1:].split("_", 1)[0]
+        pid = os.path.basename(f)[len(SHM_PREFIX) + 1 :].split("_", 1)[0]
         if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
             dead.add(int(pid))
     return remove_shared_memory_files(sorted(dead))
@@ -347,4 +368,3 @@ def sglang_codec():
 
     monkey_patch_torch_reductions()
     return MultiprocessingSerializer.serialize, FlattenedTensorMetadata
-

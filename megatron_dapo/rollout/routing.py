@@ -52,6 +52,7 @@ class RoutingRecorder:
     def _hook(self, i: int):
         def hook(module, inputs, output):
             self._ids[i] = output[2]
+
         return hook
 
     def last(self, batch: int, seq: int) -> torch.Tensor:
@@ -106,5 +107,7 @@ def extend_routing(prev: Optional[torch.Tensor], cont: Optional[torch.Tensor]) -
         return None
     n = prev.shape[0]
     if cont.shape[0] < n or cont.shape[1:] != prev.shape[1:]:
-        raise ValueError(f"extend_routing: continuation routing {tuple(cont.shape)} does not extend {tuple(prev.shape)}")
+        raise ValueError(
+            f"extend_routing: continuation routing {tuple(cont.shape)} does not extend {tuple(prev.shape)}"
+        )
     return torch.cat([prev, cont[n:]], dim=0)

@@ -34,12 +34,21 @@ FLATTENED_BUCKET = "flattened_bucket"
 USED_API: Dict[str, Any] = {
     # (module, "Class.method" or "function", keyword arguments we pass by name)
     "callables": [
-        ("sglang.srt.entrypoints.engine", "Engine.generate",
-         ("input_ids", "sampling_params", "return_logprob", "logprob_start_len", "return_routed_experts")),
-        ("sglang.srt.entrypoints.engine", "Engine.async_generate",
-         ("input_ids", "sampling_params", "return_logprob", "rid", "return_routed_experts")),
-        ("sglang.srt.entrypoints.engine", "Engine.update_weights_from_tensor",
-         ("named_tensors", "load_format", "flush_cache")),
+        (
+            "sglang.srt.entrypoints.engine",
+            "Engine.generate",
+            ("input_ids", "sampling_params", "return_logprob", "logprob_start_len", "return_routed_experts"),
+        ),
+        (
+            "sglang.srt.entrypoints.engine",
+            "Engine.async_generate",
+            ("input_ids", "sampling_params", "return_logprob", "rid", "return_routed_experts"),
+        ),
+        (
+            "sglang.srt.entrypoints.engine",
+            "Engine.update_weights_from_tensor",
+            ("named_tensors", "load_format", "flush_cache"),
+        ),
         ("sglang.srt.entrypoints.engine", "Engine.begin_weight_update", ()),
         ("sglang.srt.entrypoints.engine", "Engine.end_weight_update", ()),
         ("sglang.srt.entrypoints.engine", "Engine.release_memory_occupation", ("tags",)),
@@ -72,53 +81,94 @@ USED_API: Dict[str, Any] = {
     ],
     # Engine(**kwargs) are ServerArgs fields
     "server_args": (
-        "model_path", "tokenizer_path", "tp_size", "mem_fraction_static", "base_gpu_id",
-        "enable_memory_saver", "dtype", "random_seed", "enable_deterministic_inference",
-        "trust_remote_code", "log_level", "disable_cuda_graph", "context_length", "port",
-        "load_format", "cuda_graph_backend_prefill",
+        "model_path",
+        "tokenizer_path",
+        "tp_size",
+        "mem_fraction_static",
+        "base_gpu_id",
+        "enable_memory_saver",
+        "dtype",
+        "random_seed",
+        "enable_deterministic_inference",
+        "trust_remote_code",
+        "log_level",
+        "disable_cuda_graph",
+        "context_length",
+        "port",
+        "load_format",
+        "cuda_graph_backend_prefill",
         # routing replay: the scheduler captures each MoE layer's top-k (arg_groups/fields/exec_.py)
         "enable_return_routed_experts",
     ),
     # keys of the sampling_params dicts we send (sglang.srt.sampling.sampling_params.SamplingParams)
     "sampling_params": (
-        "temperature", "top_p", "top_k", "max_new_tokens", "n", "stop", "stop_token_ids",
-        "ignore_eos", "sampling_seed",
+        "temperature",
+        "top_p",
+        "top_k",
+        "max_new_tokens",
+        "n",
+        "stop",
+        "stop_token_ids",
+        "ignore_eos",
+        "sampling_seed",
     ),
     # dataclass fields we fill: (module, class, fields)
     "dataclass_fields": [
-        ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata",
-         ("name", "shape", "dtype", "start_idx", "end_idx", "numel")),
-        ("sglang.srt.managers.io_struct", "CheckWeightsReqInput",
-         ("action", "allow_quant_error", "skip_tensor_list", "selector")),
+        (
+            "sglang.srt.weight_sync.tensor_bucket",
+            "FlattenedTensorMetadata",
+            ("name", "shape", "dtype", "start_idx", "end_idx", "numel"),
+        ),
+        (
+            "sglang.srt.managers.io_struct",
+            "CheckWeightsReqInput",
+            ("action", "allow_quant_error", "skip_tensor_list", "selector"),
+        ),
         # one per rank in check_weights' answer (we read tp/dp/pp rank and size)
-        ("sglang.srt.managers.io_struct", "ParallelismInfo",
-         ("role", "tp_rank", "tp_size", "dp_rank", "dp_size", "pp_rank", "pp_size", "rank", "size")),
+        (
+            "sglang.srt.managers.io_struct",
+            "ParallelismInfo",
+            ("role", "tp_rank", "tp_size", "dp_rank", "dp_size", "pp_rank", "pp_size", "rank", "size"),
+        ),
     ],
     # string literals that must appear in a module: the receiving side of our protocols
     "string_literals": [
         # load_format branch and the keys of the payload dict it reads
-        ("sglang.srt.model_executor.model_runner_components.weight_updater",
-         (FLATTENED_BUCKET, "flattened_tensor", "metadata")),
+        (
+            "sglang.srt.model_executor.model_runner_components.weight_updater",
+            (FLATTENED_BUCKET, "flattened_tensor", "metadata"),
+        ),
         # meta_info keys and finish_reason types we read
-        ("sglang.srt.managers.tokenizer_manager",
-         ("meta_info", "finish_reason", "output_token_logprobs", "input_token_logprobs", "output_ids",
-          "routed_experts")),
+        (
+            "sglang.srt.managers.tokenizer_manager",
+            (
+                "meta_info",
+                "finish_reason",
+                "output_token_logprobs",
+                "input_token_logprobs",
+                "output_ids",
+                "routed_experts",
+            ),
+        ),
         ("sglang.srt.managers.schedule_batch", ("type", "stop", "length", "abort")),
         # an aborted queued request is answered with finish type "abort" and its output ids
         ("sglang.srt.managers.tokenizer_manager", ("abort", "output_ids", "Abort in waiting queue")),
         # the session rule we follow (refusal messages of the scheduler's weight updater)
-        ("sglang.srt.managers.scheduler_components.weight_updater",
-         ("update_weights_from_tensor must run between begin_weight_update() and end_weight_update()",)),
+        (
+            "sglang.srt.managers.scheduler_components.weight_updater",
+            ("update_weights_from_tensor must run between begin_weight_update() and end_weight_update()",),
+        ),
         # load_format="dummy": random weights at launch, the first sync fills them
         ("sglang.srt.configs.load_config", ("dummy",)),
         # why the prefill graph is disabled when graphs are captured under the memory saver
-        ("sglang.srt.model_executor.runner_backend.breakable_cuda_graph_backend",
-         ("Breakable CUDA graph is not compatible with memory saver mode",)),
+        (
+            "sglang.srt.model_executor.runner_backend.breakable_cuda_graph_backend",
+            ("Breakable CUDA graph is not compatible with memory saver mode",),
+        ),
         ("sglang.srt.model_executor.cuda_graph_config", ("disabled",)),
         # the weight checker's actions we use (check_weights) and the answer's keys we read
         ("sglang.srt.utils.weight_checker", ("reset_tensors", "checksum")),
-        ("sglang.srt.managers.scheduler_components.weight_updater",
-         ("checksums", "parallelism_info")),
+        ("sglang.srt.managers.scheduler_components.weight_updater", ("checksums", "parallelism_info")),
     ],
     # module-level constants: (module, name, value)
     "constants": [

@@ -195,10 +195,17 @@ class SGLangEngine(SGLangStreaming, RolloutEngine):
         # load_format="dummy": nothing valid until the first complete sync
         self._weights_valid = load_format != "dummy"
         kwargs = build_engine_kwargs(
-            model_path, tp_size=tp_size, mem_fraction_static=mem_fraction_static,
-            base_gpu_id=base_gpu_id, enable_memory_saver=enable_memory_saver, dtype=dtype,
-            random_seed=random_seed, enable_deterministic_inference=enable_deterministic_inference,
-            load_format=load_format, tokenizer_path=tokenizer_path, **server_args,
+            model_path,
+            tp_size=tp_size,
+            mem_fraction_static=mem_fraction_static,
+            base_gpu_id=base_gpu_id,
+            enable_memory_saver=enable_memory_saver,
+            dtype=dtype,
+            random_seed=random_seed,
+            enable_deterministic_inference=enable_deterministic_inference,
+            load_format=load_format,
+            tokenizer_path=tokenizer_path,
+            **server_args,
         )
         self._engine = sglang.Engine(**kwargs)
         # routing replay: (layers, top_k) of a MoE checkpoint launched with enable_return_routed_experts
@@ -208,8 +215,10 @@ class SGLangEngine(SGLangStreaming, RolloutEngine):
         if not params.return_routed_experts:
             return False
         if self._routing_shape is None:
-            raise ValueError("return_routed_experts: launch SGLangEngine(enable_return_routed_experts=True) on a "
-                             "mixture-of-experts checkpoint (--routing-replay)")
+            raise ValueError(
+                "return_routed_experts: launch SGLangEngine(enable_return_routed_experts=True) on a "
+                "mixture-of-experts checkpoint (--routing-replay)"
+            )
         return True
 
     # generation
@@ -230,8 +239,9 @@ class SGLangEngine(SGLangStreaming, RolloutEngine):
             return [[] for _ in prompts]
         routed = self._wants_routing(params)
         if routed:  # (only then: the flag needs the engine launched with enable_return_routed_experts)
-            outs = self._engine.generate(input_ids=ids, sampling_params=sps, return_logprob=True,
-                                         return_routed_experts=True)
+            outs = self._engine.generate(
+                input_ids=ids, sampling_params=sps, return_logprob=True, return_routed_experts=True
+            )
         else:
             outs = self._engine.generate(input_ids=ids, sampling_params=sps, return_logprob=True)
         shape = self._routing_shape if routed else None
@@ -245,9 +255,7 @@ class SGLangEngine(SGLangStreaming, RolloutEngine):
         ids, sps, starts = build_score_requests(sequences, prompt_lens)
         if not ids:
             return []
-        outs = self._engine.generate(
-            input_ids=ids, sampling_params=sps, return_logprob=True, logprob_start_len=starts
-        )
+        outs = self._engine.generate(input_ids=ids, sampling_params=sps, return_logprob=True, logprob_start_len=starts)
         return [from_sglang_score_output(o, s, p, self.vocab_size) for o, s, p in zip(outs, ids, prompt_lens)]
 
     # weights
@@ -390,7 +398,9 @@ class SGLangEngine(SGLangStreaming, RolloutEngine):
             return []
         before = getattr(self, "_checksum_snapshot", None)
         if before is None:
-            raise RuntimeError("SGLangEngine.check_weights('compare') without a snapshot: call check_weights('snapshot') first")
+            raise RuntimeError(
+                "SGLangEngine.check_weights('compare') without a snapshot: call check_weights('snapshot') first"
+            )
         self._checksum_snapshot = None
         return diff_rank_checksums(before, now)
 
@@ -412,9 +422,7 @@ class SGLangEngine(SGLangStreaming, RolloutEngine):
         TP shards), which no HF-name checksum of the trainer can be compared with. The
         weight-sync check skips the checksum half for this engine (the logprob half runs);
         the exact check for this engine is :meth:`check_weights` (``--check-weight-sync-init``)."""
-        raise NotImplementedError(
-            f"sglang {SGLANG_VERSION} offers no per-HF-tensor read-back of the engine's weights"
-        )
+        raise NotImplementedError(f"sglang {SGLANG_VERSION} offers no per-HF-tensor read-back of the engine's weights")
 
     # memory
     def _release(self, tags):

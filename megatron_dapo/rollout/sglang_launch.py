@@ -60,8 +60,12 @@ def build_engine_kwargs(
         enable_deterministic_inference=bool(enable_deterministic_inference),
         **graph_args,
     )
-    for k, v in (("random_seed", random_seed), ("context_length", context_length),
-                 ("port", port), ("load_format", load_format)):
+    for k, v in (
+        ("random_seed", random_seed),
+        ("context_length", context_length),
+        ("port", port),
+        ("load_format", load_format),
+    ):
         if v is not None:
             kw[k] = v
     return kw

@@ -74,8 +74,9 @@ class SGLangStreaming:
             srid = sglang_rid(self._rid_prefix, r.rid)
             routed = self._wants_routing(r.params)
             if routed:
-                coro = self._engine.async_generate(input_ids=ids, sampling_params=sp, return_logprob=True, rid=srid,
-                                                   return_routed_experts=True)
+                coro = self._engine.async_generate(
+                    input_ids=ids, sampling_params=sp, return_logprob=True, rid=srid, return_routed_experts=True
+                )
             else:
                 coro = self._engine.async_generate(input_ids=ids, sampling_params=sp, return_logprob=True, rid=srid)
             task = loop.create_task(coro)
@@ -87,7 +88,8 @@ class SGLangStreaming:
         tasks = [st.task for st in self._streams.values()]
         if tasks and not any(t.done() for t in tasks):
             self._engine.loop.run_until_complete(
-                asyncio.wait(tasks, timeout=max(0.0, float(timeout_s)), return_when=asyncio.FIRST_COMPLETED))
+                asyncio.wait(tasks, timeout=max(0.0, float(timeout_s)), return_when=asyncio.FIRST_COMPLETED)
+            )
         return self._take([rid for rid, st in self._streams.items() if st.task.done()])
 
     def abort_requests(self, rids=None) -> List[Finished]:
@@ -118,6 +120,11 @@ class SGLangStreaming:
         out = []
         for rid in rids:
             st = self._streams.pop(rid)
-            out.append(Finished(rid, from_sglang_output(st.task.result(), st.input_ids, st.routing_shape),
-                                st.finished_at or time.time()))
+            out.append(
+                Finished(
+                    rid,
+                    from_sglang_output(st.task.result(), st.input_ids, st.routing_shape),
+                    st.finished_at or time.time(),
+                )
+            )
         return out

@@ -73,8 +73,9 @@ def parse_finish_reason(fr: Any) -> str:
     return _FINISH_TYPES[kind]
 
 
-def from_sglang_output(out: Dict[str, Any], prompt_ids: List[int],
-                       routing_shape: Optional[Tuple[int, ...]] = None) -> GenerationOutput:
+def from_sglang_output(
+    out: Dict[str, Any], prompt_ids: List[int], routing_shape: Optional[Tuple[int, ...]] = None
+) -> GenerationOutput:
     """One SGLang output dict (``return_logprob=True``) -> GenerationOutput; with
     ``routing_shape`` (layers, top_k[, experts]) the ``meta_info["routed_experts"]`` of a request sent with
     ``return_routed_experts`` (rollout/routing.decode_sglang_routed_experts)."""
@@ -83,9 +84,7 @@ def from_sglang_output(out: Dict[str, Any], prompt_ids: List[int],
     entries = meta.get("output_token_logprobs") or []
     finish = parse_finish_reason(meta.get("finish_reason"))
     if len(entries) != len(output_ids):
-        raise ValueError(
-            f"SGLang returned {len(output_ids)} output ids but {len(entries)} output_token_logprobs"
-        )
+        raise ValueError(f"SGLang returned {len(output_ids)} output ids but {len(entries)} output_token_logprobs")
     logprobs = []
     for k, (entry, tok) in enumerate(zip(entries, output_ids)):
         lp, tid = entry[0], entry[1]
@@ -99,11 +98,17 @@ def from_sglang_output(out: Dict[str, Any], prompt_ids: List[int],
         routed = decode_sglang_routed_experts(meta["routed_experts"], *routing_shape)
         want = len(prompt_ids) + len(output_ids) - 1
         if output_ids and routed.shape[0] != want:
-            raise ValueError(f"SGLang returned routed experts of {routed.shape[0]} positions, expected {want} "
-                             f"(prompt {len(prompt_ids)} + output {len(output_ids)} - 1)")
+            raise ValueError(
+                f"SGLang returned routed experts of {routed.shape[0]} positions, expected {want} "
+                f"(prompt {len(prompt_ids)} + output {len(output_ids)} - 1)"
+            )
     return GenerationOutput(
-        prompt_ids=list(prompt_ids), output_ids=output_ids, logprobs=logprobs,
-        finish_reason=finish, text=out.get("text"), routed_experts=routed if output_ids else None,
+        prompt_ids=list(prompt_ids),
+        output_ids=output_ids,
+        logprobs=logprobs,
+        finish_reason=finish,
+        text=out.get("text"),
+        routed_experts=routed if output_ids else None,
     )
 
 
@@ -161,7 +166,7 @@ def from_sglang_score_output(
         return []
     if len(entries) < want:
         raise ValueError(f"SGLang returned {len(entries)} input logprobs, need {want}")
-    tail = entries[len(entries) - want:]
+    tail = entries[len(entries) - want :]
     res = []
     for k, (entry, tok) in enumerate(zip(tail, sequence[prompt_len:])):
         lp, tid = entry[0], entry[1]

@@ -39,14 +39,22 @@ class _Opaque:
 
 
 class _MetadataUnpickler(pickle.Unpickler):
-    _KEEP = {("torch", "Size"), ("torch", "dtype"), ("copyreg", "__newobj__"), ("copyreg", "_reconstructor"),
-             ("builtins", "object"), ("collections", "OrderedDict")}
+    _KEEP = {
+        ("torch", "Size"),
+        ("torch", "dtype"),
+        ("copyreg", "__newobj__"),
+        ("copyreg", "_reconstructor"),
+        ("builtins", "object"),
+        ("collections", "OrderedDict"),
+    }
 
     def find_class(self, module, name):
         if (module, name) in self._KEEP or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
             return super().find_class(module, name)
         if name in ("FlattenedTensorMetadata", "BucketEntry") and module in (
-                "sglang.srt.weight_sync.tensor_bucket", "megatron_dapo.rollout.payload"):
+            "sglang.srt.weight_sync.tensor_bucket",
+            "megatron_dapo.rollout.payload",
+        ):
             return super().find_class(module, name)
         return _Opaque
 

@@ -36,8 +36,11 @@ from .token_weights import weigh_items
 
 def _parallel_sizes(model):
     cfg = unwrap(model).config
-    return int(cfg.tensor_model_parallel_size), int(getattr(cfg, "context_parallel_size", 1) or 1), bool(
-        getattr(cfg, "sequence_parallel", False))
+    return (
+        int(cfg.tensor_model_parallel_size),
+        int(getattr(cfg, "context_parallel_size", 1) or 1),
+        bool(getattr(cfg, "sequence_parallel", False)),
+    )
 
 
 def pad_multiple_of(model) -> int:
@@ -46,8 +49,9 @@ def pad_multiple_of(model) -> int:
     return pk.pad_multiple(*_parallel_sizes(model))
 
 
-def make_microbatches(model, samples: list, micro_batch_size: int, max_tokens: Optional[int] = None,
-                      packing: bool = False) -> tuple:
+def make_microbatches(
+    model, samples: list, micro_batch_size: int, max_tokens: Optional[int] = None, packing: bool = False
+) -> tuple:
     """THD micro-batches of ``samples`` (``training.item.TrainItem``) for this rank: each one row
     ``[1, T]`` with ``cu_seqlens`` (``packing.packed_microbatch``), each sequence padded only to
     what TP/CP need; with CP, this CP rank's zigzag share.
@@ -107,7 +111,12 @@ def _cp_reduce_stats(stats: LossStats) -> LossStats:
 
 @torch.no_grad()
 def compute_logprobs(
-    policy_or_model, samples: list, true_vocab: int, micro_batch_size: int, max_tokens=None, temperature: float = 1.0,
+    policy_or_model,
+    samples: list,
+    true_vocab: int,
+    micro_batch_size: int,
+    max_tokens=None,
+    temperature: float = 1.0,
     packing: bool = False,
 ):
     """Per-sample logprobs of the response tokens under the current weights (forward only),
@@ -125,8 +134,9 @@ def compute_logprobs(
 
     def loss_fn(batch, logits):
         a, b = batch["resp_span"]  # label positions of response tokens (the prompts are not scored)
-        lp, _ = chunked_logprobs_entropy(logits[0, a:b], batch["labels"][0, a:b], true_vocab, temperature,
-                                         with_entropy=False)
+        lp, _ = chunked_logprobs_entropy(
+            logits[0, a:b], batch["labels"][0, a:b], true_vocab, temperature, with_entropy=False
+        )
         got.append((a, lp.detach().float().cpu()))  # label position t scores token t+1
         return torch.zeros((), dtype=torch.float32, device=logits.device), {}
 
@@ -146,8 +156,18 @@ def compute_logprobs(
 
 
 #: the per-token fields of a micro-batch that the loss reads
-TOKEN_FIELDS = ("loss_mask", "resp_mask", "old_logprobs", "ref_logprobs", "engine_logprobs", "stale", "is_weight",
-                "trained", "tis_fresh", "tis_clipped")
+TOKEN_FIELDS = (
+    "loss_mask",
+    "resp_mask",
+    "old_logprobs",
+    "ref_logprobs",
+    "engine_logprobs",
+    "stale",
+    "is_weight",
+    "trained",
+    "tis_fresh",
+    "tis_clipped",
+)
 
 
 def _loss_inputs(batch: dict, logits: torch.Tensor, true_vocab: int, temperature: float) -> dict:
@@ -173,7 +193,7 @@ def _loss_inputs(batch: dict, logits: torch.Tensor, true_vocab: int, temperature
 
 
 def dapo_loss_fn(
-    algo: AlgorithmConfig, true_vocab: int, global_tokens, global_seqs, nan_loss: bool = False, temperature: float = 1.0,
+    algo: AlgorithmConfig, true_vocab: int, global_tokens, global_seqs, nan_loss: bool = False, temperature: float = 1.0
 ):
     """The per-micro-batch loss: the --policy-loss surrogate (algo.POLICY_LOSSES), aggregated over the whole step.
 
@@ -287,8 +307,13 @@ def train_on_minibatch(
             total = total + st.floats()
         total = _cp_reduce_stats(total)
     return StepStats(
-        loss=total, grad_norm=grad_norm, update_successful=ok, lr=float(policy.optimizer.param_groups[0]["lr"]),
-        global_tokens=g_tok, num_microbatches=len(mbs), dp_token_imbalance=imbalance,
+        loss=total,
+        grad_norm=grad_norm,
+        update_successful=ok,
+        lr=float(policy.optimizer.param_groups[0]["lr"]),
+        global_tokens=g_tok,
+        num_microbatches=len(mbs),
+        dp_token_imbalance=imbalance,
         # routing replay: per-layer routing sums of this step's forwards (and the old-logprob
         # pass before it), over this DP rank's TP/CP/PP ranks (training/routing_replay.py)
         routing=collect_stats(policy.model),

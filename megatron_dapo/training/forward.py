@@ -67,8 +67,13 @@ def packed_seq_params(batch: dict):
 
     cu = batch["cu_seqlens"]
     return PackedSeqParams(
-        qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu, cu_seqlens_kv_padded=cu,
-        max_seqlen_q=int(batch["max_seqlen"]), max_seqlen_kv=int(batch["max_seqlen"]),
+        qkv_format="thd",
+        cu_seqlens_q=cu,
+        cu_seqlens_kv=cu,
+        cu_seqlens_q_padded=cu,
+        cu_seqlens_kv_padded=cu,
+        max_seqlen_q=int(batch["max_seqlen"]),
+        max_seqlen_kv=int(batch["max_seqlen"]),
     )
 
 
@@ -95,12 +100,7 @@ def forward_step(data_iterator, model_chunk, loss_fn: Callable):
     return output, functools.partial(_loss_wrapper, loss_fn, batch)
 
 
-def forward_backward(
-    model,
-    microbatches: list[dict],
-    loss_fn: Callable,
-    forward_only: bool = False,
-) -> list[dict]:
+def forward_backward(model, microbatches: list[dict], loss_fn: Callable, forward_only: bool = False) -> list[dict]:
     """Run megatron's pipeline schedule over ``microbatches``; returns the last stage's metrics.
 
     ``model`` is the local model chunk (possibly DDP-wrapped). On stages other than the last
@@ -149,9 +149,7 @@ def mask_vocab_padding(logits: torch.Tensor, true_vocab: int) -> torch.Tensor:
     n_valid = max(0, min(shard, true_vocab - start))
     if n_valid == shard:
         return logits
-    return torch.cat(
-        [logits[..., :n_valid], torch.full_like(logits[..., n_valid:], float("-inf"))], dim=-1
-    )
+    return torch.cat([logits[..., :n_valid], torch.full_like(logits[..., n_valid:], float("-inf"))], dim=-1)
 
 
 def tempered(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

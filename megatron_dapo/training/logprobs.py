@@ -187,6 +187,7 @@ def chunked_logprobs_entropy(
     n_valid = vloc if true_vocab is None else max(0, min(vloc, true_vocab - v0))
     lead = target.shape
     flat = logits.reshape(-1, vloc)
-    lp, ent = _ChunkedLogprobEntropy.apply(flat, target.reshape(-1), float(temperature), v0, n_valid,
-                                           int(chunk_size), tp_group, bool(with_entropy))
+    lp, ent = _ChunkedLogprobEntropy.apply(
+        flat, target.reshape(-1), float(temperature), v0, n_valid, int(chunk_size), tp_group, bool(with_entropy)
+    )
     return lp.reshape(lead), ent.reshape(lead)

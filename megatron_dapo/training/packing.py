@@ -242,10 +242,23 @@ def pack_samples(samples: Sequence[TrainItem], multiple: int = 1) -> dict:
         adv[0, off : off + pn] = s.advantage
         off += pn
     out = {
-        "tokens": tokens, "labels": labels, "position_ids": pos, "loss_mask": loss_mask, "resp_mask": resp_mask,
-        "old_logprobs": old, "advantages": adv, "cu_seqlens": cu_seqlens(plens), "seqlens": lens,
-        "engine_logprobs": eng, "stale": stale, "is_weight": weight, "trained": trained, "tis_fresh": fresh,
-        "tis_clipped": clipped, "seqlens_padded": plens, "max_seqlen": max(plens),
+        "tokens": tokens,
+        "labels": labels,
+        "position_ids": pos,
+        "loss_mask": loss_mask,
+        "resp_mask": resp_mask,
+        "old_logprobs": old,
+        "advantages": adv,
+        "cu_seqlens": cu_seqlens(plens),
+        "seqlens": lens,
+        "engine_logprobs": eng,
+        "stale": stale,
+        "is_weight": weight,
+        "trained": trained,
+        "tis_fresh": fresh,
+        "tis_clipped": clipped,
+        "seqlens_padded": plens,
+        "max_seqlen": max(plens),
     }
     if has_ref:
         out["ref_logprobs"] = ref
@@ -364,11 +377,20 @@ def packed_microbatch(samples: Sequence[TrainItem], multiple: int = 1, cp_size: 
         raise ValueError(f"packed_microbatch: multiple {multiple} must be a multiple of 2 * CP = {2 * cp_size}")
     full = pack_samples(samples, multiple)
     lm = full["loss_mask"][0]
-    seq_tokens = [float(lm[a:b].sum()) for a, b in zip(full["cu_seqlens"][:-1].tolist(), full["cu_seqlens"][1:].tolist())]
+    seq_tokens = [
+        float(lm[a:b].sum()) for a, b in zip(full["cu_seqlens"][:-1].tolist(), full["cu_seqlens"][1:].tolist())
+    ]
     out = split_for_cp(full, cp_size, cp_rank)
     rows, cols, shape = grid_index(full["seqlens_padded"], cp_size)
     have = torch.nonzero(out["resp_mask"][0]).squeeze(1)
     span = (int(have[0]), int(have[-1]) + 1) if have.numel() else (0, min(1, out["tokens"].shape[1]))
-    out.update(grid_rows=rows, grid_cols=cols, grid_shape=shape, cp_size=cp_size, resp_span=span,
-               n_loss_tokens=float(lm.sum()), n_loss_seqs=float(sum(1 for x in seq_tokens if x > 0)))
+    out.update(
+        grid_rows=rows,
+        grid_cols=cols,
+        grid_shape=shape,
+        cp_size=cp_size,
+        resp_span=span,
+        n_loss_tokens=float(lm.sum()),
+        n_loss_seqs=float(sum(1 for x in seq_tokens if x > 0)),
+    )
     return out

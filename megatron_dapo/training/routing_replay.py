@@ -82,8 +82,10 @@ class ReplayRouter(RouterReplay):
         if target is not None:
             target = target.to(scores.device, torch.long)
             if target.shape != own.shape:
-                raise ValueError(f"routing replay, layer {self.layer}: {tuple(target.shape)} targets for "
-                                 f"{tuple(own.shape)} routed tokens (token layout mismatch)")
+                raise ValueError(
+                    f"routing replay, layer {self.layer}: {tuple(target.shape)} targets for "
+                    f"{tuple(own.shape)} routed tokens (token layout mismatch)"
+                )
             if self.replay:
                 idx = torch.where((target >= 0).all(-1, keepdim=True), target, own)
                 vals = scores.gather(1, idx)
@@ -130,12 +132,16 @@ def install(model) -> int:
         if isinstance(m, TopKRouter):
             if m.config.moe_router_fusion:
                 raise ValueError("routing replay needs moe_router_fusion off (the fused kernel has no replay hook)")
-            m.router_replay = ReplayRouter(m.layer_number - 1, m.config.num_moe_experts, m.config.moe_router_pre_softmax)
+            m.router_replay = ReplayRouter(
+                m.layer_number - 1, m.config.num_moe_experts, m.config.moe_router_pre_softmax
+            )
             n += 1
     return n
 
 
-def token_major(routed: torch.Tensor, tp_size: int = 1, tp_rank: int = 0, sequence_parallel: bool = False) -> torch.Tensor:
+def token_major(
+    routed: torch.Tensor, tp_size: int = 1, tp_rank: int = 0, sequence_parallel: bool = False
+) -> torch.Tensor:
     """A micro-batch's ``[b, s, layers, k]`` routing -> ``[tokens, layers, k]`` in the order the
     routers see their tokens: ``[s, b]`` flattened, this TP rank's ``s / tp`` slice under
     sequence parallelism."""
@@ -144,7 +150,7 @@ def token_major(routed: torch.Tensor, tp_size: int = 1, tp_rank: int = 0, sequen
         s = r.shape[0]
         if s % tp_size:
             raise ValueError(f"routing replay: sequence length {s} not divisible by TP {tp_size}")
-        r = r[tp_rank * (s // tp_size):(tp_rank + 1) * (s // tp_size)]
+        r = r[tp_rank * (s // tp_size) : (tp_rank + 1) * (s // tp_size)]
     return r.reshape(-1, r.shape[2], r.shape[3])
 
 
@@ -165,7 +171,9 @@ def set_targets(model, routed: Optional[torch.Tensor]) -> None:
     flat = token_major(routed, ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank(), sp)
     for r in routers:
         if r.layer >= flat.shape[1]:
-            raise ValueError(f"routing replay: the rollout routing has {flat.shape[1]} layers, the model's layer {r.layer} has none")
+            raise ValueError(
+                f"routing replay: the rollout routing has {flat.shape[1]} layers, the model's layer {r.layer} has none"
+            )
         r.set_target_indices(flat[:, r.layer].contiguous(), torch.is_grad_enabled())
 
 

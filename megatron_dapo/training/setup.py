@@ -63,8 +63,10 @@ def moe_options(moe: MoEConfig) -> MoEOptions:
 
 def expert_parallel_sizes(parallel: ParallelConfig) -> dict:
     """``distributed.init_parallel``'s expert-parallel arguments of the flags."""
-    return {"expert_model_parallel_size": parallel.expert_model_parallel_size,
-            "expert_tensor_parallel_size": parallel.expert_tensor_parallel_size}
+    return {
+        "expert_model_parallel_size": parallel.expert_model_parallel_size,
+        "expert_tensor_parallel_size": parallel.expert_tensor_parallel_size,
+    }
 
 
 #: the attribute of a MoE model's TransformerConfig holding the --moe-aux-loss-coeff of a step
@@ -130,7 +132,9 @@ def build_optimizer(model, opt: OptimizerOptions, bf16: bool = False):
     return optimizer, scheduler
 
 
-def build_policy(hf_config, build: Optional[ModelBuildOptions] = None, opt: Optional[OptimizerOptions] = None) -> Policy:
+def build_policy(
+    hf_config, build: Optional[ModelBuildOptions] = None, opt: Optional[OptimizerOptions] = None
+) -> Policy:
     """Model (this rank's TP/PP part) wrapped in DDP, with its optimizer and LR schedule."""
     build = build or ModelBuildOptions()
     opt = opt or OptimizerOptions()
@@ -177,8 +181,11 @@ def optimizer_step(optimizer, clip_grad: float) -> tuple[bool, float]:
     if not math.isfinite(norm):
         return False, norm
     if clip_grad > 0:
-        subs = [o for o in getattr(optimizer, "chained_optimizers", [optimizer])
-                if not getattr(o, "is_stub_optimizer", False)]
+        subs = [
+            o
+            for o in getattr(optimizer, "chained_optimizers", [optimizer])
+            if not getattr(o, "is_stub_optimizer", False)
+        ]
         if len(subs) <= 1:
             optimizer.clip_grad_norm(clip_grad)
         else:  # dense + expert optimizers (MoE): each clipped by the norm over all of them
@@ -187,7 +194,13 @@ def optimizer_step(optimizer, clip_grad: float) -> tuple[bool, float]:
             for o in subs:
                 params = o.get_parameters()
                 if params:
-                    clip_grad_by_total_norm_fp32(params, max_norm=clip_grad, total_norm=norm, use_decoupled_grad=bool(
-                        getattr(o.config, "use_precision_aware_optimizer_no_fp8_or_ds_fp8", False)))
+                    clip_grad_by_total_norm_fp32(
+                        params,
+                        max_norm=clip_grad,
+                        total_norm=norm,
+                        use_decoupled_grad=bool(
+                            getattr(o.config, "use_precision_aware_optimizer_no_fp8_or_ds_fp8", False)
+                        ),
+                    )
     ok = bool(optimizer.step_with_ready_grads())
     return ok, norm

@@ -44,8 +44,10 @@ class LossStats:
 
     def floats(self) -> "LossStats":
         """The same stats as host floats (the loss returns 0-d tensors)."""
-        return LossStats(**{k: (float(s), float(c)) for k in self.pair_names() for s, c in [getattr(self, k)]},
-                         ratio_max=float(self.ratio_max))
+        return LossStats(
+            **{k: (float(s), float(c)) for k in self.pair_names() for s, c in [getattr(self, k)]},
+            ratio_max=float(self.ratio_max),
+        )
 
     def __add__(self, other: "LossStats") -> "LossStats":
         pairs = {}
@@ -100,15 +102,17 @@ def reduce_step_stats(outs: list, reporters: dict) -> dict:
     m = {k: (s / c if c else 0.0) for k in LossStats.pair_names() for s, c in [getattr(loss, k)]}
     norms = [o.grad_norm for o in outs[0]]
     finite = [n for n in norms if n is not None and math.isfinite(n)]
-    m.update({
-        "ratio_max": loss.ratio_max,
-        "grad_norm": _mean(finite) if finite else float("nan"),
-        "optimizer_steps": len(norms),
-        "skipped_optimizer_steps": sum(0 if o.update_successful else 1 for o in outs[0]),
-        "lr": outs[0][-1].lr if outs[0] else 0.0,
-        # max over mean of the DP ranks' tokens, worst optimizer step (the same on every rank)
-        "dp_token_imbalance": max((o.dp_token_imbalance for o in outs[0]), default=1.0),
-    })
+    m.update(
+        {
+            "ratio_max": loss.ratio_max,
+            "grad_norm": _mean(finite) if finite else float("nan"),
+            "optimizer_steps": len(norms),
+            "skipped_optimizer_steps": sum(0 if o.update_successful else 1 for o in outs[0]),
+            "lr": outs[0][-1].lr if outs[0] else 0.0,
+            # max over mean of the DP ranks' tokens, worst optimizer step (the same on every rank)
+            "dp_token_imbalance": max((o.dp_token_imbalance for o in outs[0]), default=1.0),
+        }
+    )
     # --routing-replay: per-layer routing agreement / load imbalance / router entropy, summed over
     # the DP reporters and the step's optimizer steps (algo/routing_metrics.py)
     routing = [o.routing["stats"] for r in reporters.values() for o in outs[r] if o.routing]

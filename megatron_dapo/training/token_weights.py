@@ -50,8 +50,13 @@ def weigh_items(items: list, algo: AlgorithmConfig, offpolicy: Optional[str] = N
         stale = torch.zeros(1, n)
         stale[0, : min(x.stale_len, n)] = 1
         r = loss_token_weights(old, eng, mask, stale, algo.tis_mode, algo.tis_cap, algo.tis_seq_cap, offpolicy)
-        w = TokenWeights(keep=r.keep[0].float(), weight=r.weight[0].float(), trained=mask[0],
-                         fresh=r.fresh[0].float(), clipped=r.clipped[0].float())
+        w = TokenWeights(
+            keep=r.keep[0].float(),
+            weight=r.weight[0].float(),
+            trained=mask[0],
+            fresh=r.fresh[0].float(),
+            clipped=r.clipped[0].float(),
+        )
         out.append(dataclasses.replace(x, weights=w))
     return out
 

@@ -104,7 +104,8 @@ def _load_optimizer_state(policy, state: dict) -> None:
             f"the checkpoint's optimizer state is of {saved} chained optimizer(s), this layout builds {mine} (a "
             "mixture-of-experts model has a separate expert optimizer exactly when --expert-model-parallel-size > 1): "
             "resume at an expert-parallel size on the same side of 1, or start from the model alone "
-            "(--pretrained-checkpoint) with a fresh optimizer")
+            "(--pretrained-checkpoint) with a fresh optimizer"
+        )
     if mine == 1:
         _load_one_optimizer_state(chained[0] if chained else policy.optimizer, state)
         return
@@ -141,12 +142,18 @@ def _load_one_optimizer_state(opt, state: dict) -> None:
             inner[p]["step"] = step.clone()
 
 
-def run_layout(tp: int, pp: int, cp: int, world_size: int, nodes: Optional[int],
-               distributed_optimizer: bool) -> dict:
+def run_layout(tp: int, pp: int, cp: int, world_size: int, nodes: Optional[int], distributed_optimizer: bool) -> dict:
     """A layout record (the keys of ``metadata["layout"]``) from the sizes of a run."""
-    return {"tp": tp, "pp": pp, "cp": cp, "dp": world_size // max(1, tp * pp * cp), "world_size": world_size,
-            "nodes": nodes, "distributed_optimizer": bool(distributed_optimizer),
-            "optimizer_format": optimizer_format(distributed_optimizer)}
+    return {
+        "tp": tp,
+        "pp": pp,
+        "cp": cp,
+        "dp": world_size // max(1, tp * pp * cp),
+        "world_size": world_size,
+        "nodes": nodes,
+        "distributed_optimizer": bool(distributed_optimizer),
+        "optimizer_format": optimizer_format(distributed_optimizer),
+    }
 
 
 def _extra(policy, loading: bool):
@@ -157,7 +164,9 @@ def _extra(policy, loading: bool):
     def build(model_ssd):
         # fully_reshardable also for the plain optimizer's metadata: only the distributed one
         # reads it; chained_optim_avoid_prefix: no "chained_0." in keys (one optimizer here)
-        md = {"distrib_optim_sharding_type": FULLY_RESHARDABLE, "chained_optim_avoid_prefix": True} if dist_opt else None
+        md = (
+            {"distrib_optim_sharding_type": FULLY_RESHARDABLE, "chained_optim_avoid_prefix": True} if dist_opt else None
+        )
         return {
             "optimizer": policy.optimizer.sharded_state_dict(model_ssd[MODEL_KEY], is_loading=loading, metadata=md),
             "scheduler": policy.scheduler.state_dict(),
@@ -170,8 +179,11 @@ def save_train_checkpoint(policy, directory: str, metadata: dict) -> None:
     """Collective: every rank saves its shards of model and optimizer into ``directory``."""
     dist_opt = _is_distributed(policy)
     meta = dict(metadata)
-    meta["layout"] = {**dict(metadata.get("layout") or {}), "distributed_optimizer": dist_opt,
-                      "optimizer_format": optimizer_format(dist_opt)}
+    meta["layout"] = {
+        **dict(metadata.get("layout") or {}),
+        "distributed_optimizer": dist_opt,
+        "optimizer_format": optimizer_format(dist_opt),
+    }
     # the unwrapped GPTModel: checkpoint keys without DDP's "module." prefix, the same keys
     # as a converted checkpoint (tools/convert_hf_to_megatron.py)
     save_checkpoint(unwrap(policy.model), directory, meta, extra_sharded_state=_extra(policy, False))
@@ -182,12 +194,17 @@ def load_train_checkpoint(policy, directory: str) -> dict:
 
     A checkpoint whose optimizer state cannot be loaded by this optimizer (:func:`resume_note`)
     is refused before anything is read."""
-    new = {**current_layout(), "distributed_optimizer": _is_distributed(policy),
-           "optimizer_format": optimizer_format(_is_distributed(policy))}
+    new = {
+        **current_layout(),
+        "distributed_optimizer": _is_distributed(policy),
+        "optimizer_format": optimizer_format(_is_distributed(policy)),
+    }
     ok, note = resume_note(checkpoint_layout(read_metadata(directory)), new)
     if not ok:
         raise CheckpointError(f"{directory}: cannot resume: {note}")
-    meta, extra = load_checkpoint(unwrap(policy.model), directory, policy.arch, extra_sharded_state=_extra(policy, True))
+    meta, extra = load_checkpoint(
+        unwrap(policy.model), directory, policy.arch, extra_sharded_state=_extra(policy, True)
+    )
     _load_optimizer_state(policy, extra["optimizer"])
     policy.scheduler.load_state_dict(extra["scheduler"])
     return meta

@@ -52,19 +52,25 @@ def derived_rank_seed(seed: int, rank: int, step: int) -> int:
 
 
 class PolicyWorker:
-    def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, cfg: DAPOConfig, hf_config_path: str):
+    def __init__(
+        self, rank: int, world_size: int, master_addr: str, master_port: int, cfg: DAPOConfig, hf_config_path: str
+    ):
 
         warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
         warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
         from megatron.core import parallel_state as ps
 
-
         self.cfg = cfg
         self.rank = rank
         init_distributed(rank=rank, world_size=world_size, master_addr=master_addr, master_port=master_port)
         p = cfg.parallel
-        init_parallel(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size, seed=cfg.optim.seed,
-                      **expert_parallel_sizes(p))
+        init_parallel(
+            p.tensor_model_parallel_size,
+            p.pipeline_model_parallel_size,
+            p.context_parallel_size,
+            seed=cfg.optim.seed,
+            **expert_parallel_sizes(p),
+        )
         o = cfg.optim
         build = ModelBuildOptions(
             params_dtype=torch.bfloat16 if cfg.model.bf16 else torch.float32,
@@ -80,14 +86,17 @@ class PolicyWorker:
             moe=moe_options(cfg.moe),
         )
         opt = OptimizerOptions(
-            lr=o.lr, weight_decay=o.weight_decay, adam_beta1=o.adam_beta1,
-            adam_beta2=o.adam_beta2, adam_eps=o.adam_eps, clip_grad=o.clip_grad,
+            lr=o.lr,
+            weight_decay=o.weight_decay,
+            adam_beta1=o.adam_beta1,
+            adam_beta2=o.adam_beta2,
+            adam_eps=o.adam_eps,
+            clip_grad=o.clip_grad,
             use_distributed_optimizer=p.use_distributed_optimizer,
             lr_warmup_iters=lr_warmup_optimizer_steps(cfg),
         )
         self.policy = build_policy(hf_config_path, build, opt)
         if cfg.moe.routing_replay:  # R3: replay the engines' routing (training/routing_replay.py)
-
             install_routing_replay(self.policy.model)
         self.arch = self.policy.arch
         self.hf_config_path = hf_config_path
@@ -121,7 +130,6 @@ class PolicyWorker:
 
         m = self.cfg.model
         if m.pretrained_checkpoint:
-
             load_checkpoint(unwrap(model), m.pretrained_checkpoint, self.arch)
             return m.pretrained_checkpoint
         if m.hf_checkpoint and os.path.exists(os.path.join(m.hf_checkpoint, "config.json")):
@@ -135,7 +143,6 @@ class PolicyWorker:
 
         model, _, _ = build_gpt_model(self.hf_config_path, self.build_opts)
         if self.cfg.model.ref_load:
-
             load_checkpoint(model, self.cfg.model.ref_load, self.arch)
             src = self.cfg.model.ref_load
         else:
@@ -148,17 +155,32 @@ class PolicyWorker:
     def compute_ref_logprobs(self, samples: list) -> Optional[list]:
 
         o = self.cfg.optim
-        return compute_logprobs(self._ref, samples, self.arch.vocab_size, o.micro_batch_size, o.max_tokens_per_gpu,
-                                self.cfg.rollout.temperature, packing=o.use_packing)
+        return compute_logprobs(
+            self._ref,
+            samples,
+            self.arch.vocab_size,
+            o.micro_batch_size,
+            o.max_tokens_per_gpu,
+            self.cfg.rollout.temperature,
+            packing=o.use_packing,
+        )
 
     def full_weights(self) -> dict:
         """TP-gathered weights of this PP stage by megatron global name (tests, replay)."""
 
         return {n: t.clone() for n, t in gather_full_weights(self.policy.model, self.arch)}
 
-    def sync_weights(self, engine=None, bucket_bytes: Optional[int] = None, *, engine_calls=None,
-                     engine_protocol=None, feed_engines: bool = False, skip_engine: bool = False,
-                     active_feeders=None) -> dict:
+    def sync_weights(
+        self,
+        engine=None,
+        bucket_bytes: Optional[int] = None,
+        *,
+        engine_calls=None,
+        engine_protocol=None,
+        feed_engines: bool = False,
+        skip_engine: bool = False,
+        active_feeders=None,
+    ) -> dict:
         """Bucketed TP/PP -> HF weight sync.
 
         ``feed_engines``: one engine per group of ``--rollout-num-gpus-per-engine`` ranks, fed by
@@ -173,8 +195,9 @@ class PolicyWorker:
         key = ("feed" if feed_engines else "rank0", size)
         if self._sync is None or self._sync[0] != key:
             feeding = EngineFeeding(self.cfg.rollout.num_gpus_per_engine) if feed_engines else None
-            ws = WeightSync(self.policy.model, self.arch, bucket_bytes=size,
-                            feeder_ranks=feeding.feeder_ranks if feeding else (0,))
+            ws = WeightSync(
+                self.policy.model, self.arch, bucket_bytes=size, feeder_ranks=feeding.feeder_ranks if feeding else (0,)
+            )
             ws.keep_buffers = ws.device.type == "cpu"  # no first-touch of fresh memory each sync
             self._sync = (key, ws, feeding)
         _, ws, feeding = self._sync
@@ -193,15 +216,27 @@ class PolicyWorker:
 
         m = self.cfg.model
         tok = m.tokenizer or m.hf_checkpoint
-        return export_model_to_hf(self.policy.model, self.arch, directory, hf_config_dir=self.hf_config_path,
-                                  tokenizer_dir=tok if tok and os.path.isdir(tok) else None)
+        return export_model_to_hf(
+            self.policy.model,
+            self.arch,
+            directory,
+            hf_config_dir=self.hf_config_path,
+            tokenizer_dir=tok if tok and os.path.isdir(tok) else None,
+        )
 
     # ------------------------------------------------------------------ DAPO
     def compute_logprobs(self, samples: list) -> Optional[list]:
 
         o = self.cfg.optim
-        return compute_logprobs(self.policy, samples, self.arch.vocab_size, o.micro_batch_size, o.max_tokens_per_gpu,
-                                self.cfg.rollout.temperature, packing=o.use_packing)
+        return compute_logprobs(
+            self.policy,
+            samples,
+            self.arch.vocab_size,
+            o.micro_batch_size,
+            o.max_tokens_per_gpu,
+            self.cfg.rollout.temperature,
+            packing=o.use_packing,
+        )
 
     def probe_logprobs(self, sequences: list) -> Optional[list]:
         """The weight-sync probe's megatron half: logprobs of tokens 1.. of each sequence at
@@ -209,8 +244,9 @@ class PolicyWorker:
 
         o = self.cfg.optim
         items = [TrainItem(tokens=list(s), prompt_len=1) for s in sequences]
-        return compute_logprobs(self.policy, items, self.arch.vocab_size, o.micro_batch_size, o.max_tokens_per_gpu,
-                                packing=o.use_packing)
+        return compute_logprobs(
+            self.policy, items, self.arch.vocab_size, o.micro_batch_size, o.max_tokens_per_gpu, packing=o.use_packing
+        )
 
     def train(self, shards: list, inject_nan: bool = False) -> list:
         """``shards[k]`` is this rank's DP shard of mini-batch k: one optimizer step each (a ``StepStats`` each)."""
@@ -220,8 +256,14 @@ class PolicyWorker:
         for shard in shards:
             out.append(
                 train_on_minibatch(
-                    self.policy, shard, self.cfg.algo, self.arch.vocab_size, o.micro_batch_size,
-                    o.max_tokens_per_gpu, nan_loss=inject_nan, temperature=self.cfg.rollout.temperature,
+                    self.policy,
+                    shard,
+                    self.cfg.algo,
+                    self.arch.vocab_size,
+                    o.micro_batch_size,
+                    o.max_tokens_per_gpu,
+                    nan_loss=inject_nan,
+                    temperature=self.cfg.rollout.temperature,
                     packing=o.use_packing,
                     offpolicy=self.cfg.rollout.partial_rollout_offpolicy if self.cfg.rollout.partial_rollout else None,
                 )
@@ -242,12 +284,10 @@ class PolicyWorker:
     # ------------------------------------------------------------------ state
     def rng_state(self) -> dict:
 
-
         return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
 
     def set_rng_state(self, s: dict) -> None:
         """Restore what :meth:`rng_state` returned on this rank (same layout: exact resume)."""
-
 
         torch.set_rng_state(s["torch"])
         np.random.set_state(s["numpy"])
@@ -258,7 +298,6 @@ class PolicyWorker:
         resume on another layout, where the saved per-rank states have no rank to go to. The
         same (seed, rank, step) always gives the same states; returns the derived seed."""
         seed = derived_rank_seed(self.cfg.optim.seed, self.rank, step)
-
 
         torch.manual_seed(seed)
         np.random.seed(seed % 2**32)
@@ -278,7 +317,6 @@ class PolicyWorker:
         dist.barrier()
 
     def shutdown(self) -> None:
-
 
         destroy_parallel()
         if dist.is_initialized():

@@ -25,11 +25,21 @@ def base_args(root, steps: int = 4, **over) -> list:
     if not os.path.exists(prompts):
         with open(prompts, "w") as f:
             f.write(json.dumps({"prompt": "1+1", "reward_model": {"ground_truth": "2"}}) + "\n")
-    args = {"--hf-checkpoint": shape_only_model(root), "--prompt-data": prompts, "--algorithm": "grpo",
-            "--num-rollout": str(steps), "--rollout-batch-size": "2", "--n-samples-per-prompt": "4",
-            "--global-batch-size": "8", "--max-prompt-length": "64", "--max-response-length": "16",
-            "--overlong-buffer-length": "4", "--eval-data": prompts.replace("prompts", "heldout"), "--eval-interval": "2",
-            "--wandb-mode": "disabled"}
+    args = {
+        "--hf-checkpoint": shape_only_model(root),
+        "--prompt-data": prompts,
+        "--algorithm": "grpo",
+        "--num-rollout": str(steps),
+        "--rollout-batch-size": "2",
+        "--n-samples-per-prompt": "4",
+        "--global-batch-size": "8",
+        "--max-prompt-length": "64",
+        "--max-response-length": "16",
+        "--overlong-buffer-length": "4",
+        "--eval-data": prompts.replace("prompts", "heldout"),
+        "--eval-interval": "2",
+        "--wandb-mode": "disabled",
+    }
     args.update(over)
     out = []
     for k, v in args.items():
@@ -37,10 +47,24 @@ def base_args(root, steps: int = 4, **over) -> list:
     return out
 
 
-def make_plan(root, factors="clip-higher,dynamic-sampling,token-level-loss", seeds=(1, 2), fraction=0, steps=4,
-              threshold=0.45, specs=()):
-    plan = build_plan(os.path.join(str(root), "grid"), base_args(root, steps), resolve_factors(factors, list(specs)),
-                      list(seeds), fraction=fraction, threshold=threshold, cwd=str(root))
+def make_plan(
+    root,
+    factors="clip-higher,dynamic-sampling,token-level-loss",
+    seeds=(1, 2),
+    fraction=0,
+    steps=4,
+    threshold=0.45,
+    specs=(),
+):
+    plan = build_plan(
+        os.path.join(str(root), "grid"),
+        base_args(root, steps),
+        resolve_factors(factors, list(specs)),
+        list(seeds),
+        fraction=fraction,
+        threshold=threshold,
+        cwd=str(root),
+    )
     plan.cost = check_and_cost(plan, step_seconds=10.0)
     plan.save()
     return plan

@@ -36,18 +36,64 @@ def test_grid_plan_launch_kill_resume_report(tmp_path, capsys, monkeypatch):
     grid = tmp_path / "grid"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS",)}
     env["PYTHONPATH"] = ROOT  # the runs' --reward-fn tests.e2e.fixtures:parity_reward
-    base = ["--hf-checkpoint", hf, "--prompt-data", prompts, "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
-            "--global-batch-size", "8", "--micro-batch-size", "8", "--max-response-length", "8",
-            "--overlong-buffer-length", "4", "--max-prompt-length", "64", "--num-rollout", "1", "--lr", "1e-3",
-            "--reward-fn", "tests.e2e.fixtures:parity_reward", "--reward-num-workers", "1", "--wandb-mode", "disabled",
-            "--eval-data", heldout, "--eval-interval", "1", "--eval-k", "1", "--no-progress"]
+    base = [
+        "--hf-checkpoint",
+        hf,
+        "--prompt-data",
+        prompts,
+        "--rollout-batch-size",
+        "2",
+        "--n-samples-per-prompt",
+        "4",
+        "--global-batch-size",
+        "8",
+        "--micro-batch-size",
+        "8",
+        "--max-response-length",
+        "8",
+        "--overlong-buffer-length",
+        "4",
+        "--max-prompt-length",
+        "64",
+        "--num-rollout",
+        "1",
+        "--lr",
+        "1e-3",
+        "--reward-fn",
+        "tests.e2e.fixtures:parity_reward",
+        "--reward-num-workers",
+        "1",
+        "--wandb-mode",
+        "disabled",
+        "--eval-data",
+        heldout,
+        "--eval-interval",
+        "1",
+        "--eval-k",
+        "1",
+        "--no-progress",
+    ]
     tool = [sys.executable, os.path.join(ROOT, "tools", "ablate.py")]
-    cmd = [*tool, "run", "--grid", str(grid), "--factors", "clip-higher", "--seeds", "7", "--kill-grace", "30",
-           "--threshold", "0.5", "--", *base]
+    cmd = [
+        *tool,
+        "run",
+        "--grid",
+        str(grid),
+        "--factors",
+        "clip-higher",
+        "--seeds",
+        "7",
+        "--kill-grace",
+        "30",
+        "--threshold",
+        "0.5",
+        "--",
+        *base,
+    ]
 
     # 1. the plan
     monkeypatch.chdir(tmp_path)
-    assert main([*cmd[2:-len(base) - 1], "--dry-run", "--", *base]) == 0
+    assert main([*cmd[2 : -len(base) - 1], "--dry-run", "--", *base]) == 0
     out = capsys.readouterr().out
     assert "=== ablation plan: 2^1 full factorial, full (no aliasing), 2 cells x 1 seed(s) = 2 runs ===" in out
     assert "A0:7   clip-higher-  -> runs/A0/seed7" in out and "can separate" in out
@@ -55,8 +101,9 @@ def test_grid_plan_launch_kill_resume_report(tmp_path, capsys, monkeypatch):
 
     # 2. launched, and stopped by SIGTERM while its first run starts
     first = grid / "runs" / "A0" / "seed7" / "config.json"
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env=env, cwd=tmp_path)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env, cwd=tmp_path
+    )
     try:
         deadline = time.monotonic() + 300
         while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -78,7 +125,8 @@ def test_grid_plan_launch_kill_resume_report(tmp_path, capsys, monkeypatch):
     p = run_in_session([*tool, "run", "--grid", str(grid)], 900, env=env, cwd=tmp_path)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-6000:] + "".join(
-        open(grid / "logs" / f).read()[-3000:] for f in os.listdir(grid / "logs"))
+        open(grid / "logs" / f).read()[-3000:] for f in os.listdir(grid / "logs")
+    )
     assert not p.leftovers
     assert "[ablate] 2 run(s) to launch, 0 already done" in out
     assert "A0:7 (clip-higher-): restart" in out and "A1:7 (clip-higher+): new" in out

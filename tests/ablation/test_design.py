@@ -24,8 +24,16 @@ from megatron_dapo.ablation.design import (
 def test_full_factorial_2_3_standard_order():
     m = full_factorial(3)
     # Yates order: A alternates fastest, then B, then C
-    assert m.tolist() == [[-1, -1, -1], [1, -1, -1], [-1, 1, -1], [1, 1, -1],
-                          [-1, -1, 1], [1, -1, 1], [-1, 1, 1], [1, 1, 1]]
+    assert m.tolist() == [
+        [-1, -1, -1],
+        [1, -1, -1],
+        [-1, 1, -1],
+        [1, 1, -1],
+        [-1, -1, 1],
+        [1, -1, 1],
+        [-1, 1, 1],
+        [1, 1, 1],
+    ]
     d = make_design(3)
     assert d.is_full and d.name == "2^3" and d.runs == 8 and d.resolution is None
     assert d.resolution_name == "full (no aliasing)"
@@ -84,10 +92,17 @@ def test_other_half_fraction_and_resolution_iii():
     assert make_design(6, fraction=2).resolution == 4
 
 
-@pytest.mark.parametrize("bad, msg", [
-    ("D=A", "resolution II"), ("D=ABD", "by itself"), ("D=ABX", "letters among"), ("DABC", "write it as"),
-    ("E=ABC", "not one of the 4 factors"), ("D=AAB", "appears twice"),
-])
+@pytest.mark.parametrize(
+    "bad, msg",
+    [
+        ("D=A", "resolution II"),
+        ("D=ABD", "by itself"),
+        ("D=ABX", "letters among"),
+        ("DABC", "write it as"),
+        ("E=ABC", "not one of the 4 factors"),
+        ("D=AAB", "appears twice"),
+    ],
+)
 def test_bad_generators(bad, msg):
     with pytest.raises(DesignError, match=msg):
         parse_generator(bad, 4)
@@ -153,7 +168,7 @@ def test_student_t_quantiles_and_interval():
 def test_design_matrix_of_every_default_fraction_is_balanced():
     from megatron_dapo.ablation.design import DEFAULT_GENERATORS
 
-    for (k, p) in DEFAULT_GENERATORS:
+    for k, p in DEFAULT_GENERATORS:
         d = make_design(k, fraction=p)
         assert d.runs == 2 ** (k - p)
         assert (d.matrix.sum(axis=0) == 0).all()

@@ -20,7 +20,7 @@ from tests.launch.procs import leftovers, run_in_session
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-FAKE_TRAINER = r'''
+FAKE_TRAINER = r"""
 import json, os, shutil, signal, subprocess, sys, time
 
 assert sys.argv[1:3] == ["-m", "megatron_dapo.train"], sys.argv
@@ -60,7 +60,7 @@ if os.environ.get("FAKE_CRASH_CELL") == cell:
 with open(os.path.join(rd, "metrics.jsonl"), "w") as f:
     for s in range(1, steps + 1):
         f.write(json.dumps({"step": s, "acc_mean": 0.25 + 0.1 * s * (cell == "A1"), "time_step": 1.0}) + "\n")
-'''
+"""
 
 
 def setup(tmp_path):
@@ -68,16 +68,37 @@ def setup(tmp_path):
     computed here, so that the stand-in starts in a blink), its environment and the plan."""
     fake = tmp_path / "fake-python"
     (tmp_path / "fake_trainer.py").write_text(FAKE_TRAINER)
-    fake.write_text(f"#!/bin/sh\nexec {sys.executable} {tmp_path / 'fake_trainer.py'} \"$@\"\n")
+    fake.write_text(f'#!/bin/sh\nexec {sys.executable} {tmp_path / "fake_trainer.py"} "$@"\n')
     fake.chmod(0o755)
     base = base_args(tmp_path)
     grid = tmp_path / "grid"
     plan = build_plan(str(grid), base, resolve_factors("clip-higher", []), [1], cwd=str(tmp_path))
-    (tmp_path / "configs.json").write_text(json.dumps({r.run_dir: unflatten(expected_config(r.argv)) for r in plan.runs}))
-    env = dict(os.environ, PYTHONPATH=ROOT, FAKE_LOG=str(tmp_path / "calls.jsonl"), FAKE_READY=str(tmp_path / "ready"),
-               FAKE_CONFIGS=str(tmp_path / "configs.json"))
-    cmd = [sys.executable, os.path.join(ROOT, "tools", "ablate.py"), "run", "--grid", str(grid),
-           "--factors", "clip-higher", "--python", str(fake), "--kill-grace", "3", "--no-plot", "--", *base]
+    (tmp_path / "configs.json").write_text(
+        json.dumps({r.run_dir: unflatten(expected_config(r.argv)) for r in plan.runs})
+    )
+    env = dict(
+        os.environ,
+        PYTHONPATH=ROOT,
+        FAKE_LOG=str(tmp_path / "calls.jsonl"),
+        FAKE_READY=str(tmp_path / "ready"),
+        FAKE_CONFIGS=str(tmp_path / "configs.json"),
+    )
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "tools", "ablate.py"),
+        "run",
+        "--grid",
+        str(grid),
+        "--factors",
+        "clip-higher",
+        "--python",
+        str(fake),
+        "--kill-grace",
+        "3",
+        "--no-plot",
+        "--",
+        *base,
+    ]
     return cmd, env, fake
 
 
@@ -96,8 +117,15 @@ def alive(pid):
 
 def test_sigterm_stops_the_run_and_a_rerun_fills_what_is_missing(tmp_path):
     cmd, env, fake = setup(tmp_path)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**env, "FAKE_MODE": "hang"}, cwd=tmp_path)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**env, "FAKE_MODE": "hang"},
+        cwd=tmp_path,
+    )
     try:
         deadline = time.monotonic() + 120
         while not (tmp_path / "ready").exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -127,8 +155,11 @@ def test_sigterm_stops_the_run_and_a_rerun_fills_what_is_missing(tmp_path):
     p = run_in_session(cmd, 300, env={**env, "FAKE_MODE": "ok"}, cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
     assert not p.leftovers
-    assert calls(tmp_path) == [{"cell": "A0", "start_over": False}, {"cell": "A0", "start_over": True},
-                               {"cell": "A1", "start_over": False}]
+    assert calls(tmp_path) == [
+        {"cell": "A0", "start_over": False},
+        {"cell": "A0", "start_over": True},
+        {"cell": "A1", "start_over": False},
+    ]
     assert "[ablate] 2 run(s) to launch, 0 already done" in p.stdout
     assert "A0:1 (clip-higher-): restart" in p.stdout and "A1:1 (clip-higher+): new" in p.stdout
     assert (tmp_path / "grid" / "runs" / "A0" / "seed1" / "aside-1" / "config.json").exists()
@@ -137,8 +168,12 @@ def test_sigterm_stops_the_run_and_a_rerun_fills_what_is_missing(tmp_path):
     assert log.count("=== ") == 2 and "fake trainer: A0" in log
     # once more: nothing to do
     said = []
-    assert launch_local(plan, echo=said.append, python=str(fake)) == {"ran": [], "failed": [], "skipped": [],
-                                                                      "interrupted": None}
+    assert launch_local(plan, echo=said.append, python=str(fake)) == {
+        "ran": [],
+        "failed": [],
+        "skipped": [],
+        "interrupted": None,
+    }
     assert said == ["[ablate] 0 run(s) to launch, 2 already done"] and len(calls(tmp_path)) == 3
 
 

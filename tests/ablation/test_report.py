@@ -34,9 +34,16 @@ def fill(plan, runs=None, last_step=None):
         y = final_value(lv, run.seed)
         recs = []
         for step in range(1, (last_step or 4) + 1):
-            r = {"step": step, "acc_mean": 0.3, "entropy": 0.5 + 0.1 * lv["clip-higher"], "clip_frac_high": 0.01,
-                 "kept_group_ratio": 0.6, "response_length_mean": 8.0,
-                 "truncation_ratio": 0.5 if lv["token-level-loss"] < 0 else 0.0, "time_step": 12.0}
+            r = {
+                "step": step,
+                "acc_mean": 0.3,
+                "entropy": 0.5 + 0.1 * lv["clip-higher"],
+                "clip_frac_high": 0.01,
+                "kept_group_ratio": 0.6,
+                "response_length_mean": 8.0,
+                "truncation_ratio": 0.5 if lv["token-level-loss"] < 0 else 0.0,
+                "time_step": 12.0,
+            }
             if step % 2 == 0:
                 r["eval/heldout/pass@1"] = y - 0.1 if step == 2 else y
             recs.append(r)
@@ -64,7 +71,7 @@ def test_effects_and_intervals_from_synthetic_runs(tmp_path):
     assert sorted(eff) == ["A", "AB", "AC", "B", "BC", "C"]
     # A: per seed exactly the seed's effect; the mean 0.12 with the t interval on 1 df
     assert eff["A"].per_seed == {1: pytest.approx(0.10), 2: pytest.approx(0.14)}
-    sd = math.sqrt((0.02 ** 2 + 0.02 ** 2) / 1)
+    sd = math.sqrt((0.02**2 + 0.02**2) / 1)
     half = T975_1 * sd / math.sqrt(2)
     assert eff["A"].estimate == pytest.approx(0.12)
     assert (eff["A"].low, eff["A"].high) == (pytest.approx(0.12 - half, abs=1e-4), pytest.approx(0.12 + half, abs=1e-4))
@@ -170,17 +177,30 @@ def test_report_refuses_a_run_that_is_not_its_cell(tmp_path):
     a1 = [r for r in plan.runs if r.cell == "A1B0C0"][0]
     write_config(a1, **{"algo.eps_clip_high": 0.2})  # clip-higher+ cell run without clip-higher
     assert {s.key: s.status for s in grid_states(plan)}["A1B0C0:1"] == "foreign"
-    with pytest.raises(AblationError, match=r"is not the configuration of cell A1B0C0 .*algo\.eps_clip_high \(0\.2, "
-                                            r"the plan: 0\.28\)"):
+    with pytest.raises(
+        AblationError,
+        match=r"is not the configuration of cell A1B0C0 .*algo\.eps_clip_high \(0\.2, "
+        r"the plan: 0\.28\)",
+    ):
         build_report(plan)
 
 
 def test_fractional_grid_labels_aliased_effects_and_custom_factors(tmp_path):
-    plan = make_plan(tmp_path, factors="clip-higher,dynamic-sampling,token-level-loss", seeds=(1,), fraction=0,
-                     specs=["lr=--lr 1e-6|--lr 2e-6"])
+    plan = make_plan(
+        tmp_path,
+        factors="clip-higher,dynamic-sampling,token-level-loss",
+        seeds=(1,),
+        fraction=0,
+        specs=["lr=--lr 1e-6|--lr 2e-6"],
+    )
     assert plan.factor_fields["lr"] == ["optim.lr"]
-    plan4 = make_plan(tmp_path / "frac", factors="clip-higher,dynamic-sampling,token-level-loss", seeds=(1,),
-                      fraction=1, specs=["lr=--lr 1e-6|--lr 2e-6"])
+    plan4 = make_plan(
+        tmp_path / "frac",
+        factors="clip-higher,dynamic-sampling,token-level-loss",
+        seeds=(1,),
+        fraction=1,
+        specs=["lr=--lr 1e-6|--lr 2e-6"],
+    )
     assert plan4.design.name == "2^(4-1)" and len(plan4.runs) == 8
     for run in plan4.runs:
         lv = plan4.levels(run.cell)

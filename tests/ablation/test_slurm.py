@@ -44,19 +44,57 @@ def test_slurm_array_submitted_and_one_task_run_under_fake_slurm(tmp_path, tiny,
     monkeypatch.setenv("SBATCH_ARGS", str(tmp_path / "sbatch_args"))
     monkeypatch.chdir(tmp_path)
     grid = tmp_path / "grid"
-    base = ["--hf-checkpoint", hf, "--prompt-data", prompts, "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
-            "--global-batch-size", "8", "--max-prompt-length", "64", "--max-response-length", "8",
-            "--overlong-buffer-length", "4", "--num-rollout", "2", "--wandb-mode", "disabled"]
-    argv = ["run", "--grid", str(grid), "--factors", "clip-higher", "--slurm", "--sbatch-arg=--partition=gpu",
-            "--max-parallel", "2", "--slurm-time", "2:00:00", "--", *base]
+    base = [
+        "--hf-checkpoint",
+        hf,
+        "--prompt-data",
+        prompts,
+        "--rollout-batch-size",
+        "2",
+        "--n-samples-per-prompt",
+        "4",
+        "--global-batch-size",
+        "8",
+        "--max-prompt-length",
+        "64",
+        "--max-response-length",
+        "8",
+        "--overlong-buffer-length",
+        "4",
+        "--num-rollout",
+        "2",
+        "--wandb-mode",
+        "disabled",
+    ]
+    argv = [
+        "run",
+        "--grid",
+        str(grid),
+        "--factors",
+        "clip-higher",
+        "--slurm",
+        "--sbatch-arg=--partition=gpu",
+        "--max-parallel",
+        "2",
+        "--slurm-time",
+        "2:00:00",
+        "--",
+        *base,
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "[ablate] submitted job array 4242: 2 run(s) (A0:1, A1:1)" in out
     args = (tmp_path / "sbatch_args").read_text().splitlines()
     assert args[:2] == ["--parsable", "--partition=gpu"] and args[2].startswith(str(grid / "slurm" / "array-"))
     script = open(args[2]).read()
-    for line in ("#SBATCH --array=0-1%2", "#SBATCH --nodes=1", "#SBATCH --gpus-per-task=1", "#SBATCH --time=2:00:00",
-                 f"#SBATCH --output={grid}/logs/slurm-%A_%a.out", "examples/slurm/submit_dapo.sbatch"):
+    for line in (
+        "#SBATCH --array=0-1%2",
+        "#SBATCH --nodes=1",
+        "#SBATCH --gpus-per-task=1",
+        "#SBATCH --time=2:00:00",
+        f"#SBATCH --output={grid}/logs/slurm-%A_%a.out",
+        "examples/slurm/submit_dapo.sbatch",
+    ):
         assert line in script, line
     tasks = [x for x in os.listdir(grid / "slurm") if x.startswith("tasks-")]
     assert (grid / "slurm" / tasks[0]).read_text() == "A0:1\nA1:1\n"
@@ -66,8 +104,15 @@ def test_slurm_array_submitted_and_one_task_run_under_fake_slurm(tmp_path, tiny,
     # array task 1 (A1: clip-higher on), as Slurm starts it; DRY_RUN=1: submit_dapo prints its plan and runs the
     # driver's dry run instead of starting Ray
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in ("RAY_ADDRESS", "DRY_RUN")}
-    env.update(PATH=f"{FAKE_SLURM}:{env['PATH']}", PYTHONPATH=ROOT, SLURM_JOB_ID="99", SLURM_ARRAY_JOB_ID="4242",
-               SLURM_ARRAY_TASK_ID="1", SLURM_JOB_NODELIST="fakehead", DRY_RUN="1")
+    env.update(
+        PATH=f"{FAKE_SLURM}:{env['PATH']}",
+        PYTHONPATH=ROOT,
+        SLURM_JOB_ID="99",
+        SLURM_ARRAY_JOB_ID="4242",
+        SLURM_ARRAY_TASK_ID="1",
+        SLURM_JOB_NODELIST="fakehead",
+        DRY_RUN="1",
+    )
     t = run_in_session(["bash", args[2]], 300, env=env, cwd=tmp_path)
     out = t.stdout + t.stderr
     assert t.returncode == 0, out[-4000:]
@@ -89,7 +134,9 @@ def test_slurm_array_submitted_and_one_task_run_under_fake_slurm(tmp_path, tiny,
     with pytest.raises(SystemExit) as e:
         main(["run", "--grid", str(grid), "--slurm"])
     assert e.value.code == 2
-    assert "--slurm: sbatch failed (exit 1: sbatch: error: invalid partition specified: nope)" in capsys.readouterr().err
+    assert (
+        "--slurm: sbatch failed (exit 1: sbatch: error: invalid partition specified: nope)" in capsys.readouterr().err
+    )
     monkeypatch.delenv("FAKE_SBATCH_FAIL")
     assert main(["run", "--grid", str(grid), "--slurm"]) == 0
     assert "submitted job array 4242: 1 run(s) (A1:1)" in capsys.readouterr().out

@@ -78,7 +78,7 @@ def test_uniform_groups_exactly_zero(values, group_size, normalize):
         ),
         min_size=1,
         max_size=4,
-    ),
+    )
 )
 def test_mixed_groups_zero_mean_unit_std(groups):
     g = min(len(x) for x in groups)

@@ -21,10 +21,24 @@ def test_every_field_has_help_and_a_unique_flag():
 
 
 def test_required_controls_exist():
-    for name in ("algorithm", "eps_clip_low", "eps_clip_high", "clip_ratio_c", "loss_agg_mode", "advantage_estimator",
-                 "overlong_filter", "overlong_penalty", "max_response_length", "overlong_buffer_length",
-                 "overlong_penalty_factor", "dynamic_sampling", "dynamic_sampling_metric", "kl_coef",
-                 "kl_estimator", "entropy_coef"):
+    for name in (
+        "algorithm",
+        "eps_clip_low",
+        "eps_clip_high",
+        "clip_ratio_c",
+        "loss_agg_mode",
+        "advantage_estimator",
+        "overlong_filter",
+        "overlong_penalty",
+        "max_response_length",
+        "overlong_buffer_length",
+        "overlong_penalty_factor",
+        "dynamic_sampling",
+        "dynamic_sampling_metric",
+        "kl_coef",
+        "kl_estimator",
+        "entropy_coef",
+    ):
         assert name in FIELDS
 
 

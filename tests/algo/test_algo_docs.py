@@ -25,7 +25,7 @@ def _parse(argv):
 
 def _ablation_lines():
     text = DOC.read_text()
-    block = text[text.index("## The paper's cumulative ablation"):]
+    block = text[text.index("## The paper's cumulative ablation") :]
     block = block.replace("\\\n", " ")
     lines = [ln.strip() for ln in block.splitlines() if ln.strip().startswith("python -m megatron_dapo.train")]
     return [shlex.split(ln.replace("$COMMON", ""))[3:] for ln in lines]
@@ -34,7 +34,7 @@ def _ablation_lines():
 def _summary_rows():
     """(flag cell, grpo cell, dapo cell, metrics cell) of each row of the Summary table."""
     text = DOC.read_text()
-    block = text[text.index("## Summary"):text.index("\n## ", text.index("## Summary") + 1)]
+    block = text[text.index("## Summary") : text.index("\n## ", text.index("## Summary") + 1)]
     rows = [ln for ln in block.splitlines() if ln.startswith("| ") and not ln.startswith("| Control")]
     return [tuple(c.strip() for c in ln.strip("|").split("|"))[1:] for ln in rows if "---" not in ln]
 
@@ -59,8 +59,13 @@ def test_six_ablation_lines_are_cumulative_and_end_at_dapo():
     diffs = []
     for a, b in zip(cfgs, cfgs[1:]):
         diffs.append({f.name for f in dataclasses.fields(AlgorithmConfig) if getattr(a, f.name) != getattr(b, f.name)})
-    assert diffs == [{"overlong_filter"}, {"eps_clip_high"}, {"overlong_penalty"}, {"loss_agg_mode"},
-                     {"dynamic_sampling"}]
+    assert diffs == [
+        {"overlong_filter"},
+        {"eps_clip_high"},
+        {"overlong_penalty"},
+        {"loss_agg_mode"},
+        {"dynamic_sampling"},
+    ]
     # "Line 6 is --algorithm dapo --clip-ratio-c none"
     dapo_paper = AlgorithmConfig.from_preset("dapo", clip_ratio_c=None)
     assert dataclasses.replace(cfgs[5], algorithm="dapo") == dapo_paper
@@ -73,14 +78,17 @@ def test_every_flag_is_documented():
         assert f.metadata["flag"] in text, f.metadata["flag"]
 
 
-@pytest.mark.parametrize("argv, field, value", [
-    (["--algorithm", "grpo", "--eps-clip-high", "0.28"], "eps_clip_high", 0.28),
-    (["--algorithm", "dapo", "--dynamic-sampling", "false"], "dynamic_sampling", False),
-    (["--algorithm", "grpo", "--clip-ratio-c", "3"], "clip_ratio_c", 3.0),
-    # "the project CLI also accepts a bare --overlong-filter and --no-overlong-filter"
-    (["--algorithm", "grpo", "--overlong-filter"], "overlong_filter", True),
-    (["--algorithm", "dapo", "--no-overlong-filter"], "overlong_filter", False),
-])
+@pytest.mark.parametrize(
+    "argv, field, value",
+    [
+        (["--algorithm", "grpo", "--eps-clip-high", "0.28"], "eps_clip_high", 0.28),
+        (["--algorithm", "dapo", "--dynamic-sampling", "false"], "dynamic_sampling", False),
+        (["--algorithm", "grpo", "--clip-ratio-c", "3"], "clip_ratio_c", 3.0),
+        # "the project CLI also accepts a bare --overlong-filter and --no-overlong-filter"
+        (["--algorithm", "grpo", "--overlong-filter"], "overlong_filter", True),
+        (["--algorithm", "dapo", "--no-overlong-filter"], "overlong_filter", False),
+    ],
+)
 def test_explicit_flags_win_over_presets(argv, field, value):
     assert getattr(_parse(argv), field) == value
 

@@ -33,7 +33,9 @@ def test_registry_rejects_duplicates_and_names_unknown():
         reg.register("a", 2)
     with pytest.raises(ValueError, match=r"--thing: unknown thing 'b'; one of a"):
         reg.get("b")
-    with pytest.raises(ValueError, match=r"--advantage-estimator: unknown advantage estimator 'gae'; one of group-norm"):
+    with pytest.raises(
+        ValueError, match=r"--advantage-estimator: unknown advantage estimator 'gae'; one of group-norm"
+    ):
         compute_advantages("gae", torch.tensor([1.0, 0.0]), 2)
 
 
@@ -108,9 +110,19 @@ def test_every_estimator_is_shift_invariant_and_keeps_order_within_a_group(value
 
 
 def _groups(rewards, g):
-    samples = [Sample(prompt_index=i // g, prompt_ids=[1], response_ids=[2], engine_logprobs=[-0.1],
-                      finish_reason="stop", ground_truth="x", reward=float(r)) for i, r in enumerate(rewards)]
-    return [Group(k, samples[k * g:(k + 1) * g]) for k in range(len(samples) // g)]
+    samples = [
+        Sample(
+            prompt_index=i // g,
+            prompt_ids=[1],
+            response_ids=[2],
+            engine_logprobs=[-0.1],
+            finish_reason="stop",
+            ground_truth="x",
+            reward=float(r),
+        )
+        for i, r in enumerate(rewards)
+    ]
+    return [Group(k, samples[k * g : (k + 1) * g]) for k in range(len(samples) // g)]
 
 
 @pytest.mark.parametrize("name", ADVANTAGE_ESTIMATORS.names())
@@ -134,5 +146,7 @@ def test_a_registered_estimator_is_selectable_and_called(monkeypatch):
 
 
 def test_unknown_estimator_refused_by_validation():
-    with pytest.raises(ValueError, match=r"--advantage-estimator must be one of group-norm, group-mean, reinforce-pp-baseline"):
+    with pytest.raises(
+        ValueError, match=r"--advantage-estimator must be one of group-norm, group-mean, reinforce-pp-baseline"
+    ):
         AlgorithmConfig(advantage_estimator="gae").validate()

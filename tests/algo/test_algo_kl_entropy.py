@@ -58,8 +58,12 @@ def test_entropy_hand_computed():
 
 @settings(max_examples=25, deadline=None)
 @given(
-    b=st.integers(1, 3), s=st.integers(1, 7), v=st.integers(1, 40), chunk=st.integers(1, 9),
-    seed=st.integers(0, 1000), scale=st.floats(0.1, 20.0),
+    b=st.integers(1, 3),
+    s=st.integers(1, 7),
+    v=st.integers(1, 40),
+    chunk=st.integers(1, 9),
+    seed=st.integers(0, 1000),
+    scale=st.floats(0.1, 20.0),
 )
 def test_entropy_matches_naive_values_and_gradients(b, s, v, chunk, seed, scale):
     gen = torch.Generator().manual_seed(seed)

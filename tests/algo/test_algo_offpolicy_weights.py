@@ -66,9 +66,14 @@ def _tensors():
     return old, eng, mask, stale
 
 
-@pytest.mark.parametrize("mode,offpolicy,seq_cap", [
-    (m, o, c) for m, o in itertools.product(TIS_MODES, OFFPOLICY)
-    for c in ((2.0, TIS_SEQ_CAP_DEFAULT) if m == "sequence-mask" else (2.0,))])
+@pytest.mark.parametrize(
+    "mode,offpolicy,seq_cap",
+    [
+        (m, o, c)
+        for m, o in itertools.product(TIS_MODES, OFFPOLICY)
+        for c in ((2.0, TIS_SEQ_CAP_DEFAULT) if m == "sequence-mask" else (2.0,))
+    ],
+)
 def test_every_combination_matches_the_hand_computation(mode, offpolicy, seq_cap):
     old, eng, mask, stale = _tensors()
     r = loss_token_weights(old, eng, mask, stale, mode, C, seq_cap, offpolicy)
@@ -98,8 +103,11 @@ V = 7
 
 @pytest.fixture(autouse=True)
 def _no_tp(monkeypatch):
-    monkeypatch.setattr(dapo_step, "chunked_logprobs_entropy",
-                        functools.partial(logprobs.chunked_logprobs_entropy, tp_group=None, tp_rank=0))
+    monkeypatch.setattr(
+        dapo_step,
+        "chunked_logprobs_entropy",
+        functools.partial(logprobs.chunked_logprobs_entropy, tp_group=None, tp_rank=0),
+    )
 
 
 def _logits(shape, seed=1):
@@ -114,8 +122,17 @@ def _samples():
     for i, (rho, k) in enumerate(zip(RHO, STALE)):
         toks = [1, 2] + [3 + (t + i) % 4 for t in range(len(rho))]
         old = [lp[i, 1 + t, toks[2 + t]].item() for t in range(len(rho))]
-        out.append(TrainItem(tokens=toks, prompt_len=2, advantage=(1.0, -0.5)[i], train=True, old_logprobs=old,
-                             engine_logprobs=[o - math.log(r) for o, r in zip(old, rho)], stale_len=k))
+        out.append(
+            TrainItem(
+                tokens=toks,
+                prompt_len=2,
+                advantage=(1.0, -0.5)[i],
+                train=True,
+                old_logprobs=old,
+                engine_logprobs=[o - math.log(r) for o, r in zip(old, rho)],
+                stale_len=k,
+            )
+        )
     return out
 
 

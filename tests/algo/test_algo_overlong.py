@@ -35,17 +35,16 @@ def test_float_lengths_and_float64():
 
 
 @SETTINGS
-@given(
-    l_max=st.integers(1, 50000),
-    frac=st.floats(0.0, 1.0),
-    factor=st.floats(0.0, 5.0),
-    delta=st.floats(1e-6, 1e-2),
-)
+@given(l_max=st.integers(1, 50000), frac=st.floats(0.0, 1.0), factor=st.floats(0.0, 5.0), delta=st.floats(1e-6, 1e-2))
 def test_continuous_at_ramp_start_and_at_l_max(l_max, frac, factor, delta):
     l_cache = max(1, int(l_max * frac))
     start = l_max - l_cache
-    at = overlong_penalty(torch.tensor([start, start + delta, l_max - delta, l_max, l_max + delta],
-                                       dtype=torch.float64), l_max, l_cache, factor)
+    at = overlong_penalty(
+        torch.tensor([start, start + delta, l_max - delta, l_max, l_max + delta], dtype=torch.float64),
+        l_max,
+        l_cache,
+        factor,
+    )
     assert at[0].item() == 0.0
     assert abs(at[1].item()) <= delta / l_cache * factor * (1 + 1e-6) + 1e-9
     assert abs(at[2].item() - at[3].item()) <= delta / l_cache * factor * (1 + 1e-6) + 1e-9

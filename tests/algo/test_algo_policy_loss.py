@@ -81,8 +81,9 @@ def test_symmetric_grpo_clip_and_per_token_advantages():
     #   (A=2, r=1.25): max(-2.5, -2*1.2 = -2.4) = -2.4 ; (A=-0.5, r=0.7): max(0.35, 0.5*0.8 = 0.4) = 0.4
     old = torch.zeros(1, 2, dtype=torch.float64)
     logp = _logr([[1.25, 0.7]])
-    loss, m = policy_loss(logp, old, torch.tensor([[2.0, -0.5]], dtype=torch.float64), torch.ones(1, 2),
-                          eps_low=0.2, eps_high=0.2)
+    loss, m = policy_loss(
+        logp, old, torch.tensor([[2.0, -0.5]], dtype=torch.float64), torch.ones(1, 2), eps_low=0.2, eps_high=0.2
+    )
     _close(loss, [[-2.4, 0.4]], 1e-9)
     assert m["clip_frac_high"].item() == 0.5 and m["clip_frac_low"].item() == 0.5
 
@@ -187,7 +188,7 @@ def test_gradient_equals_paper_objective(seed):
     lengths = [5, 2, 7, 0, 4, 6]
     b, s = len(lengths), 8
     logp = (-torch.rand(b, s, generator=gen, dtype=torch.float64) * 2).requires_grad_(True)
-    old = (logp.detach() + torch.randn(b, s, generator=gen, dtype=torch.float64) * 0.3)
+    old = logp.detach() + torch.randn(b, s, generator=gen, dtype=torch.float64) * 0.3
     rewards = torch.tensor([1.0, -1.0, 1.0, 1.0, -1.0, -1.0], dtype=torch.float64)
     from megatron_dapo.algo import compute_group_advantages
 
@@ -337,8 +338,15 @@ def test_per_micro_batch_normalisation_is_not_token_mean():
 def test_clipped_ratio_never_moves_objective_past_bound(log_r, a, eps_low, eps_high, c):
     logp = torch.tensor([[log_r]], dtype=torch.float64, requires_grad=True)
     old = torch.zeros(1, 1, dtype=torch.float64)
-    loss, _ = policy_loss(logp, old, torch.tensor([a], dtype=torch.float64), torch.ones(1, 1),
-                          eps_low=eps_low, eps_high=eps_high, clip_ratio_c=c)
+    loss, _ = policy_loss(
+        logp,
+        old,
+        torch.tensor([a], dtype=torch.float64),
+        torch.ones(1, 1),
+        eps_low=eps_low,
+        eps_high=eps_high,
+        clip_ratio_c=c,
+    )
     objective = -loss[0, 0].item()
     r = math.exp(log_r)
     tol = 1e-12

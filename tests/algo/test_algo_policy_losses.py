@@ -97,8 +97,15 @@ def test_cispo_keeps_the_gradient_of_clipped_tokens_with_a_stopped_weight():
 
 def test_dr_grpo_sums_tokens_over_a_constant_length():
     L = 8
-    cfg = _cfg(policy_loss="dr-grpo", loss_agg_mode="seq-mean-token-sum", max_response_length=L,
-               overlong_buffer_length=4, eps_clip_low=0.2, eps_clip_high=0.2, clip_ratio_c=None)
+    cfg = _cfg(
+        policy_loss="dr-grpo",
+        loss_agg_mode="seq-mean-token-sum",
+        max_response_length=L,
+        overlong_buffer_length=4,
+        eps_clip_low=0.2,
+        eps_clip_high=0.2,
+        clip_ratio_c=None,
+    )
     lp = _lp()
     per_tok, _ = POLICY_LOSSES.get("dr-grpo")(lp, OLD, ADV, MASK, cfg)
     loss = aggregate_loss(per_tok, MASK, "seq-mean-token-sum")
@@ -118,8 +125,9 @@ def test_config_names_the_flag_for_a_losss_aggregation_and_an_unknown_loss():
         AlgorithmConfig(policy_loss="gspo").validate()
     with pytest.raises(ValueError, match="--policy-loss must be one of decoupled-clip, gspo, cispo, dr-grpo"):
         AlgorithmConfig(policy_loss="ppo").validate()
-    cfg = parse_args(["--policy-loss", "dr-grpo", "--loss-agg-mode", "seq-mean-token-sum",
-                      "--advantage-estimator", "group-mean"]).algo
+    cfg = parse_args(
+        ["--policy-loss", "dr-grpo", "--loss-agg-mode", "seq-mean-token-sum", "--advantage-estimator", "group-mean"]
+    ).algo
     assert cfg.policy_loss == "dr-grpo" and cfg.validate() is cfg
     with pytest.raises((ConfigError, SystemExit)):
         parse_args(["--policy-loss", "ppo"])
@@ -132,15 +140,20 @@ def test_the_trainers_loss_runs_each_registered_loss(name, monkeypatch):
     from megatron_dapo.training import dapo_step, logprobs
     from megatron_dapo.training import packing as pk
 
-    monkeypatch.setattr(dapo_step, "chunked_logprobs_entropy",
-                        functools.partial(logprobs.chunked_logprobs_entropy, tp_group=None, tp_rank=0))
+    monkeypatch.setattr(
+        dapo_step,
+        "chunked_logprobs_entropy",
+        functools.partial(logprobs.chunked_logprobs_entropy, tp_group=None, tp_rank=0),
+    )
     V = 7
     agg = (POLICY_LOSSES.get(name).aggregation or ("token-mean",))[0]
     algo = AlgorithmConfig(policy_loss=name, loss_agg_mode=agg)
     from megatron_dapo.training.item import TrainItem
 
-    samples = [TrainItem(tokens=[1, 2, 3, 4, 5], prompt_len=2, advantage=1.0, old_logprobs=[-1.0, -2.0, -1.5]),
-               TrainItem(tokens=[2, 3, 6, 1], prompt_len=2, advantage=-0.5, old_logprobs=[-0.5, -2.5])]
+    samples = [
+        TrainItem(tokens=[1, 2, 3, 4, 5], prompt_len=2, advantage=1.0, old_logprobs=[-1.0, -2.0, -1.5]),
+        TrainItem(tokens=[2, 3, 6, 1], prompt_len=2, advantage=-0.5, old_logprobs=[-0.5, -2.5]),
+    ]
     packed = pk.packed_microbatch(samples)
     rows = torch.randn(1, 9, V, generator=torch.Generator().manual_seed(0), dtype=torch.float32).requires_grad_(True)
     loss, _ = dapo_step.dapo_loss_fn(algo, V, packed["n_loss_tokens"], 2.0)(packed, rows)

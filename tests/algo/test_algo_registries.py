@@ -17,8 +17,12 @@ from megatron_dapo.config import parse_args
 
 DOC = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "algorithm.md").read_text()
 FIELDS = {f.name: f for f in dataclasses.fields(AlgorithmConfig)}
-REGISTRIES = {"advantage_estimator": ADVANTAGE_ESTIMATORS, "policy_loss": POLICY_LOSSES,
-              "kl_estimator": KL_ESTIMATORS, "tis_mode": TIS_MODES}
+REGISTRIES = {
+    "advantage_estimator": ADVANTAGE_ESTIMATORS,
+    "policy_loss": POLICY_LOSSES,
+    "kl_estimator": KL_ESTIMATORS,
+    "tis_mode": TIS_MODES,
+}
 
 
 @pytest.mark.parametrize("field", sorted(REGISTRIES))

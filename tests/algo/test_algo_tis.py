@@ -45,8 +45,9 @@ def test_sequence_mask_uses_the_geometric_mean_ratio():
     assert w.tolist() == [[0.0, 0.0], [1.0, 1.0]]
     assert m["tis_clip_frac"].item() == pytest.approx(0.5)
     # a masked position does not enter the sequence mean: row 0 valid only on ln(1.5)
-    w, _ = tis_weights(torch.tensor([[math.log(1.5), 10.0]]), torch.zeros(1, 2), torch.tensor([[1, 0]]),
-                       "sequence-mask", cap=2.0)
+    w, _ = tis_weights(
+        torch.tensor([[math.log(1.5), 10.0]]), torch.zeros(1, 2), torch.tensor([[1, 0]]), "sequence-mask", cap=2.0
+    )
     assert w.tolist() == [[1.0, 1.0]]
 
 
@@ -93,7 +94,9 @@ def test_weighted_loss_zero_weight_tokens_give_no_loss_and_no_gradient():
     # with all weights 1 (ratio 1 everywhere) the loss equals the unweighted one
     per_tok1, _ = policy_loss(lp.detach(), lp.detach(), torch.tensor([1.0, -1.0]), mask)
     w1, _ = tis_weights(eng, eng, mask, "token-truncate", 2.0)
-    assert aggregate_loss(per_tok1 * w1, mask, "token-mean").item() == aggregate_loss(per_tok1, mask, "token-mean").item()
+    assert (
+        aggregate_loss(per_tok1 * w1, mask, "token-mean").item() == aggregate_loss(per_tok1, mask, "token-mean").item()
+    )
 
 
 def test_bad_input_names_the_argument():

@@ -56,8 +56,19 @@ def test_labels_are_proved_by_the_generators_own_reader():
 def test_small_differential_run_prints_the_tables():
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_verifier_diff.py"), "--limit", "24", "--by", "type,transform"],
-        capture_output=True, text=True, timeout=600, env=env, cwd=ROOT,
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench_verifier_diff.py"),
+            "--limit",
+            "24",
+            "--by",
+            "type,transform",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=ROOT,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     text = out.stdout

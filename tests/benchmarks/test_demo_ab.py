@@ -17,13 +17,19 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import demo_ab as D  # noqa: E402
 
 # flags of the demo that an A/B leaves out: checkpoints, the HF export, rollout dumps, the start-over
-NOT_IN_AB = {"--save-hf-final": 0, "--save": 1, "--save-interval": 1, "--keep-last": 1, "--dump-rollouts-every": 1,
-             "--start-over": 0}
+NOT_IN_AB = {
+    "--save-hf-final": 0,
+    "--save": 1,
+    "--save-interval": 1,
+    "--keep-last": 1,
+    "--dump-rollouts-every": 1,
+    "--start-over": 0,
+}
 
 
 def _script_train_argv() -> list:
     text = open(os.path.join(ROOT, "examples", "run_smollm2_cpu.sh")).read()
-    block = text[text.index("$PY -m megatron_dapo.train"):text.index("[ $DRY_RUN = 1 ]")]
+    block = text[text.index("$PY -m megatron_dapo.train") : text.index("[ $DRY_RUN = 1 ]")]
     argv = shlex.split(block.replace("\\\n", " "))[3:]  # after `$PY -m megatron_dapo.train`
     subst = {"$HF": "$WORK/smollm2-hf", "$DATA": "$WORK/addition", "$WORK": D.WORK}
     out = []

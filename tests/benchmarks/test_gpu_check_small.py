@@ -15,8 +15,11 @@ pytestmark = [pytest.mark.slow]
 
 
 def test_every_section_passes_on_the_cpu():
-    done = run_in_session([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_check.py"), "--small",
-                           "--port", str(free_port())], timeout=600, cwd=ROOT)
+    done = run_in_session(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "gpu_check.py"), "--small", "--port", str(free_port())],
+        timeout=600,
+        cwd=ROOT,
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert not done.leftovers, done.leftovers

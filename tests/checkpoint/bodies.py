@@ -91,7 +91,7 @@ def greedy(hf_config, ckpt_dir: str, prompt: list, n_new: int):
     for _ in range(n_new):
         nxt = _logits(model, arch, tokens)[:, -1].argmax(-1, keepdim=True)
         tokens = torch.cat([tokens, nxt], dim=1)
-    return first, tokens[0, len(prompt):].tolist()
+    return first, tokens[0, len(prompt) :].tolist()
 
 
 def load_error(hf_config, ckpt_dir: str, tp: int = 1, pp: int = 1, extra=None):

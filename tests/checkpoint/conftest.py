@@ -8,10 +8,7 @@ from tests.tiny import tiny_llama_config, tiny_qwen2_config
 
 # vocab 300: padded to 384 at TP1 but 512 at TP2, so loading the TP1-written checkpoint at TP2
 # exercises re-padding of the embedding/output rows.
-TINY = {
-    "qwen2": tiny_qwen2_config(vocab_size=300),
-    "llama": tiny_llama_config(),
-}
+TINY = {"qwen2": tiny_qwen2_config(vocab_size=300), "llama": tiny_llama_config()}
 
 
 def write_hf(cfg: dict, path, seed: int = 0) -> str:

@@ -40,13 +40,25 @@ CONFIG = tiny_qwen2_config(
 
 
 def hf_shapes(arch):
-    h, f, q, kv = arch.hidden_size, arch.ffn_hidden_size, arch.num_attention_heads * arch.head_dim, arch.num_query_groups * arch.head_dim
+    h, f, q, kv = (
+        arch.hidden_size,
+        arch.ffn_hidden_size,
+        arch.num_attention_heads * arch.head_dim,
+        arch.num_query_groups * arch.head_dim,
+    )
     per = {
-        "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,),
-        "self_attn.q_proj.weight": (q, h), "self_attn.k_proj.weight": (kv, h), "self_attn.v_proj.weight": (kv, h),
-        "self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,),
+        "input_layernorm.weight": (h,),
+        "post_attention_layernorm.weight": (h,),
+        "self_attn.q_proj.weight": (q, h),
+        "self_attn.k_proj.weight": (kv, h),
+        "self_attn.v_proj.weight": (kv, h),
+        "self_attn.q_proj.bias": (q,),
+        "self_attn.k_proj.bias": (kv,),
+        "self_attn.v_proj.bias": (kv,),
         "self_attn.o_proj.weight": (h, q),
-        "mlp.gate_proj.weight": (f, h), "mlp.up_proj.weight": (f, h), "mlp.down_proj.weight": (h, f),
+        "mlp.gate_proj.weight": (f, h),
+        "mlp.up_proj.weight": (f, h),
+        "mlp.down_proj.weight": (h, f),
     }
     out = {"model.embed_tokens.weight": (arch.vocab_size, h)}
     for i in range(arch.num_layers):
@@ -87,8 +99,10 @@ def write_synthetic(path: str, dtype) -> int:
             flush()
     if shard:
         flush()
-    json.dump({"metadata": {"total_size": total}, "weight_map": weight_map},
-              open(os.path.join(path, "model.safetensors.index.json"), "w"))
+    json.dump(
+        {"metadata": {"total_size": total}, "weight_map": weight_map},
+        open(os.path.join(path, "model.safetensors.index.json"), "w"),
+    )
     return total
 
 
@@ -132,14 +146,21 @@ def measure(cmd: list) -> dict:
     out = p.stdout.read()
     if p.returncode:
         raise RuntimeError(f"converter failed:\n{out}")
-    return {"seconds": time.time() - t0, "peak_rss": hwm, "peak_tree_pss": peak_pss, "log": out.strip().splitlines()[-1:]}
+    return {
+        "seconds": time.time() - t0,
+        "peak_rss": hwm,
+        "peak_tree_pss": peak_pss,
+        "log": out.strip().splitlines()[-1:],
+    }
 
 
 def baseline_rss() -> int:
     """RSS of a process that has imported what the converter imports (torch, megatron-core)."""
-    code = ("import sys; sys.path.insert(0, %r); import torch, megatron.core.models.gpt.gpt_model, "
-            "megatron.core.dist_checkpointing, transformers; from megatron_dapo.checkpoint import hf_export; "
-            "print(int(open('/proc/self/statm').read().split()[1]) * 4096)") % ROOT
+    code = (
+        "import sys; sys.path.insert(0, %r); import torch, megatron.core.models.gpt.gpt_model, "
+        "megatron.core.dist_checkpointing, transformers; from megatron_dapo.checkpoint import hf_export; "
+        "print(int(open('/proc/self/statm').read().split()[1]) * 4096)"
+    ) % ROOT
     return int(subprocess.check_output([sys.executable, "-c", code], text=True, stderr=subprocess.DEVNULL).split()[-1])
 
 
@@ -155,12 +176,30 @@ def main(argv=None) -> int:
         tdt = torch.float32 if args.dtype == "fp32" else torch.bfloat16
         model_bytes = write_synthetic(os.path.join(work, "hf"), tdt)
         base = baseline_rss()
-        r = measure([sys.executable, os.path.join(ROOT, "tools", "convert_hf_to_megatron.py"),
-                     "--hf-checkpoint", os.path.join(work, "hf"), "--save", os.path.join(work, "ckpt"),
-                     "--dtype", args.dtype])
-        back = measure([sys.executable, os.path.join(ROOT, "tools", "convert_megatron_to_hf.py"),
-                        "--load", os.path.join(work, "ckpt"), "--save", os.path.join(work, "hf_out"),
-                        "--max-shard-size-gb", "0.5"])
+        r = measure(
+            [
+                sys.executable,
+                os.path.join(ROOT, "tools", "convert_hf_to_megatron.py"),
+                "--hf-checkpoint",
+                os.path.join(work, "hf"),
+                "--save",
+                os.path.join(work, "ckpt"),
+                "--dtype",
+                args.dtype,
+            ]
+        )
+        back = measure(
+            [
+                sys.executable,
+                os.path.join(ROOT, "tools", "convert_megatron_to_hf.py"),
+                "--load",
+                os.path.join(work, "ckpt"),
+                "--save",
+                os.path.join(work, "hf_out"),
+                "--max-shard-size-gb",
+                "0.5",
+            ]
+        )
         gib = 1024**3
         ck_bytes = sum(os.path.getsize(os.path.join(work, "ckpt", f)) for f in os.listdir(os.path.join(work, "ckpt")))
         res = {

@@ -17,8 +17,9 @@ def _policy(hf_cfg: dict, ep: int):
 
     init_parallel(1, 1, seed=1234, expert_model_parallel_size=ep)
     # eps: tests/tolerances.py (weights are compared after the steps)
-    opt = OptimizerOptions(lr=1e-3, weight_decay=0.1, clip_grad=1.0, use_distributed_optimizer=True,
-                           adam_eps=COMPARE_ADAM_EPS)
+    opt = OptimizerOptions(
+        lr=1e-3, weight_decay=0.1, clip_grad=1.0, use_distributed_optimizer=True, adam_eps=COMPARE_ADAM_EPS
+    )
     return build_policy(hf_cfg, ModelBuildOptions(), opt)
 
 

@@ -15,8 +15,13 @@ pytestmark = [pytest.mark.slow]
 def run_tool(name, *args):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("RANK", None), env.pop("WORLD_SIZE", None)
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", f"{name}.py"), *args],
-                       env=env, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", f"{name}.py"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     return p.stdout
 
@@ -30,7 +35,8 @@ def test_cli_round_trip(tiny_hf, tmp_path):
     src = load_file(f"{tiny_hf['llama']}/model.safetensors")
     assert {t.dtype for t in src.values()} == {torch.float32}
     assert "[fp32 (the source dtype), torch_dist]" in run_tool(
-        "convert_hf_to_megatron", "--hf-checkpoint", tiny_hf["llama"], "--save", ck)
+        "convert_hf_to_megatron", "--hf-checkpoint", tiny_hf["llama"], "--save", ck
+    )
     run_tool("convert_megatron_to_hf", "--load", ck, "--save", out)
     got = load_file(f"{out}/model.safetensors")
     assert set(got) == set(src)

@@ -24,18 +24,30 @@ def _hf_dir(path, shards):
 
 @pytest.mark.parametrize("dtype, name", [(torch.float32, "fp32"), (torch.bfloat16, "bf16"), (torch.float16, "fp16")])
 def test_single_dtype_is_kept(tmp_path, dtype, name):
-    d = _hf_dir(tmp_path / "m", {"a.safetensors": {"w": torch.zeros(2, 2, dtype=dtype)},
-                                 "b.safetensors": {"v": torch.zeros(3, dtype=dtype), "ids": torch.zeros(2, dtype=torch.int64)}})
+    d = _hf_dir(
+        tmp_path / "m",
+        {
+            "a.safetensors": {"w": torch.zeros(2, 2, dtype=dtype)},
+            "b.safetensors": {"v": torch.zeros(3, dtype=dtype), "ids": torch.zeros(2, dtype=torch.int64)},
+        },
+    )
     assert conv.source_dtype(d) == name
 
 
 def test_mixed_dtypes_take_the_widest(tmp_path):
     # e.g. bf16 weights with fp32 norms: fp32 keeps every tensor exactly
-    d = _hf_dir(tmp_path / "m", {"a.safetensors": {"w": torch.zeros(2, dtype=torch.bfloat16)},
-                                 "b.safetensors": {"norm": torch.zeros(2, dtype=torch.float32)}})
+    d = _hf_dir(
+        tmp_path / "m",
+        {
+            "a.safetensors": {"w": torch.zeros(2, dtype=torch.bfloat16)},
+            "b.safetensors": {"norm": torch.zeros(2, dtype=torch.float32)},
+        },
+    )
     assert conv.source_dtype(d) == "fp32"
-    d2 = _hf_dir(tmp_path / "m2", {"a.safetensors": {"w": torch.zeros(2, dtype=torch.bfloat16),
-                                                     "u": torch.zeros(2, dtype=torch.float16)}})
+    d2 = _hf_dir(
+        tmp_path / "m2",
+        {"a.safetensors": {"w": torch.zeros(2, dtype=torch.bfloat16), "u": torch.zeros(2, dtype=torch.float16)}},
+    )
     assert conv.source_dtype(d2) == "fp32"
 
 

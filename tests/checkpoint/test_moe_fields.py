@@ -88,7 +88,10 @@ def test_preflight_names_the_expert_field_in_one_check_line(tmp_path):
     d = tmp_path / "ckpt"
     d.mkdir()
     (d / dist_ckpt.METADATA_FILE).write_text(json.dumps(dist_ckpt.checkpoint_metadata(tiny_qwen3_moe_config())))
-    c = check_torch_dist(parse_args([]), parse_hf_config(tiny_qwen3_moe_config(num_experts_per_tok=4)),
-                         "--pretrained-checkpoint", str(d))
+    c = check_torch_dist(
+        parse_args([]), parse_hf_config(tiny_qwen3_moe_config(num_experts_per_tok=4)), "--pretrained-checkpoint", str(d)
+    )
     assert c.status == FAIL, c
-    assert "\n" not in c.line and "moe_router_topk (HF num_experts_per_tok): the checkpoint has 2, model has 4" in c.line, c.line
+    assert (
+        "\n" not in c.line and "moe_router_topk (HF num_experts_per_tok): the checkpoint has 2, model has 4" in c.line
+    ), c.line

@@ -18,8 +18,10 @@ def test_same_layout_is_exact():
 def test_tp_change_reshards_and_rederives_rng():
     ok, note = resume_note(_lay(), _lay(tp=2))
     assert ok
-    assert note == ("TP 1 -> 2, DP 2 -> 1: model and optimizer resharded by dist_checkpointing; per-rank RNG "
-                    "states re-derived from (seed, rank, step): resume not bit-exact")
+    assert note == (
+        "TP 1 -> 2, DP 2 -> 1: model and optimizer resharded by dist_checkpointing; per-rank RNG "
+        "states re-derived from (seed, rank, step): resume not bit-exact"
+    )
 
 
 def test_two_nodes_to_one():
@@ -29,8 +31,9 @@ def test_two_nodes_to_one():
 
 def test_only_the_node_count_changes_keeps_the_rng_states():
     ok, note = resume_note(_lay(world=8, nodes=2), _lay(world=8, nodes=1))
-    assert ok and note == ("nodes 2 -> 1: the same shards, read by other ranks; per-rank RNG states restored "
-                           "(every rank keeps its place)")
+    assert ok and note == (
+        "nodes 2 -> 1: the same shards, read by other ranks; per-rank RNG states restored (every rank keeps its place)"
+    )
     assert same_ranks(_lay(world=8, nodes=2), _lay(world=8, nodes=1))
 
 
@@ -52,8 +55,9 @@ def test_older_checkpoints():
     """No layout record: supported (same layout); only ``saved_with``: compared on what it has."""
     ok, note = resume_note(None, _lay())
     assert ok and "layout not recorded" in note
-    old = checkpoint_layout({"saved_with": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
-                                            "world_size": 2}})
+    old = checkpoint_layout(
+        {"saved_with": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "world_size": 2}}
+    )
     assert old == {"tp": 1, "pp": 1, "world_size": 2}
     assert resume_note(old, _lay())[1].startswith("same layout")
     assert same_ranks(old, _lay()) and not same_ranks(old, _lay(tp=2))

@@ -30,7 +30,11 @@ def tokens_for(name):
 def test_checkpoint_logits_equal_hf(gloo, tiny_hf, tiny_ckpt, name, tp, pp, world):
     tokens = tokens_for(name)
     ref = hf_logits(tiny_hf[name], tokens)
-    got = [g for g in gloo(world).run(bodies.checkpoint_logits, TINY[name], tiny_ckpt[name], tp, pp, tokens) if g is not None]
+    got = [
+        g
+        for g in gloo(world).run(bodies.checkpoint_logits, TINY[name], tiny_ckpt[name], tp, pp, tokens)
+        if g is not None
+    ]
     assert got, "no rank returned logits"
     for g in got:
         assert g.shape == ref.shape

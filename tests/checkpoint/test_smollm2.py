@@ -29,7 +29,7 @@ def hf_reference(smollm2_hf):
         seq = tokens
         for _ in range(N_NEW):  # plain greedy without cache or EOS stop, as the megatron side
             seq = torch.cat([seq, model(seq).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    return tok, ids, logits, seq[0, len(ids):].tolist()
+    return tok, ids, logits, seq[0, len(ids) :].tolist()
 
 
 def test_greedy_text_is_sensible(hf_reference):

@@ -54,8 +54,15 @@ def noisy_healthy(n=20, seed=0, rel=0.10):
     """A short healthy run with the large per-step noise of a small CPU demo (small batches)."""
     h = healthy(n, seed)
     rng = np.random.default_rng(1000 + seed)
-    for k in ("entropy", "kept_group_ratio", "response_length_mean", "acc_mean",
-              "truncation_ratio", "no_answer_rate", "repetition_rate"):
+    for k in (
+        "entropy",
+        "kept_group_ratio",
+        "response_length_mean",
+        "acc_mean",
+        "truncation_ratio",
+        "no_answer_rate",
+        "repetition_rate",
+    ):
         h[k] = np.clip(h[k] * (1 + rel * rng.standard_normal(n)), 0, None)
     return h
 

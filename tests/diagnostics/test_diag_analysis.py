@@ -127,8 +127,15 @@ def test_recovered_condition_is_a_warning():
 
 def test_missing_keys_are_tolerated_and_reported():
     h = S.entropy_collapse()
-    for k in ("kept_group_ratio", "all_correct_ratio", "all_wrong_ratio", "num_gen_batches",
-              "clip_frac_low", "clip_frac_high", "acc_mean"):
+    for k in (
+        "kept_group_ratio",
+        "all_correct_ratio",
+        "all_wrong_ratio",
+        "num_gen_batches",
+        "clip_frac_low",
+        "clip_frac_high",
+        "acc_mean",
+    ):
         del h[k]
     d = run(h)
     assert d.boundary("group_contrast").status == "no_data"
@@ -177,13 +184,15 @@ def test_thresholds_change_the_verdict(tmp_path):
 
 
 def test_load_metrics_is_tolerant(tmp_path):
-    lines = [json.dumps({"step": 1, "entropy": 0.5, "note": "x"}),
-             "",
-             json.dumps({"step": 0, "entropy": 0.6}),
-             json.dumps({"step": 1, "entropy": 0.4, "kept_group_ratio": None}),  # re-logged step
-             "[1, 2]",
-             '{"step": 2, "entropy": NaN, "grad_norm": Infinity}',
-             '{"step": 3, "entr']  # cut short by a kill
+    lines = [
+        json.dumps({"step": 1, "entropy": 0.5, "note": "x"}),
+        "",
+        json.dumps({"step": 0, "entropy": 0.6}),
+        json.dumps({"step": 1, "entropy": 0.4, "kept_group_ratio": None}),  # re-logged step
+        "[1, 2]",
+        '{"step": 2, "entropy": NaN, "grad_norm": Infinity}',
+        '{"step": 3, "entr',
+    ]  # cut short by a kill
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines))
     h = load_metrics(str(tmp_path))
     assert h.steps.tolist() == [0, 1, 2]
@@ -207,11 +216,21 @@ METRIC_KEYS = [k for b in BOUNDARIES for k in b.metrics + b.context]
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.dictionaries(
-    st.sampled_from(METRIC_KEYS + ["step", "time_step", "extra"]),
-    st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True, width=32),
-              st.integers(-5, 5), st.text(max_size=3)),
-    max_size=8), max_size=40))
+@given(
+    st.lists(
+        st.dictionaries(
+            st.sampled_from(METRIC_KEYS + ["step", "time_step", "extra"]),
+            st.one_of(
+                st.none(),
+                st.floats(allow_nan=True, allow_infinity=True, width=32),
+                st.integers(-5, 5),
+                st.text(max_size=3),
+            ),
+            max_size=8,
+        ),
+        max_size=40,
+    )
+)
 def test_diagnose_never_crashes_on_odd_histories(recs):
     d = diagnose(History.from_records(recs))
     json.dumps(d.to_dict())

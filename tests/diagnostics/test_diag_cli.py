@@ -48,8 +48,22 @@ def test_out_thresholds_set_and_json(tmp_path, capsys):
     th.write_text("truncation_ratio_max: 0.9\n")
     # the file lifts one threshold; --set lifts the other
     assert main([str(run), "--no-plot", "--fail-on-alert", "--thresholds", str(th)]) == 1
-    assert main([str(run), "--no-plot", "--fail-on-alert", "--thresholds", str(th),
-                 "--set", "overlong_penalty_max=0.9", "--json", str(tmp_path / "d.json")]) == 0
+    assert (
+        main(
+            [
+                str(run),
+                "--no-plot",
+                "--fail-on-alert",
+                "--thresholds",
+                str(th),
+                "--set",
+                "overlong_penalty_max=0.9",
+                "--json",
+                str(tmp_path / "d.json"),
+            ]
+        )
+        == 0
+    )
     d = json.loads((tmp_path / "d.json").read_text())
     assert d["any_alert"] is False and d["thresholds"]["truncation_ratio_max"] == 0.9
     capsys.readouterr()
@@ -66,8 +80,9 @@ def test_usage_errors(tmp_path, capsys):
 
 
 def test_partial_metrics_and_no_data_panel(tmp_path, capsys):
-    run = S.write_run(tmp_path / "run", S.healthy(),
-                      drop=("truncation_ratio", "overlong_penalty_mean", "no_answer_rate"))
+    run = S.write_run(
+        tmp_path / "run", S.healthy(), drop=("truncation_ratio", "overlong_penalty_mean", "no_answer_rate")
+    )
     assert main([str(run), "--fail-on-alert"]) == 0
     out = capsys.readouterr().out
     assert "[NO DATA] Reward interpretation" in out
@@ -88,6 +103,5 @@ def test_script_runs_from_repo_root(tmp_path):
     assert ok.returncode == 0, ok.stderr
     assert "Group contrast" in ok.stdout and "kept_groups_low" in ok.stdout
     assert _is_png(run / "diagnosis.png")
-    fail = subprocess.run(cmd + ["--fail-on-alert", "--no-plot"], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    fail = subprocess.run(cmd + ["--fail-on-alert", "--no-plot"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert fail.returncode == 1

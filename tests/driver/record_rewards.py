@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 
-def judge_by_metadata(response: str, ground_truth: str, *, prompt: str = "", data_source: str = "",
-                      extra_info: dict | None = None, **extra) -> dict:
+def judge_by_metadata(
+    response: str,
+    ground_truth: str,
+    *,
+    prompt: str = "",
+    data_source: str = "",
+    extra_info: dict | None = None,
+    **extra,
+) -> dict:
     """Needs no label: correct when the response starts with the row's ``extra_info["want"]``;
     ``pred`` echoes what the function was given."""
     want = (extra_info or {})["want"]

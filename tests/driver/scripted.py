@@ -66,8 +66,9 @@ class ScriptedEngine:
         return out
 
     def _out(self, r, ids, fin):
-        return Finished(r.rid, GenerationOutput(list(r.prompt_ids), list(ids), [-0.5] * len(ids), fin),
-                        float(self.clock[0]))
+        return Finished(
+            r.rid, GenerationOutput(list(r.prompt_ids), list(ids), [-0.5] * len(ids), fin), float(self.clock[0])
+        )
 
     def abort_requests(self, rids=None):
         want = None if rids is None else set(rids)
@@ -88,8 +89,9 @@ class ScriptedEngine:
 
 def local_pool(engines) -> EnginePool:
     """A real EnginePool over in-process engines; its clock is the engines' step clock."""
-    pool = EnginePool(lambda i: engines[i], len(engines), lambda handles: None, timeout_s=60.0,
-                      transport=LocalTransport())
+    pool = EnginePool(
+        lambda i: engines[i], len(engines), lambda handles: None, timeout_s=60.0, transport=LocalTransport()
+    )
     clock = getattr(engines[0], "clock", None)
     if clock is not None:
         pool.clock = lambda: float(clock[0])
@@ -104,5 +106,9 @@ class Scorer:
 
     def score(self, items):
         self.calls += 1
-        return [RewardResult(1.0 if x.response.split(" ")[0] == "1" else -1.0, x.response.split(" ")[0] == "1",
-                             x.response[:1], "ok") for x in items]
+        return [
+            RewardResult(
+                1.0 if x.response.split(" ")[0] == "1" else -1.0, x.response.split(" ")[0] == "1", x.response[:1], "ok"
+            )
+            for x in items
+        ]

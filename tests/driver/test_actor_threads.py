@@ -10,10 +10,19 @@ from megatron_dapo.driver.cluster import actor_threads
 from megatron_dapo.errors import is_user_error, one_line
 
 
-@pytest.mark.parametrize("cpus,world,omp,want", [
-    (2.0, 1, None, 2), (2.0, 2, None, 1), (16.0, 4, None, 4), (2.0, 4, None, 1),  # never 0
-    (16.0, 4, "1", 1), (16.0, 4, "8", 4), (2.0, 1, "", 2), (2.0, 1, " ", 2),  # a cap, never a raise
-])
+@pytest.mark.parametrize(
+    "cpus,world,omp,want",
+    [
+        (2.0, 1, None, 2),
+        (2.0, 2, None, 1),
+        (16.0, 4, None, 4),
+        (2.0, 4, None, 1),  # never 0
+        (16.0, 4, "1", 1),
+        (16.0, 4, "8", 4),
+        (2.0, 1, "", 2),
+        (2.0, 1, " ", 2),  # a cap, never a raise
+    ],
+)
 def test_cores_shared_among_ranks_capped_by_omp(cpus, world, omp, want):
     assert actor_threads(cpus, world, omp) == want
 

@@ -46,12 +46,18 @@ def test_duplicates_overflow_and_truncation(tmp_path):
     p = _write(tmp_path, rows)
     d = load_prompt_dataset(p, CharTok(), max_prompt_length=20, apply_chat_template=False)
     assert len(d) == 2 and d.stats.duplicates_removed == 1 and d.stats.skipped_long == 1
-    t = load_prompt_dataset(p, CharTok(), max_prompt_length=20, prompt_overflow="truncate-left", apply_chat_template=False)
+    t = load_prompt_dataset(
+        p, CharTok(), max_prompt_length=20, prompt_overflow="truncate-left", apply_chat_template=False
+    )
     assert len(t) == 3 and t.stats.truncated == 1 and len(t[1].prompt_ids) == 20  # kept the end of the prompt
 
 
 def test_bad_rows_named_or_skipped(tmp_path):
-    rows = [_row("ok"), {"prompt": [{"role": "user", "content": "x"}], "reward_model": {}}, {"reward_model": {"ground_truth": "2"}}]
+    rows = [
+        _row("ok"),
+        {"prompt": [{"role": "user", "content": "x"}], "reward_model": {}},
+        {"reward_model": {"ground_truth": "2"}},
+    ]
     p = _write(tmp_path, rows)
     with pytest.raises(DataError, match=r"row 1 has no 'reward_model.ground_truth'"):
         load_prompt_dataset(p, CharTok(), 100, apply_chat_template=False)
@@ -71,7 +77,9 @@ def test_records_carry_source_and_metadata_and_labels_only_where_needed(tmp_path
         load_prompt_dataset(p, CharTok(), 100, apply_chat_template=False, needs_label=needs)
     d = load_prompt_dataset(p, CharTok(), 100, apply_chat_template=False, needs_label=needs, skip_bad_rows=True)
     assert [(r.prompt_text, r.ground_truth, r.data_source, r.metadata) for r in d.records] == [
-        ("judge me", "", "rm", {"rubric": "polite"}), ("add", "3", "math", {"index": 7})]
+        ("judge me", "", "rm", {"rubric": "polite"}),
+        ("add", "3", "math", {"index": 7}),
+    ]
     with pytest.raises(DataError, match="row 0 has no 'reward_model.ground_truth'"):  # by default every row needs one
         load_prompt_dataset(p, CharTok(), 100, apply_chat_template=False)
     bad = _write(tmp_path, [{**_row("x"), "extra_info": "not a dict"}], "bad.jsonl")

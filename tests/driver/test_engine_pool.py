@@ -34,12 +34,17 @@ def test_hung_engine_is_restarted_resynced_and_its_requests_resubmitted():
             if self.hang:
                 time.sleep(3600)  # stops answering
             out, self.todo = self.todo[:1], self.todo[1:]
-            return [Finished(r.rid, GenerationOutput(r.prompt_ids, [r.prompt_ids[0]], [-0.1], "stop"), time.time())
-                    for r in out]
+            return [
+                Finished(r.rid, GenerationOutput(r.prompt_ids, [r.prompt_ids[0]], [-0.1], "stop"), time.time())
+                for r in out
+            ]
 
         def abort_requests(self, rids=None):
-            out = [Finished(r.rid, GenerationOutput(r.prompt_ids, [], [], "abort"), time.time())
-                   for r in self.todo if rids is None or r.rid in rids]
+            out = [
+                Finished(r.rid, GenerationOutput(r.prompt_ids, [], [], "abort"), time.time())
+                for r in self.todo
+                if rids is None or r.rid in rids
+            ]
             self.todo = [r for r in self.todo if rids is not None and r.rid not in rids]
             return out
 

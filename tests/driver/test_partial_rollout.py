@@ -28,7 +28,7 @@ def full_response(i: int, j: int, seed) -> list:
 def _respond(req):
     """The rest of ``full_response`` after the prefix the prompt carries ([i, 7] + prefix)."""
     i, prefix = req.prompt_ids[0], req.prompt_ids[2:]
-    return full_response(i, sample_index(req.rid), None)[len(prefix):], "stop"
+    return full_response(i, sample_index(req.rid), None)[len(prefix) :], "stop"
 
 
 class AbortingPool:
@@ -50,14 +50,33 @@ class AbortingPool:
 
 class Scorer:
     def score(self, items):
-        return [RewardResult(1.0 if x.response.startswith("1 ") else -1.0, x.response.startswith("1 "), "", "ok")
-                for x in items]
+        return [
+            RewardResult(1.0 if x.response.startswith("1 ") else -1.0, x.response.startswith("1 "), "", "ok")
+            for x in items
+        ]
 
 
 def _mgr(argv=(), pool=None):
-    cfg = parse_args(["--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4",
-                      "--max-response-length", "8", "--overlong-buffer-length", "4", "--over-sampling-batch-size", "6",
-                      "--partial-rollout", "true", "--no-progress", *argv])
+    cfg = parse_args(
+        [
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--global-batch-size",
+            "4",
+            "--max-response-length",
+            "8",
+            "--overlong-buffer-length",
+            "4",
+            "--over-sampling-batch-size",
+            "6",
+            "--partial-rollout",
+            "true",
+            "--no-progress",
+            *argv,
+        ]
+    )
     ds = [PromptRecord(i, [i, 7], f"p{i}", "x") for i in range(40)]
     sampler = ResumableSampler(len(ds), seed=0, shuffle=False)
     pool = pool or AbortingPool()
@@ -118,8 +137,9 @@ def test_aborted_prefixes_are_kept_and_continued_next_step():
     mgr2.load_state_dict(state["mgr"])
     sampler2.load_state_dict(state["sampler"])
     r2b = mgr2.collect(2)
-    assert [[s.response_ids for s in g.samples] for g in r2b.groups] == [[s.response_ids for s in g.samples]
-                                                                         for g in r2.groups]
+    assert [[s.response_ids for s in g.samples] for g in r2b.groups] == [
+        [s.response_ids for s in g.samples] for g in r2.groups
+    ]
     assert [g.prompt_index for g in mgr2.pending] == [2, 5, 6, 7]
 
 
@@ -187,8 +207,10 @@ class SeededPool(AbortingPool):
 
 
 def _summary(res):
-    return [(g.prompt_index, [(s.response_ids, s.stale_len, s.token_versions, s.acc) for s in g.samples])
-            for g in res.groups]
+    return [
+        (g.prompt_index, [(s.response_ids, s.stale_len, s.token_versions, s.acc) for s in g.samples])
+        for g in res.groups
+    ]
 
 
 def test_deterministic_resume_equals_an_uninterrupted_run():
@@ -216,8 +238,13 @@ def test_hf_engine_continues_a_prefix_like_an_uninterrupted_greedy_generation():
     greedy = SamplingParams(temperature=0.0, max_new_tokens=10, ignore_eos=True)
     full = [o[0] for o in eng.generate(prompts, greedy)]
     head = [o[0] for o in eng.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=4, ignore_eos=True))]
-    tail = [o[0] for o in eng.generate([p + h.output_ids for p, h in zip(prompts, head)],
-                                       SamplingParams(temperature=0.0, max_new_tokens=6, ignore_eos=True))]
+    tail = [
+        o[0]
+        for o in eng.generate(
+            [p + h.output_ids for p, h in zip(prompts, head)],
+            SamplingParams(temperature=0.0, max_new_tokens=6, ignore_eos=True),
+        )
+    ]
     for f, h, t in zip(full, head, tail):
         assert h.output_ids + t.output_ids == f.output_ids
         assert h.logprobs + t.logprobs == pytest.approx(f.logprobs, abs=1e-4)

@@ -49,8 +49,21 @@ class Scorer:
 
 
 def _mgr(pattern, argv=(), lengths=None, n_prompts=40):
-    cfg = parse_args(["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--global-batch-size", "16",
-                         "--max-response-length", "8", "--overlong-buffer-length", "4", *argv])
+    cfg = parse_args(
+        [
+            "--rollout-batch-size",
+            "4",
+            "--n-samples-per-prompt",
+            "4",
+            "--global-batch-size",
+            "16",
+            "--max-response-length",
+            "8",
+            "--overlong-buffer-length",
+            "4",
+            *argv,
+        ]
+    )
     ds = [PromptRecord(i, [i, 7], f"p{i}", "x") for i in range(n_prompts)]
     sampler = ResumableSampler(len(ds), seed=0, shuffle=False)
     pool = ScriptedPool(pattern, lengths)
@@ -150,22 +163,43 @@ def test_reward_sees_the_whole_record_and_is_chosen_by_data_source():
     prompt, data source and metadata; rows of other sources keep the built-in dapo checker."""
     from megatron_dapo.reward import BatchScorer
 
-    cfg = parse_args(["--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4",
-                         "--max-response-length", "8", "--overlong-buffer-length", "4", "--dynamic-sampling", "false",
-                         "--over-sampling-batch-size", "2"])
-    ds = [PromptRecord(0, [0, 7], "prompt zero", "", "judged", {"want": "Answer: 1"}),
-          PromptRecord(1, [1, 7], "prompt one", "1", "gsm8k")]
+    cfg = parse_args(
+        [
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--global-batch-size",
+            "4",
+            "--max-response-length",
+            "8",
+            "--overlong-buffer-length",
+            "4",
+            "--dynamic-sampling",
+            "false",
+            "--over-sampling-batch-size",
+            "2",
+        ]
+    )
+    ds = [
+        PromptRecord(0, [0, 7], "prompt zero", "", "judged", {"want": "Answer: 1"}),
+        PromptRecord(1, [1, 7], "prompt one", "1", "gsm8k"),
+    ]
 
     class Answers(Tok):
         def decode(self, ids, skip_special_tokens=True):
             return f"Answer: {ids[0]}"
 
     pool = ScriptedPool(lambda i, j: j == 0)  # sample 0 of each prompt answers 1, sample 1 answers 0
-    with BatchScorer(num_workers=1, timeout_s=30, sources=["judged=tests.driver.record_rewards:judge_by_metadata"]) as scorer:
+    with BatchScorer(
+        num_workers=1, timeout_s=30, sources=["judged=tests.driver.record_rewards:judge_by_metadata"]
+    ) as scorer:
         assert not scorer.needs_label("judged") and scorer.needs_label("gsm8k")
         mgr = RolloutManager(cfg, ds, ResumableSampler(2, seed=0, shuffle=False), pool.pool, scorer, Answers())
         res = mgr.collect(1)
     by_prompt = {g.prompt_index: g.samples for g in res.groups}
     assert [(s.acc, s.pred) for s in by_prompt[0]] == [
-        (True, "judged|prompt zero||Answer: 1"), (False, "judged|prompt zero||Answer: 1")]
+        (True, "judged|prompt zero||Answer: 1"),
+        (False, "judged|prompt zero||Answer: 1"),
+    ]
     assert [(s.acc, s.pred, s.reason) for s in by_prompt[1]] == [(True, "1", "ok"), (False, "0", "wrong")]

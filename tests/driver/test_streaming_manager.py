@@ -21,12 +21,26 @@ def respond(req, right=lambda i, j: j == 0, seed_dependent=False):
     j = sample_index(req.rid)
     extra = (req.params.seed or 0) % 7 if seed_dependent else 0
     full = [1 if right(i, j) else 0] + [10 + (i + j + t + extra) % 40 for t in range(1, length_of(i, j) + extra)]
-    return full[len(prefix):], "stop"
+    return full[len(prefix) :], "stop"
 
 
 def make(argv=(), engines=1, slots=10**9, respond_fn=respond, scorer=None, n_prompts=60):
-    cfg = parse_args(["--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4",
-                      "--max-response-length", "16", "--overlong-buffer-length", "4", "--no-progress", *argv])
+    cfg = parse_args(
+        [
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--global-batch-size",
+            "4",
+            "--max-response-length",
+            "16",
+            "--overlong-buffer-length",
+            "4",
+            "--no-progress",
+            *argv,
+        ]
+    )
     clock = [0]
     engs = [ScriptedEngine(respond_fn, slots=slots, clock=clock) for _ in range(engines)]
     pool = local_pool(engs)
@@ -69,10 +83,15 @@ def test_window_and_refill_keep_at_most_W_groups_in_flight():
 
 
 def test_the_request_budget_is_max_num_gen_batches_windows():
-    mgr, engs, _ = make(["--over-sampling-batch-size", "3", "--max-num-gen-batches", "4"],
-                        respond_fn=lambda req: respond(req, right=lambda i, j: False))
-    with pytest.raises(RolloutStallError, match=r"after 12 prompts.*--max-num-gen-batches 4 x "
-                                                r"--over-sampling-batch-size 3 \(groups were 0 all-correct, 12 all-wrong\)"):
+    mgr, engs, _ = make(
+        ["--over-sampling-batch-size", "3", "--max-num-gen-batches", "4"],
+        respond_fn=lambda req: respond(req, right=lambda i, j: False),
+    )
+    with pytest.raises(
+        RolloutStallError,
+        match=r"after 12 prompts.*--max-num-gen-batches 4 x "
+        r"--over-sampling-batch-size 3 \(groups were 0 all-correct, 12 all-wrong\)",
+    ):
         mgr.collect(1)
     assert len({r.group for r in engs[0].seen}) == 12
 
@@ -86,8 +105,10 @@ def test_a_groups_requests_go_to_one_engine_and_the_load_is_spread():
 
 
 def _summary(res):
-    return [(g.prompt_index, [(s.response_ids, s.stale_len, s.token_versions, s.acc) for s in g.samples])
-            for g in res.groups]
+    return [
+        (g.prompt_index, [(s.response_ids, s.stale_len, s.token_versions, s.acc) for s in g.samples])
+        for g in res.groups
+    ]
 
 
 @pytest.mark.parametrize("flags", [[], ["--reuse-surplus-groups"], ["--partial-rollout", "true"]])
@@ -95,13 +116,16 @@ def test_deterministic_mode_does_not_depend_on_timing(flags):
     """The same steps whatever order the requests end in: one slot (strictly sequential), many
     slots, two engines."""
     argv = ["--deterministic", "--over-sampling-batch-size", "5", *flags]
-    seeded = lambda req: respond(req, right=lambda i, j: (i + j + (req.params.seed or 0)) % 3 == 0,
-                                 seed_dependent=True)
+    seeded = lambda req: respond(req, right=lambda i, j: (i + j + (req.params.seed or 0)) % 3 == 0, seed_dependent=True)
     runs = []
     for engines, slots in ((1, 1), (1, 10**9), (2, 3)):
         mgr, _, _ = make(argv, engines=engines, slots=slots, respond_fn=seeded)
-        runs.append([(_summary(r), r.submitted_prompts, r.discarded_samples, r.partial_pending, r.aborted_samples)
-                     for r in (mgr.collect(step) for step in (1, 2, 3))])
+        runs.append(
+            [
+                (_summary(r), r.submitted_prompts, r.discarded_samples, r.partial_pending, r.aborted_samples)
+                for r in (mgr.collect(step) for step in (1, 2, 3))
+            ]
+        )
     assert runs[0] == runs[1] == runs[2]
     assert all(x[4] == 0 for x in runs[0])  # nothing aborted: the groups in flight ran to their end
     assert sum(x[1] for x in runs[0]) > 6  # some groups were rejected and replaced
@@ -137,8 +161,7 @@ def test_a_restart_pauses_the_other_engines_and_changes_nothing_in_deterministic
     from megatron_dapo.driver.engine_pool import EnginePool, LocalTransport
 
     argv = ["--deterministic", "--over-sampling-batch-size", "6", "--rollout-batch-size", "3"]
-    seeded = lambda req: respond(req, right=lambda i, j: (i + j + (req.params.seed or 0)) % 3 == 0,
-                                 seed_dependent=True)
+    seeded = lambda req: respond(req, right=lambda i, j: (i + j + (req.params.seed or 0)) % 3 == 0, seed_dependent=True)
 
     class Transport(LocalTransport):
         dead = (EngineDied,)
@@ -157,6 +180,7 @@ def test_a_restart_pauses_the_other_engines_and_changes_nothing_in_deterministic
                     if polls[0] == 3:
                         raise EngineDied("killed")
                     return real(timeout_s)
+
                 eng.poll = poll
             engines.append(eng)
             return eng

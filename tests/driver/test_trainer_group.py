@@ -15,12 +15,20 @@ from tests.driver.fake_ranks import FakeRank, fake_group
 
 
 def _s(n: int, tag: int = 0) -> Sample:
-    return Sample(prompt_index=tag, prompt_ids=[1, 2], response_ids=[5] * n, engine_logprobs=[-0.5] * n,
-                  finish_reason="stop", ground_truth="x", advantage=float(tag))
+    return Sample(
+        prompt_index=tag,
+        prompt_ids=[1, 2],
+        response_ids=[5] * n,
+        engine_logprobs=[-0.5] * n,
+        finish_reason="stop",
+        ground_truth="x",
+        advantage=float(tag),
+    )
 
 
-@pytest.mark.parametrize("tp,pp,dp,want", [(1, 1, 2, {0: 0, 1: 1}), (2, 1, 2, {0: 0, 1: 2}),
-                                           (1, 2, 2, {0: 2, 1: 3}), (2, 2, 1, {0: 2})])
+@pytest.mark.parametrize(
+    "tp,pp,dp,want", [(1, 1, 2, {0: 0, 1: 1}), (2, 1, 2, {0: 0, 1: 2}), (1, 2, 2, {0: 2, 1: 3}), (2, 2, 1, {0: 2})]
+)
 def test_the_reporter_of_each_dp_rank_is_its_last_stage_tp_rank_0(tp, pp, dp, want):
     group, _ = fake_group(tp, pp, dp)
     assert group.dp_size == dp and group.reporters == want and group.world == tp * pp * dp
@@ -32,7 +40,7 @@ def test_logprobs_are_sharded_by_dp_rank_and_read_from_each_reporter():
     group.logprobs(samples, model="policy")
     by_dp = {}
     for r in ranks:  # every rank of a DP rank got the same shard, one call each
-        (shard,), = r.sent("compute_logprobs")
+        ((shard,),) = r.sent("compute_logprobs")
         by_dp.setdefault(r.info_dict["dp_rank"], []).append([x.advantage for x in shard])
     for shards in by_dp.values():
         assert all(s == shards[0] for s in shards)
@@ -87,8 +95,9 @@ def test_rng_weights_and_checkpoint_calls_reach_every_rank():
     assert group.load_initial_weights() == "hf" and group.build_reference() == "ref"
     group.save("/ckpt/step_1", {"step": 1})
     group.load("/ckpt/step_1")
-    assert all(r.sent("save") == [("/ckpt/step_1", {"step": 1})] and r.sent("load") == [("/ckpt/step_1",)]
-               for r in ranks)
+    assert all(
+        r.sent("save") == [("/ckpt/step_1", {"step": 1})] and r.sent("load") == [("/ckpt/step_1",)] for r in ranks
+    )
     assert group.probe_logprobs([[1, 2, 3]]) == [[0.5, 0.5]]
 
 

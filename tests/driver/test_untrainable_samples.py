@@ -44,19 +44,39 @@ def _respond(req):
         full = [1, 21]
     else:
         full = [0] + [22] * (1 if i % 2 == 0 else 5)
-    return full[len(req.prompt_ids) - P:], "stop"
+    return full[len(req.prompt_ids) - P :], "stop"
 
 
 class Scorer:
     def score(self, items):
-        return [RewardResult(1.0 if x.response.startswith("1") else -1.0, x.response.startswith("1"), "", "ok")
-                for x in items]
+        return [
+            RewardResult(1.0 if x.response.startswith("1") else -1.0, x.response.startswith("1"), "", "ok")
+            for x in items
+        ]
 
 
 def _manager(offpolicy: str):
-    cfg = parse_args(["--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "2",
-                      "--max-response-length", "8", "--overlong-buffer-length", "4", "--over-sampling-batch-size", "4",
-                      "--partial-rollout", "true", "--partial-rollout-offpolicy", offpolicy, "--no-progress"])
+    cfg = parse_args(
+        [
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--global-batch-size",
+            "2",
+            "--max-response-length",
+            "8",
+            "--overlong-buffer-length",
+            "4",
+            "--over-sampling-batch-size",
+            "4",
+            "--partial-rollout",
+            "true",
+            "--partial-rollout-offpolicy",
+            offpolicy,
+            "--no-progress",
+        ]
+    )
     ds = [PromptRecord(i, [i, 7], f"p{i}", "x") for i in range(40)]
     pool = local_pool([ScriptedEngine(_respond)])
     return cfg, RolloutManager(cfg, ds, ResumableSampler(len(ds), seed=0, shuffle=False), pool, Scorer(), Tok())
@@ -107,17 +127,41 @@ def _respond_carried(req):
     """Prompts 0 and 1: 2 tokens per sample (sample 0 right); prompt 2: 6; later ones: 3."""
     i, j = req.prompt_ids[0], sample_index(req.rid)
     n = 2 if i < 2 else (6 if i == 2 else 3)
-    return ([1 if j == 0 else 0] + [20] * (n - 1))[len(req.prompt_ids) - P:], "stop"
+    return ([1 if j == 0 else 0] + [20] * (n - 1))[len(req.prompt_ids) - P :], "stop"
 
 
 @pytest.mark.parametrize("offpolicy", ["mask", "correct"])
 def test_a_carried_group_generated_entirely_under_older_weights_takes_no_place_under_mask(offpolicy):
-    cfg = parse_args(["--rollout-batch-size", "1", "--n-samples-per-prompt", "2", "--global-batch-size", "2",
-                      "--max-response-length", "8", "--overlong-buffer-length", "4", "--over-sampling-batch-size", "3",
-                      "--partial-rollout", "true", "--partial-rollout-offpolicy", offpolicy, "--no-progress"])
+    cfg = parse_args(
+        [
+            "--rollout-batch-size",
+            "1",
+            "--n-samples-per-prompt",
+            "2",
+            "--global-batch-size",
+            "2",
+            "--max-response-length",
+            "8",
+            "--overlong-buffer-length",
+            "4",
+            "--over-sampling-batch-size",
+            "3",
+            "--partial-rollout",
+            "true",
+            "--partial-rollout-offpolicy",
+            offpolicy,
+            "--no-progress",
+        ]
+    )
     ds = [PromptRecord(i, [i, 7], f"p{i}", "x") for i in range(40)]
-    mgr = RolloutManager(cfg, ds, ResumableSampler(len(ds), seed=0, shuffle=False),
-                         local_pool([ScriptedEngine(_respond_carried)]), Scorer(), Tok())
+    mgr = RolloutManager(
+        cfg,
+        ds,
+        ResumableSampler(len(ds), seed=0, shuffle=False),
+        local_pool([ScriptedEngine(_respond_carried)]),
+        Scorer(),
+        Tok(),
+    )
     r1 = mgr.collect(1)
     # prompts 0 and 1 end at the same decode step: 0 fills the batch, 1 is carried whole (mixed,
     # not verified yet), 2 is aborted and carried
@@ -132,8 +176,16 @@ def test_a_carried_group_generated_entirely_under_older_weights_takes_no_place_u
 
 
 def _s(n=3, stale=0, train=True, tag=0):
-    return Sample(prompt_index=tag, prompt_ids=[1, 2], response_ids=[5] * n, engine_logprobs=[-0.5] * n,
-                  finish_reason="stop" if train else "length", ground_truth="x", train=train, stale_len=stale)
+    return Sample(
+        prompt_index=tag,
+        prompt_ids=[1, 2],
+        response_ids=[5] * n,
+        engine_logprobs=[-0.5] * n,
+        finish_reason="stop" if train else "length",
+        ground_truth="x",
+        train=train,
+        stale_len=stale,
+    )
 
 
 def test_which_samples_have_a_trainable_token():
@@ -172,8 +224,9 @@ def test_train_runs_the_configured_optimizer_steps_over_the_trainers_list():
     from megatron_dapo.train import Trainer
     from tests.driver.fake_ranks import fake_group
 
-    cfg = parse_args(["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--global-batch-size", "4",
-                      "--no-progress"])
+    cfg = parse_args(
+        ["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--global-batch-size", "4", "--no-progress"]
+    )
     t = Trainer.__new__(Trainer)
     t.cfg, t.step, t.skipped_in_a_row = cfg, 1, 0
     t.trainers, ranks = fake_group(dp=2)
@@ -187,13 +240,23 @@ def test_train_runs_the_configured_optimizer_steps_over_the_trainers_list():
 def test_the_metrics_row_counts_the_samples_left_out():
     from megatron_dapo.driver.metrics import step_metrics
 
-    roll = types.SimpleNamespace(generated=[], groups=[], num_kept=0, num_all_correct=0, num_all_wrong=0,
-                                 num_gen_batches=1, reused=0, partial_resumed=0, partial_dropped=0,
-                                 partial_pending=0, aborted_samples=0, time_generate=0.0, time_verify=0.0)
-    m = step_metrics(1, roll, [], {}, {}, repetition_rate=lambda xs: 0.0, engine_restarts=0, timings={},
-                     untrainable=3)
+    roll = types.SimpleNamespace(
+        generated=[],
+        groups=[],
+        num_kept=0,
+        num_all_correct=0,
+        num_all_wrong=0,
+        num_gen_batches=1,
+        reused=0,
+        partial_resumed=0,
+        partial_dropped=0,
+        partial_pending=0,
+        aborted_samples=0,
+        time_generate=0.0,
+        time_verify=0.0,
+    )
+    m = step_metrics(1, roll, [], {}, {}, repetition_rate=lambda xs: 0.0, engine_restarts=0, timings={}, untrainable=3)
     assert m["untrainable_samples"] == 3
     roll.untrainable_samples = 4  # samples of mixed groups the manager did not keep (all stale, mask)
-    m = step_metrics(1, roll, [], {}, {}, repetition_rate=lambda xs: 0.0, engine_restarts=0, timings={},
-                     untrainable=3)
+    m = step_metrics(1, roll, [], {}, {}, repetition_rate=lambda xs: 0.0, engine_restarts=0, timings={}, untrainable=3)
     assert m["untrainable_samples"] == 7

@@ -18,10 +18,17 @@ def make_tiny_qwen2_dir(out: str, layers: int = 2, seed: int = 0) -> str:
     from tests.data import qwen2_tokenizer_dir
 
     tok = AutoTokenizer.from_pretrained(qwen2_tokenizer_dir())
-    cfg = tiny_qwen2_config(vocab_size=151680, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                            eos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
-                            bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))
+    cfg = tiny_qwen2_config(
+        vocab_size=151680,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
+        bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
+    )
     torch.manual_seed(seed)
     conf = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
     conf.architectures = ["Qwen2ForCausalLM"]
@@ -36,11 +43,16 @@ def make_prompts(path: str, n: int = 64) -> str:
     with open(path, "w") as f:
         for i in range(n):
             a, b = 10 + (i * 7) % 80, 11 + (i * 13) % 77
-            f.write(json.dumps({
-                "data_source": "tiny",
-                "prompt": [{"role": "user", "content": f"What is {a} + {b}?"}],
-                "reward_model": {"ground_truth": str(a + b), "style": "rule"},
-            }) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "data_source": "tiny",
+                        "prompt": [{"role": "user", "content": f"What is {a} + {b}?"}],
+                        "reward_model": {"ground_truth": str(a + b), "style": "rule"},
+                    }
+                )
+                + "\n"
+            )
     return path
 
 

@@ -50,6 +50,19 @@ if __name__ == "__main__":
     train.check_before_launch = lambda cfg, arch: None  # the name train.main calls
     with open("prompts.jsonl", "w") as f:  # in the working directory; never read
         f.write("{}\n")
-    sys.exit(train.main(["--hf-checkpoint", sys.argv[2], "--prompt-data", "prompts.jsonl",
-                         "--max-prompt-length", "16", "--max-response-length", "16",
-                         "--overlong-buffer-length", "4"]))
+    sys.exit(
+        train.main(
+            [
+                "--hf-checkpoint",
+                sys.argv[2],
+                "--prompt-data",
+                "prompts.jsonl",
+                "--max-prompt-length",
+                "16",
+                "--max-response-length",
+                "16",
+                "--overlong-buffer-length",
+                "4",
+            ]
+        )
+    )

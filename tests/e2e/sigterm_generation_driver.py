@@ -76,6 +76,23 @@ class GeneratingTrainer:
 if __name__ == "__main__":
     train.Trainer = GeneratingTrainer
     marker, hf, prompts, run_dir = sys.argv[1:5]
-    sys.exit(train.main(["--hf-checkpoint", hf, "--prompt-data", prompts, "--run-dir", run_dir,
-                         "--wandb-mode", "disabled", "--max-prompt-length", "64", "--max-response-length", "12",
-                         "--overlong-buffer-length", "4"]))
+    sys.exit(
+        train.main(
+            [
+                "--hf-checkpoint",
+                hf,
+                "--prompt-data",
+                prompts,
+                "--run-dir",
+                run_dir,
+                "--wandb-mode",
+                "disabled",
+                "--max-prompt-length",
+                "64",
+                "--max-response-length",
+                "12",
+                "--overlong-buffer-length",
+                "4",
+            ]
+        )
+    )

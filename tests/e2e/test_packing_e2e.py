@@ -24,9 +24,20 @@ def test_cp2_packed_dapo_steps(tmp_path):
     hf = make_tiny_qwen2_dir(str(tmp_path / "hf"))
     prompts = make_prompts(str(tmp_path / "prompts.jsonl"))
     run = str(tmp_path / "run")
-    rc = main(base_args(hf, prompts, run, **{"--actor-num-gpus-per-node": "2", "--context-parallel-size": "2",
-                                             "--use-packing": None, "--max-tokens-per-gpu": "160",
-                                             "--num-rollout": "2"}))
+    rc = main(
+        base_args(
+            hf,
+            prompts,
+            run,
+            **{
+                "--actor-num-gpus-per-node": "2",
+                "--context-parallel-size": "2",
+                "--use-packing": None,
+                "--max-tokens-per-gpu": "160",
+                "--num-rollout": "2",
+            },
+        )
+    )
     assert rc == 0
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2]

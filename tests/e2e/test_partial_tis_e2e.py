@@ -28,17 +28,38 @@ def test_partial_rollout_and_tis_steps(tmp_path):
     hf = make_tiny_qwen2_dir(str(tmp_path / "hf"))
     prompts = make_prompts(str(tmp_path / "prompts.jsonl"))
     run, ckpt = str(tmp_path / "run"), str(tmp_path / "ckpt")
-    rc = main(base_args(hf, prompts, run, **{"--actor-num-gpus-per-node": "2", "--num-rollout": "3",
-                                             "--over-sampling-batch-size": "8", "--rollout-temperature": "0.8",
-                                             "--partial-rollout": "true", "--partial-rollout-offpolicy": "mask",
-                                             "--tis-mode": "token-truncate", "--tis-cap": "2",
-                                             "--save": ckpt, "--save-interval": "3"}))
+    rc = main(
+        base_args(
+            hf,
+            prompts,
+            run,
+            **{
+                "--actor-num-gpus-per-node": "2",
+                "--num-rollout": "3",
+                "--over-sampling-batch-size": "8",
+                "--rollout-temperature": "0.8",
+                "--partial-rollout": "true",
+                "--partial-rollout-offpolicy": "mask",
+                "--tis-mode": "token-truncate",
+                "--tis-cap": "2",
+                "--save": ckpt,
+                "--save-interval": "3",
+            },
+        )
+    )
     assert rc == 0
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:
-        for k in ("tis_weight_mean", "tis_clip_frac", "mismatch_kl", "offpolicy_token_frac",
-                  "partial_resumed_samples", "partial_dropped_prefixes", "partial_pending_groups"):
+        for k in (
+            "tis_weight_mean",
+            "tis_clip_frac",
+            "mismatch_kl",
+            "offpolicy_token_frac",
+            "partial_resumed_samples",
+            "partial_dropped_prefixes",
+            "partial_pending_groups",
+        ):
             assert k in r and math.isfinite(r[k]), k
         # same weights, tempered logprobs on both sides: no mismatch to correct
         assert r["mismatch_kl"] < 1e-6 and abs(r["tis_weight_mean"] - 1.0) < 1e-3 and r["tis_clip_frac"] == 0.0

@@ -28,8 +28,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _cmd(hf, prompts, run, save, steps, extra=()):
-    args = base_args(hf, prompts, run, **{"--num-rollout": str(steps), "--save": save, "--save-interval": "1",
-                                          "--keep-last": "3", "--deterministic": None, "--save-hf-final": None})
+    args = base_args(
+        hf,
+        prompts,
+        run,
+        **{
+            "--num-rollout": str(steps),
+            "--save": save,
+            "--save-interval": "1",
+            "--keep-last": "3",
+            "--deterministic": None,
+            "--save-hf-final": None,
+        },
+    )
     return [sys.executable, "-m", "megatron_dapo.train", *args, *extra]
 
 
@@ -101,8 +112,14 @@ def test_sigterm_stops_the_run_and_frees_its_buffers(tiny, tmp_path):
     run = str(tmp_path / "d")
     err_path = tmp_path / "d.stderr"
     with open(err_path, "w") as err:
-        p = subprocess.Popen(_cmd(hf, prompts, run, str(tmp_path / "d_ckpt"), 50), cwd=ROOT, env=_env(),
-                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=err)
+        p = subprocess.Popen(
+            _cmd(hf, prompts, run, str(tmp_path / "d_ckpt"), 50),
+            cwd=ROOT,
+            env=_env(),
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     left = ["(not reached)"]
     try:
         deadline = time.time() + 600
@@ -136,14 +153,28 @@ def test_sigterm_inside_ray_get_still_exits_143_after_the_cleanup(tmp_path):
 
     from tests.tiny import tiny_qwen2_config
 
-    cfg = tiny_qwen2_config(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    cfg = tiny_qwen2_config(
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
     conf = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
     conf.save_pretrained(str(tmp_path / "hf"))
     marker = tmp_path / "shutdown"
     script = os.path.join(ROOT, "tests", "e2e", "sigterm_driver.py")
-    p = subprocess.Popen([sys.executable, script, str(marker), str(tmp_path / "hf")], cwd=str(tmp_path), env=_env(),
-                         start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, script, str(marker), str(tmp_path / "hf")],
+        cwd=str(tmp_path),
+        env=_env(),
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     left = ["(not reached)"]
     try:
         line = p.stdout.readline()  # "blocking" once the driver is about to wait in ray.get

@@ -39,10 +39,20 @@ SAME_ROLLOUT_KEYS = ("reward_mean", "acc_mean", "response_length_mean", "respons
 
 
 def _cmd(hf, prompts, run, nodes, extra=()):
-    args = base_args(hf, prompts, run, **{"--num-rollout": "2", "--deterministic": None, "--save-hf-final": None,
-                                          "--actor-num-nodes": str(nodes), "--actor-num-gpus-per-node": "1",
-                                          "--rollout-num-gpus-per-engine": str(nodes),
-                                          "--adam-eps": str(COMPARE_ADAM_EPS)})
+    args = base_args(
+        hf,
+        prompts,
+        run,
+        **{
+            "--num-rollout": "2",
+            "--deterministic": None,
+            "--save-hf-final": None,
+            "--actor-num-nodes": str(nodes),
+            "--actor-num-gpus-per-node": "1",
+            "--rollout-num-gpus-per-engine": str(nodes),
+            "--adam-eps": str(COMPARE_ADAM_EPS),
+        },
+    )
     return [sys.executable, "-m", "megatron_dapo.train", *args, *extra]
 
 

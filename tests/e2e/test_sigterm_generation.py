@@ -43,8 +43,15 @@ def test_sigterm_during_a_generation_round_stops_the_run_and_its_engines(tmp_pat
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MEGATRON_DAPO_DEBUG")}
     env.update(PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
     script = os.path.join(ROOT, "tests", "e2e", "sigterm_generation_driver.py")
-    p = subprocess.Popen([sys.executable, script, str(marker), hf, prompts, str(tmp_path / "run")], cwd=str(tmp_path),
-                         env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, script, str(marker), hf, prompts, str(tmp_path / "run")],
+        cwd=str(tmp_path),
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     left = ["(not reached)"]
     code = elapsed = None
     engine_pids = []
@@ -67,8 +74,9 @@ def test_sigterm_during_a_generation_round_stops_the_run_and_its_engines(tmp_pat
         left = leftovers(p, grace_s=RAY_SHUTDOWN_GRACE_S)  # the whole session; killed if still there
         p.wait()
     stderr = p.stderr.read()
-    assert code == 128 + signal.SIGTERM, f"exit code {code} (None: still running {STOP_BOUND_S} s after SIGTERM):\n" \
-                                         f"{stderr[-3000:]}"
+    assert code == 128 + signal.SIGTERM, (
+        f"exit code {code} (None: still running {STOP_BOUND_S} s after SIGTERM):\n{stderr[-3000:]}"
+    )
     assert "SIGTERM: stopping the run" in stderr
     assert marker.read_text() == "shutdown 2 engines\n"  # main's cleanup killed the generating engines
     assert not any(_alive(x) for x in engine_pids), engine_pids

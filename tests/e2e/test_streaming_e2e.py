@@ -36,9 +36,21 @@ def test_groups_stream_in_and_aborted_prefixes_continue(tmp_path):
     prompts = make_prompts(str(tmp_path / "prompts.jsonl"))
     run = str(tmp_path / "run")
     # stop string "e": responses of 1 to 16 tokens (a random model's tokens contain an "e" now and then)
-    rc = main(base_args(hf, prompts, run, **{"--num-rollout": "2", "--over-sampling-batch-size": "8",
-                                             "--max-response-length": "16", "--rollout-stop": "e",
-                                             "--partial-rollout": "true", "--no-progress": None}))
+    rc = main(
+        base_args(
+            hf,
+            prompts,
+            run,
+            **{
+                "--num-rollout": "2",
+                "--over-sampling-batch-size": "8",
+                "--max-response-length": "16",
+                "--rollout-stop": "e",
+                "--partial-rollout": "true",
+                "--no-progress": None,
+            },
+        )
+    )
     assert rc == 0
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2]
@@ -79,10 +91,28 @@ def test_a_continued_sample_equals_the_uninterrupted_greedy_generation():
     L, tok = 14, CharTokenizer()
     ref = random_model(qwen2_config())
     eng = HFEngine(ref.config, ref.state_dict(), tokenizer=tok, eos_token_ids=[], max_running=6)
-    cfg = parse_args(["--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4",
-                      "--max-response-length", str(L), "--overlong-buffer-length", "4", "--no-dynamic-sampling",
-                      "--over-sampling-batch-size", "6", "--partial-rollout", "true", "--rollout-stop", "q",
-                      "--no-progress"])
+    cfg = parse_args(
+        [
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--global-batch-size",
+            "4",
+            "--max-response-length",
+            str(L),
+            "--overlong-buffer-length",
+            "4",
+            "--no-dynamic-sampling",
+            "--over-sampling-batch-size",
+            "6",
+            "--partial-rollout",
+            "true",
+            "--rollout-stop",
+            "q",
+            "--no-progress",
+        ]
+    )
     cfg.rollout.temperature = 0.0  # greedy (the driver's validation refuses it for training)
     ds = [PromptRecord(i, [3 + i, 17 + 2 * i, 29 + i][: 2 + i % 2], f"p{i}", "x") for i in range(40)]
     pool = EnginePool(lambda i: eng, 1, lambda handles: None, timeout_s=600.0, transport=LocalTransport())

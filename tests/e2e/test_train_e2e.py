@@ -32,12 +32,25 @@ def tiny(tmp_path_factory):
 
 def base_args(hf, prompts, run_dir, **over):
     args = {
-        "--hf-checkpoint": hf, "--prompt-data": prompts, "--rollout-batch-size": "4", "--n-samples-per-prompt": "4",
-        "--global-batch-size": "8", "--micro-batch-size": "4", "--max-response-length": "12",
-        "--overlong-buffer-length": "4", "--max-prompt-length": "64", "--num-rollout": "3", "--lr": "1e-3",
-        "--reward-fn": "tests.e2e.fixtures:parity_reward", "--run-dir": run_dir, "--wandb-mode": "disabled",
-        "--reward-num-workers": "1", "--overlong-filter": "false", "--weight-sync-tolerance": "1e-5",
-        "--dump-rollouts-every": "1", "--seed": "3",
+        "--hf-checkpoint": hf,
+        "--prompt-data": prompts,
+        "--rollout-batch-size": "4",
+        "--n-samples-per-prompt": "4",
+        "--global-batch-size": "8",
+        "--micro-batch-size": "4",
+        "--max-response-length": "12",
+        "--overlong-buffer-length": "4",
+        "--max-prompt-length": "64",
+        "--num-rollout": "3",
+        "--lr": "1e-3",
+        "--reward-fn": "tests.e2e.fixtures:parity_reward",
+        "--run-dir": run_dir,
+        "--wandb-mode": "disabled",
+        "--reward-num-workers": "1",
+        "--overlong-filter": "false",
+        "--weight-sync-tolerance": "1e-5",
+        "--dump-rollouts-every": "1",
+        "--seed": "3",
     }
     args.update(over)
     out = []
@@ -71,7 +84,9 @@ def _replay(hf_dir, before, after, lr, weight_decay, clip, eps_low, eps_high, cl
     no_decay = [p for n, p in params.items() if p.dim() <= 1]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=lr, betas=(0.9, 0.999), eps=adam_eps,
+        lr=lr,
+        betas=(0.9, 0.999),
+        eps=adam_eps,
     )
     samples, i = before["samples"], 0
     assert sum(before["minibatch_sizes"]) == len(samples), before["minibatch_sizes"]
@@ -82,11 +97,15 @@ def _replay(hf_dir, before, after, lr, weight_decay, clip, eps_low, eps_high, cl
         loss = 0.0
         for x in items:  # one TrainItem at a time: [1, response] rows
             logits = model(x.tokens[None]).logits.float()
-            lp = torch.log_softmax(logits[:, x.prompt_len - 1 : -1], -1).gather(
-                -1, x.tokens[None, x.prompt_len:, None]).squeeze(-1)
+            lp = (
+                torch.log_softmax(logits[:, x.prompt_len - 1 : -1], -1)
+                .gather(-1, x.tokens[None, x.prompt_len :, None])
+                .squeeze(-1)
+            )
             mask = torch.full_like(lp, 1.0 if x.train else 0.0)
-            per_tok, _ = policy_loss(lp, x.old_logprobs[None], torch.tensor([x.advantage]), mask, eps_low, eps_high,
-                                     clip_c)
+            per_tok, _ = policy_loss(
+                lp, x.old_logprobs[None], torch.tensor([x.advantage]), mask, eps_low, eps_high, clip_c
+            )
             loss = loss + aggregate_loss(per_tok, mask, "token-mean", n_tok)
         opt.zero_grad()
         loss.backward()
@@ -108,13 +127,28 @@ def test_tp2_three_steps_probe_keys_and_replay(tiny, tmp_path):
     hf, prompts = tiny
     run = str(tmp_path / "run")
     dump = str(tmp_path / "dump")
-    rc = main(base_args(hf, prompts, run, **{"--actor-num-gpus-per-node": "2", "--tensor-model-parallel-size": "2",
-                                             "--debug-dump-train-batch": dump, "--weight-decay": "0.1",
-                                             # the replay compares weights after Adam: its eps and
-                                             # the bound below come from tests/tolerances.py
-                                             "--lr": "1e-4", "--adam-eps": str(COMPARE_ADAM_EPS),
-                                             "--eval-data": prompts, "--eval-interval": "3", "--eval-k": "2",
-                                             "--apply-chat-template": "false", "--save-hf-final": None}))
+    rc = main(
+        base_args(
+            hf,
+            prompts,
+            run,
+            **{
+                "--actor-num-gpus-per-node": "2",
+                "--tensor-model-parallel-size": "2",
+                "--debug-dump-train-batch": dump,
+                "--weight-decay": "0.1",
+                # the replay compares weights after Adam: its eps and
+                # the bound below come from tests/tolerances.py
+                "--lr": "1e-4",
+                "--adam-eps": str(COMPARE_ADAM_EPS),
+                "--eval-data": prompts,
+                "--eval-interval": "3",
+                "--eval-k": "2",
+                "--apply-chat-template": "false",
+                "--save-hf-final": None,
+            },
+        )
+    )
     assert rc == 0
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2, 3]
@@ -132,8 +166,18 @@ def test_tp2_three_steps_probe_keys_and_replay(tiny, tmp_path):
     # replay step 1 (fresh optimizer state) on a single rank through the algorithm functions
     before = torch.load(os.path.join(dump, "step_000001_before.pt"), weights_only=False)
     after = torch.load(os.path.join(dump, "step_000001_after.pt"), weights_only=False)
-    worst, moved = _replay(hf, before, after, lr=1e-4, weight_decay=0.1, clip=1.0, eps_low=0.2, eps_high=0.28, clip_c=10.0,
-                           adam_eps=COMPARE_ADAM_EPS)
+    worst, moved = _replay(
+        hf,
+        before,
+        after,
+        lr=1e-4,
+        weight_decay=0.1,
+        clip=1.0,
+        eps_low=0.2,
+        eps_high=0.28,
+        clip_c=10.0,
+        adam_eps=COMPARE_ADAM_EPS,
+    )
     assert moved > 5e-5  # the step really changed the weights (2 Adam steps of up to lr each)
     # two Adam steps of an HF model against megatron's (kernels and reduction orders differ)
     atol = adam_weight_atol(1e-4, rows[0]["grad_norm"], max_abs(before["weights"]), steps=2, clip_grad=1.0)
@@ -160,10 +204,23 @@ def test_pp2_engine_kill_nan_step_and_kl_to_reference(tiny, tmp_path):
 
     hf, prompts = tiny
     run = str(tmp_path / "run")
-    rc = main(base_args(hf, prompts, run, **{"--actor-num-gpus-per-node": "2", "--pipeline-model-parallel-size": "2",
-                                             "--debug-kill-engine-step": "2", "--debug-inject-nan-step": "3",
-                                             "--num-rollout": "4", "--offload-train": "true",
-                                             "--kl-coef": "0.05", "--kl-estimator": "k3"}))
+    rc = main(
+        base_args(
+            hf,
+            prompts,
+            run,
+            **{
+                "--actor-num-gpus-per-node": "2",
+                "--pipeline-model-parallel-size": "2",
+                "--debug-kill-engine-step": "2",
+                "--debug-inject-nan-step": "3",
+                "--num-rollout": "4",
+                "--offload-train": "true",
+                "--kl-coef": "0.05",
+                "--kl-estimator": "k3",
+            },
+        )
+    )
     assert rc == 0
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
@@ -181,8 +238,16 @@ def test_pp2_engine_kill_nan_step_and_kl_to_reference(tiny, tmp_path):
     assert math.isfinite(by[4]["grad_norm"])
     assert all(r["dp_token_imbalance"] == 1.0 for r in rows)  # one DP rank: balanced by definition
     # the driver's phase order (hybrid/phases.py HybridStep over the Ray cluster), offload on
-    step = ["engine_release", "trainer_onload", "engine_resume_weights", "sync_weights", "probe_megatron",
-            "trainer_offload", "engine_resume_kv_cache", "probe_engine"]
+    step = [
+        "engine_release",
+        "trainer_onload",
+        "engine_resume_weights",
+        "sync_weights",
+        "probe_megatron",
+        "trainer_offload",
+        "engine_resume_kv_cache",
+        "probe_engine",
+    ]
     with open(os.path.join(run, "hybrid_events.jsonl")) as f:
         events = {r["step"]: r["events"] for r in map(json.loads, f)}
     # start-up: the engines launch and release their memory before the trainer is built; the
@@ -191,5 +256,16 @@ def test_pp2_engine_kill_nan_step_and_kl_to_reference(tiny, tmp_path):
     assert events[1] == events[3] == events[4] == step
     # step 2: the killed engine was restarted mid-rollout and re-synced with the trainer onloaded
     # only while the engines' KV caches were released
-    assert events[2] == ["engine_release_kv_cache", "trainer_onload", "sync_weights", "probe_megatron",
-                         "trainer_offload", "engine_resume_kv_cache", "probe_engine"] + step
+    assert (
+        events[2]
+        == [
+            "engine_release_kv_cache",
+            "trainer_onload",
+            "sync_weights",
+            "probe_megatron",
+            "trainer_offload",
+            "engine_resume_kv_cache",
+            "probe_engine",
+        ]
+        + step
+    )

@@ -37,11 +37,23 @@ def registered():
         built.append((model_dir, tokenizer, opts))
         return "engine-object"
 
-    ENGINE_KINDS.register("test-standalone", EngineKind(
-        "tests.none:Engine", "A test engine kind (tools/eval.py test only).", _never, _never, _never,
-        needs_gpu=False, title="Test", standalone=Standalone(build, dtype="fp16", batch_size=7)))
-    ENGINE_KINDS.register("test-trainer-only", EngineKind(
-        "tests.none:Engine", "A test engine kind without a standalone form.", _never, _never, _never))
+    ENGINE_KINDS.register(
+        "test-standalone",
+        EngineKind(
+            "tests.none:Engine",
+            "A test engine kind (tools/eval.py test only).",
+            _never,
+            _never,
+            _never,
+            needs_gpu=False,
+            title="Test",
+            standalone=Standalone(build, dtype="fp16", batch_size=7),
+        ),
+    )
+    ENGINE_KINDS.register(
+        "test-trainer-only",
+        EngineKind("tests.none:Engine", "A test engine kind without a standalone form.", _never, _never, _never),
+    )
     try:
         yield built
     finally:
@@ -51,8 +63,22 @@ def registered():
 
 def test_a_registered_kind_is_an_engine_choice_built_from_its_standalone(registered, capsys):
     ev = _load_eval_tool()
-    args = ev.parse_args(["--model", "/m", "--data", "/d", "--engine", "test-standalone", "--seed", "3",
-                          "--tp", "2", "--mem-fraction", "0.5"])
+    args = ev.parse_args(
+        [
+            "--model",
+            "/m",
+            "--data",
+            "/d",
+            "--engine",
+            "test-standalone",
+            "--seed",
+            "3",
+            "--tp",
+            "2",
+            "--mem-fraction",
+            "0.5",
+        ]
+    )
     assert ev.build_engine(args, "/model-dir", "tok") == ("test-standalone", "engine-object")
     assert registered == [("/model-dir", "tok", StandaloneOptions(dtype="fp16", seed=3, tp=2, mem_fraction=0.5))]
     assert ev.default_batch_size("test-standalone") == 7
@@ -97,8 +123,20 @@ def test_the_sglang_standalone_gets_the_arguments_tools_eval_gave_it(monkeypatch
     calls = []
     monkeypatch.setattr(se, "SGLangEngine", lambda *a, **k: calls.append((a, k)) or "sglang-engine")
     ev = _load_eval_tool()
-    args = ev.parse_args(["--model", "/m", "--data", "/d", "--engine", "sglang", "--seed", "5", "--tp", "4",
-                          "--mem-fraction", "0.6"])
+    args = ev.parse_args(
+        ["--model", "/m", "--data", "/d", "--engine", "sglang", "--seed", "5", "--tp", "4", "--mem-fraction", "0.6"]
+    )
     assert ev.build_engine(args, "/model-dir", "tok") == ("sglang", "sglang-engine")
-    assert calls == [(("/model-dir",), dict(tp_size=4, mem_fraction_static=0.6, enable_memory_saver=False,
-                                            dtype="bfloat16", random_seed=5, load_format="auto"))]
+    assert calls == [
+        (
+            ("/model-dir",),
+            dict(
+                tp_size=4,
+                mem_fraction_static=0.6,
+                enable_memory_saver=False,
+                dtype="bfloat16",
+                random_seed=5,
+                load_format="auto",
+            ),
+        )
+    ]

@@ -113,8 +113,7 @@ def test_maj_at_k():
 def _s(pid, acc, pred, length=100, finish="stop", reason=None, key="problem_id"):
     if reason is None:
         reason = "ok" if acc else "wrong"
-    return {key: pid, "acc": acc, "pred": pred, "response_length": length,
-            "finish_reason": finish, "reason": reason}
+    return {key: pid, "acc": acc, "pred": pred, "response_length": length, "finish_reason": finish, "reason": reason}
 
 
 def test_summarize_hand_computed():
@@ -162,8 +161,9 @@ def test_summarize_groups_identical_prompts_not_copies():
     samples = []
     for copy in range(4):
         for i, p in enumerate(prompts):
-            samples.append(_s(None, i == 0 or (i == 1 and copy == 0), str(i), key="problem_id")
-                           | {"problem_id": None, "prompt": p})
+            samples.append(
+                _s(None, i == 0 or (i == 1 and copy == 0), str(i), key="problem_id") | {"problem_id": None, "prompt": p}
+            )
     assert len(group_samples(samples)) == 3
     out = summarize(samples, k=4)
     assert out["num_problems"] == 3 and out["k"] == 4
@@ -182,7 +182,6 @@ def test_summarize_errors_and_fallbacks():
     with pytest.raises(KeyError):
         summarize([{"acc": True, "pred": "1"}])
     # no 'reason' key: an invalid pred counts as no answer; no lengths -> None
-    out = summarize([{"problem_id": 1, "acc": False, "pred": "[INVALID]"},
-                     {"problem_id": 1, "acc": True, "pred": "4"}])
+    out = summarize([{"problem_id": 1, "acc": False, "pred": "[INVALID]"}, {"problem_id": 1, "acc": True, "pred": "4"}])
     assert out["no_answer_rate"] == 0.5 and out["response_length_mean"] is None
     assert out["maj@2"] == 1.0

@@ -32,13 +32,36 @@ from tests.data import DATA, qwen2_tokenizer_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 SUMMARY_KEYS = {
-    "avg@4", "pass@4", "maj@4", "pass@1", "response_length_mean", "truncation_ratio",
-    "no_answer_rate", "timeout_rate", "n_problems", "n_samples_total", "samples_per_problem", "k",
-    "prompts_truncated", "wall_s", "gen_tokens_per_s",
+    "avg@4",
+    "pass@4",
+    "maj@4",
+    "pass@1",
+    "response_length_mean",
+    "truncation_ratio",
+    "no_answer_rate",
+    "timeout_rate",
+    "n_problems",
+    "n_samples_total",
+    "samples_per_problem",
+    "k",
+    "prompts_truncated",
+    "wall_s",
+    "gen_tokens_per_s",
 }
 SAMPLE_KEYS = {
-    "problem_id", "sample_index", "row", "data_source", "ground_truth", "response", "response_length",
-    "prompt_length", "finish_reason", "score", "acc", "pred", "reason",
+    "problem_id",
+    "sample_index",
+    "row",
+    "data_source",
+    "ground_truth",
+    "response",
+    "response_length",
+    "prompt_length",
+    "finish_reason",
+    "score",
+    "acc",
+    "pred",
+    "reason",
 }
 
 
@@ -146,8 +169,12 @@ class RecordingScorer:
 
     def score(self, items):
         self.seen.extend(items)
-        return [compute_score(inp.response, inp.metadata["want"]) if inp.data_source == "judged"
-                else compute_score(inp.response, inp.label) for inp in items]
+        return [
+            compute_score(inp.response, inp.metadata["want"])
+            if inp.data_source == "judged"
+            else compute_score(inp.response, inp.label)
+            for inp in items
+        ]
 
 
 def test_scorer_sees_prompt_source_and_metadata(tok, tmp_path):
@@ -187,9 +214,7 @@ def test_one_row_per_problem_and_n_samples(tok, single_file, copies_file):
 def test_samples_jsonl_and_summary_json(tok, copies_file, tmp_path):
     out = tmp_path / "out"
     eng = ScriptedEngine(tok, _script)
-    s = evaluate(
-        eng, tok, copies_file, k=4, scorer=compute_score, out_dir=str(out), progress=False, batch_size=8,
-    )
+    s = evaluate(eng, tok, copies_file, k=4, scorer=compute_score, out_dir=str(out), progress=False, batch_size=8)
     lines = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
     assert len(lines) == 12 and all(SAMPLE_KEYS <= set(x) for x in lines)
     assert [(x["problem_id"], x["sample_index"]) for x in lines] == [(str(i), j) for i in range(3) for j in range(4)]
@@ -227,15 +252,19 @@ def test_dapo_defaults_and_context_cap(tok, single_file):
     evaluate(eng, tok, single_file, k=1, scorer=compute_score, progress=False, max_new_tokens=64)
     assert {p.max_new_tokens for _, p in eng.calls} == {64}
     with pytest.raises(ValueError, match="context"):
-        evaluate(ScriptedEngine(tok, _script, context_length=20), tok, single_file, k=1,
-                 scorer=compute_score, progress=False)
+        evaluate(
+            ScriptedEngine(tok, _script, context_length=20), tok, single_file, k=1, scorer=compute_score, progress=False
+        )
 
 
 def test_prompt_styles(tok, tmp_path):
-    path = _write_jsonl(tmp_path / "gsm.jsonl", [
-        {"question": "What is 2 + 3?", "answer": "2 + 3 = <<2+3=5>>5\n#### 5"},
-        {"question": "What is 4 + 5?", "answer": "It is 9.\n#### 9"},
-    ])
+    path = _write_jsonl(
+        tmp_path / "gsm.jsonl",
+        [
+            {"question": "What is 2 + 3?", "answer": "2 + 3 = <<2+3=5>>5\n#### 5"},
+            {"question": "What is 4 + 5?", "answer": "It is 9.\n#### 9"},
+        ],
+    )
     probs = load_eval_problems(path)
     assert [p.ground_truth for p in probs] == ["5", "9"] and probs[0].problem == "What is 2 + 3?"
     text, stops, prefix = build_prompt(probs[0], tok, "fewshot")
@@ -272,7 +301,9 @@ def test_row_schemas_limit_and_errors(tmp_path):
         load_eval_problems(_write_jsonl(tmp_path / "c.jsonl", [{"text": "q"}]))
     assert dataset_name("/x/aime-2024.parquet") == "aime-2024"
     assert eval_log_keys({"avg@4": 0.5, "n_problems": 3, "flag": True}, "aime") == {
-        "eval/aime/avg@4": 0.5, "eval/aime/n_problems": 3}
+        "eval/aime/avg@4": 0.5,
+        "eval/aime/n_problems": 3,
+    }
 
 
 def test_real_aime_file_grouping():
@@ -290,9 +321,16 @@ def tiny_model(tmp_path_factory, tok):
 
     d = tmp_path_factory.mktemp("tiny_qwen2")
     cfg = Qwen2Config(
-        vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
-        tie_word_embeddings=True, eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id,
+        vocab_size=len(tok),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
     )
     torch.manual_seed(0)
@@ -308,8 +346,18 @@ def test_hf_engine_tiny_model(tok, tiny_model, copies_file, tmp_path):
     outs = []
     for bs in (4, 12):
         out = tmp_path / f"bs{bs}"
-        s = evaluate(eng, tok, copies_file, k=2, max_new_tokens=3, scorer=compute_score, seed=7,
-                     progress=False, out_dir=str(out), batch_size=bs)
+        s = evaluate(
+            eng,
+            tok,
+            copies_file,
+            k=2,
+            max_new_tokens=3,
+            scorer=compute_score,
+            seed=7,
+            progress=False,
+            out_dir=str(out),
+            batch_size=bs,
+        )
         outs.append([json.loads(x)["response"] for x in (out / "samples.jsonl").read_text().splitlines()])
     assert s["n_problems"] == 3 and s["samples_per_problem"] == 4  # the file's 4 copies
     assert s["response_length_mean"] <= 3 and 0.0 <= s["truncation_ratio"] <= 1.0
@@ -326,16 +374,34 @@ def _read_out(out):
 
 def test_tools_eval_main(tiny_model, tmp_path):
     tool = _load_eval_tool()
-    data = _write_jsonl(tmp_path / "gsm.jsonl", [
-        {"question": "What is 2 + 3?", "answer": "#### 5"},
-        {"question": "What is 4 + 5?", "answer": "#### 9"},
-    ])
+    data = _write_jsonl(
+        tmp_path / "gsm.jsonl",
+        [{"question": "What is 2 + 3?", "answer": "#### 5"}, {"question": "What is 4 + 5?", "answer": "#### 9"}],
+    )
     out = tmp_path / "out"
-    rc = tool.main([
-        "--model", tiny_model, "--data", data, "--k", "2", "--max-new-tokens", "3",
-        "--prompt-style", "fewshot", "--engine", "hf", "--out", str(out), "--seed", "1",
-        "--reward-workers", "1", "--no-progress",
-    ])
+    rc = tool.main(
+        [
+            "--model",
+            tiny_model,
+            "--data",
+            data,
+            "--k",
+            "2",
+            "--max-new-tokens",
+            "3",
+            "--prompt-style",
+            "fewshot",
+            "--engine",
+            "hf",
+            "--out",
+            str(out),
+            "--seed",
+            "1",
+            "--reward-workers",
+            "1",
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     summary, samples = _read_out(out)
     assert summary["n_problems"] == 2 and summary["n_samples_total"] == 4 and summary["k"] == 2
@@ -357,15 +423,41 @@ def test_tools_eval_torch_dist_checkpoint(tiny_model, copies_file, tmp_path):
     """A torch_dist checkpoint is converted and gives the HF directory's greedy samples."""
     ckpt = tmp_path / "ckpt"
     subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "convert_hf_to_megatron.py"), "--hf-checkpoint", tiny_model,
-         "--save", str(ckpt), "--dtype", "fp32"],
-        check=True, capture_output=True, cwd=ROOT, timeout=300,
+        [
+            sys.executable,
+            str(ROOT / "tools" / "convert_hf_to_megatron.py"),
+            "--hf-checkpoint",
+            tiny_model,
+            "--save",
+            str(ckpt),
+            "--dtype",
+            "fp32",
+        ],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+        timeout=300,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     tool = _load_eval_tool()
     assert tool.model_kind(str(ckpt)) == "megatron"
-    common = ["--data", copies_file, "--k", "2", "--n-samples", "2", "--max-new-tokens", "3", "--temperature", "0",
-              "--engine", "hf", "--reward-workers", "1", "--no-progress"]
+    common = [
+        "--data",
+        copies_file,
+        "--k",
+        "2",
+        "--n-samples",
+        "2",
+        "--max-new-tokens",
+        "3",
+        "--temperature",
+        "0",
+        "--engine",
+        "hf",
+        "--reward-workers",
+        "1",
+        "--no-progress",
+    ]
     with pytest.raises(SystemExit):  # a torch_dist checkpoint has no tokenizer
         tool.main(["--model", str(ckpt), "--out", str(tmp_path / "x")] + common)
     assert tool.main(["--model", str(ckpt), "--tokenizer", tiny_model, "--out", str(tmp_path / "m")] + common) == 0

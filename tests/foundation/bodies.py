@@ -19,7 +19,9 @@ def build_from_hf(hf_cfg: dict, tp: int, pp: int, seed: int = 0):
     opts = ModelBuildOptions()
     model, arch, cfg = build_gpt_model(hf_cfg, opts)
     sd = hf.state_dict()
-    load_hf_weights(model, arch, lambda n: sd[n], padded_vocab_size(arch.vocab_size, opts.make_vocab_size_divisible_by, tp))
+    load_hf_weights(
+        model, arch, lambda n: sd[n], padded_vocab_size(arch.vocab_size, opts.make_vocab_size_divisible_by, tp)
+    )
     return hf, model, arch, cfg
 
 
@@ -77,8 +79,13 @@ def dp_optimizer_step(hf_cfg: dict, tp: int, pp: int, distributed_optimizer: boo
     hf = random_hf_model(hf_cfg, seed=0)
     sd = hf.state_dict()
     # eps: tests/tolerances.py (weights are compared after the step)
-    opt = OptimizerOptions(lr=1e-3, weight_decay=0.1, clip_grad=1.0, use_distributed_optimizer=distributed_optimizer,
-                           adam_eps=COMPARE_ADAM_EPS)
+    opt = OptimizerOptions(
+        lr=1e-3,
+        weight_decay=0.1,
+        clip_grad=1.0,
+        use_distributed_optimizer=distributed_optimizer,
+        adam_eps=COMPARE_ADAM_EPS,
+    )
     policy = build_policy(hf_cfg, ModelBuildOptions(), opt)
     load_hf_weights(policy.model, policy.arch, lambda n: sd[n], policy.padded_vocab)
     # DDP keeps fp32 main params in the optimizer: re-sync them from the loaded weights.

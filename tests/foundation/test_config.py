@@ -18,10 +18,34 @@ def _cfg(*argv):
 
 def test_megatron_flag_names_parse():
     cfg = parse_args(
-        ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--sequence-parallel",
-         "--use-distributed-optimizer", "--lr", "1e-6", "--lr-warmup-iters", "10",
-         "--weight-decay", "0.1", "--clip-grad", "1.0", "--adam-beta1", "0.9", "--adam-beta2", "0.98",
-         "--micro-batch-size", "2", "--global-batch-size", "512", "--seed", "7", "--save-interval", "5"]
+        [
+            "--tensor-model-parallel-size",
+            "2",
+            "--pipeline-model-parallel-size",
+            "2",
+            "--sequence-parallel",
+            "--use-distributed-optimizer",
+            "--lr",
+            "1e-6",
+            "--lr-warmup-iters",
+            "10",
+            "--weight-decay",
+            "0.1",
+            "--clip-grad",
+            "1.0",
+            "--adam-beta1",
+            "0.9",
+            "--adam-beta2",
+            "0.98",
+            "--micro-batch-size",
+            "2",
+            "--global-batch-size",
+            "512",
+            "--seed",
+            "7",
+            "--save-interval",
+            "5",
+        ]
     )
     assert cfg.parallel.tensor_model_parallel_size == 2 and cfg.parallel.pipeline_model_parallel_size == 2
     assert cfg.parallel.sequence_parallel is True and cfg.parallel.use_distributed_optimizer is True
@@ -57,11 +81,14 @@ def test_presets_and_explicit_flags_win():
     assert _cfg("--no-dynamic-sampling").algo.dynamic_sampling is False
 
 
-@pytest.mark.parametrize("argv, replacement", [
-    (["--normalize-adv-std", "false"], "--advantage-estimator group-norm .* or group-mean"),
-    (["--normalize-adv-std"], "--advantage-estimator"),
-    (["--min-lr", "0"], "constant after warm-up"),
-])
+@pytest.mark.parametrize(
+    "argv, replacement",
+    [
+        (["--normalize-adv-std", "false"], "--advantage-estimator group-norm .* or group-mean"),
+        (["--normalize-adv-std"], "--advantage-estimator"),
+        (["--min-lr", "0"], "constant after warm-up"),
+    ],
+)
 def test_removed_flags_say_what_replaces_them(argv, replacement, capsys):
     with pytest.raises(SystemExit):
         parse_args(argv)
@@ -72,7 +99,9 @@ def test_removed_flags_say_what_replaces_them(argv, replacement, capsys):
 def test_removed_flags_in_yaml_say_what_replaces_them(tmp_path):
     y = tmp_path / "c.yaml"
     y.write_text("algo:\n  normalize_adv_std: false\n")
-    with pytest.raises(ConfigError, match="normalize_adv_std.*--normalize-adv-std was removed: use --advantage-estimator"):
+    with pytest.raises(
+        ConfigError, match="normalize_adv_std.*--normalize-adv-std was removed: use --advantage-estimator"
+    ):
         parse_args(["--config", str(y)])
     y.write_text("min-lr: 0.0\n")
     with pytest.raises(ConfigError, match="--min-lr was removed"):
@@ -103,6 +132,7 @@ def test_bad_bool_value_names_flag(capsys):
 
 # ---- invalid combinations: each message names the flags and values
 
+
 def test_world_not_divisible_by_tp_pp():
     cfg = _cfg("--actor-num-gpus-per-node", "6", "--tensor-model-parallel-size", "4")
     with pytest.raises(ConfigError, match=r"--tensor-model-parallel-size 4.*--pipeline-model-parallel-size 1"):
@@ -111,38 +141,74 @@ def test_world_not_divisible_by_tp_pp():
 
 def test_heads_not_divisible_by_tp():
     arch = parse_hf_config(tiny_qwen2_config(num_attention_heads=6, num_key_value_heads=6, hidden_size=48))
-    cfg = _cfg("--actor-num-gpus-per-node", "4", "--tensor-model-parallel-size", "4", "--max-response-length", "64",
-               "--max-prompt-length", "64")
+    cfg = _cfg(
+        "--actor-num-gpus-per-node",
+        "4",
+        "--tensor-model-parallel-size",
+        "4",
+        "--max-response-length",
+        "64",
+        "--max-prompt-length",
+        "64",
+    )
     with pytest.raises(ConfigError, match=r"attention heads 6.*--tensor-model-parallel-size 4"):
         validate(cfg, arch=arch, on_gpu=True)
 
 
 def test_kv_heads_not_divisible_by_tp():
     arch = parse_hf_config(tiny_qwen2_config(num_attention_heads=4, num_key_value_heads=1))
-    cfg = _cfg("--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2", "--max-response-length", "64",
-               "--max-prompt-length", "64")
+    cfg = _cfg(
+        "--actor-num-gpus-per-node",
+        "2",
+        "--tensor-model-parallel-size",
+        "2",
+        "--max-response-length",
+        "64",
+        "--max-prompt-length",
+        "64",
+    )
     with pytest.raises(ConfigError, match=r"KV heads 1.*--tensor-model-parallel-size 2"):
         validate(cfg, arch=arch, on_gpu=True)
 
 
 def test_layers_not_divisible_by_pp():
     arch = parse_hf_config(tiny_qwen2_config(num_hidden_layers=3))
-    cfg = _cfg("--actor-num-gpus-per-node", "2", "--pipeline-model-parallel-size", "2", "--max-response-length", "64",
-               "--max-prompt-length", "64")
+    cfg = _cfg(
+        "--actor-num-gpus-per-node",
+        "2",
+        "--pipeline-model-parallel-size",
+        "2",
+        "--max-response-length",
+        "64",
+        "--max-prompt-length",
+        "64",
+    )
     with pytest.raises(ConfigError, match=r"layers 3.*--pipeline-model-parallel-size 2"):
         validate(cfg, arch=arch, on_gpu=True)
 
 
 def test_global_batch_not_divisible_by_dp():
-    cfg = parse_args(["--actor-num-gpus-per-node", "4", "--rollout-batch-size", "3", "--n-samples-per-prompt", "2",
-                         "--global-batch-size", "6"])
+    cfg = parse_args(
+        [
+            "--actor-num-gpus-per-node",
+            "4",
+            "--rollout-batch-size",
+            "3",
+            "--n-samples-per-prompt",
+            "2",
+            "--global-batch-size",
+            "6",
+        ]
+    )
     with pytest.raises(ConfigError, match=r"--global-batch-size 6.*data-parallel size 4"):
         validate(cfg, on_gpu=True)
 
 
 def test_responses_not_divisible_by_global_batch():
     cfg = parse_args(["--rollout-batch-size", "3", "--n-samples-per-prompt", "3", "--global-batch-size", "4"])
-    with pytest.raises(ConfigError, match=r"--rollout-batch-size 3 x --n-samples-per-prompt 3 = 9.*--global-batch-size 4"):
+    with pytest.raises(
+        ConfigError, match=r"--rollout-batch-size 3 x --n-samples-per-prompt 3 = 9.*--global-batch-size 4"
+    ):
         validate(cfg, on_gpu=True)
 
 
@@ -150,14 +216,20 @@ def test_gpu_only_features_refused_on_cpu():
     with pytest.raises(ConfigError, match="--bf16"):
         validate(_cfg("--bf16"), on_gpu=False)
     with pytest.raises(ConfigError, match="--sequence-parallel"):
-        validate(_cfg("--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"), on_gpu=False)
+        validate(
+            _cfg("--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"),
+            on_gpu=False,
+        )
 
 
 def test_bad_algorithm_values_named():
     with pytest.raises(ConfigError, match="--eps-clip-low"):
         validate(_cfg("--eps-clip-low", "1.5"), on_gpu=True)
     with pytest.raises(ConfigError, match="--dynamic-sampling.*--n-samples-per-prompt"):
-        validate(parse_args(["--rollout-batch-size", "4", "--n-samples-per-prompt", "1", "--global-batch-size", "4"]), on_gpu=True)
+        validate(
+            parse_args(["--rollout-batch-size", "4", "--n-samples-per-prompt", "1", "--global-batch-size", "4"]),
+            on_gpu=True,
+        )
 
 
 def test_context_length_checked():
@@ -175,6 +247,16 @@ def test_missing_paths_named(tmp_path):
 
 def test_valid_config_passes():
     arch = parse_hf_config(tiny_qwen2_config())
-    cfg = _cfg("--actor-num-gpus-per-node", "4", "--tensor-model-parallel-size", "2", "--max-response-length", "64",
-               "--max-prompt-length", "64", "--overlong-buffer-length", "16")
+    cfg = _cfg(
+        "--actor-num-gpus-per-node",
+        "4",
+        "--tensor-model-parallel-size",
+        "2",
+        "--max-response-length",
+        "64",
+        "--max-prompt-length",
+        "64",
+        "--overlong-buffer-length",
+        "16",
+    )
     assert validate(cfg, arch=arch, on_gpu=False) == []

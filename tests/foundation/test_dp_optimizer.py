@@ -33,6 +33,8 @@ def test_dp2_step_equals_single_batch_step(gloo, single_rank_reference, distribu
         atol = adam_weight_atol(1e-3, ref_norm, max_abs(ref), clip_grad=1.0)
         for name, t in o["params"].items():
             assert torch.allclose(t, ref[name], atol=atol, rtol=0), (name, float((t - ref[name]).abs().max()), atol)
-        print(f"DP 2 vs one rank after one Adam step: max |dweight| "
-              f"{max(float((t - ref[n]).abs().max()) for n, t in o['params'].items()):.3g}, bound {atol:.3g}")
+        print(
+            f"DP 2 vs one rank after one Adam step: max |dweight| "
+            f"{max(float((t - ref[n]).abs().max()) for n, t in o['params'].items()):.3g}, bound {atol:.3g}"
+        )
     assert outs[0]["grad_norm"] > 0

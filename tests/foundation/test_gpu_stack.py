@@ -37,14 +37,26 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("MEGATRON_DAPO_WHEEL_METADATA_CACHE")
-             or Path.home() / ".cache" / "megatron_dapo" / "wheel-metadata")
+CACHE = Path(
+    os.environ.get("MEGATRON_DAPO_WHEEL_METADATA_CACHE") or Path.home() / ".cache" / "megatron_dapo" / "wheel-metadata"
+)
 PYTHONS = ("3.11", "3.12")  # what setup.py's python_requires and the README support
-PLATFORMS = [f"manylinux_2_{v}_x86_64" for v in (39, 35, 34, 31, 28, 27, 24, 17)] + ["manylinux2014_x86_64",
-                                                                                       "linux_x86_64", "any"]
-ENV = {**default_environment(), "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
-       "os_name": "posix", "python_version": "3.11", "python_full_version": "3.11.7", "implementation_name": "cpython",
-       "platform_python_implementation": "CPython"}
+PLATFORMS = [f"manylinux_2_{v}_x86_64" for v in (39, 35, 34, 31, 28, 27, 24, 17)] + [
+    "manylinux2014_x86_64",
+    "linux_x86_64",
+    "any",
+]
+ENV = {
+    **default_environment(),
+    "sys_platform": "linux",
+    "platform_system": "Linux",
+    "platform_machine": "x86_64",
+    "os_name": "posix",
+    "python_version": "3.11",
+    "python_full_version": "3.11.7",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
+}
 
 
 def setup_lists() -> tuple[list[str], dict[str, list[str]]]:
@@ -75,23 +87,48 @@ def metadata(name: str, version: str) -> dict:
     CACHE.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
-        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-deps", "--quiet",
-               "--disable-pip-version-check", "--use-feature=fast-deps", "--only-binary=:all:",
-               *[a for p in PLATFORMS for a in ("--platform", p)], "--python-version", "3.11",
-               "--implementation", "cp", "--target", str(Path(tmp) / "t"), "--report", str(report),
-               f"{name}=={version}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--no-deps",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--use-feature=fast-deps",
+            "--only-binary=:all:",
+            *[a for p in PLATFORMS for a in ("--platform", p)],
+            "--python-version",
+            "3.11",
+            "--implementation",
+            "cp",
+            "--target",
+            str(Path(tmp) / "t"),
+            "--report",
+            str(report),
+            f"{name}=={version}",
+        ]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
             err = proc.stderr[-3000:]
         except subprocess.TimeoutExpired as e:
             err = f"timed out: {e}"
         if not report.exists():
-            pytest.fail(f"cannot read the metadata of {name}=={version}: `{' '.join(cmd)}` failed:\n{err}\n"
-                        f"Run it once on a machine with network access or point MEGATRON_DAPO_WHEEL_METADATA_CACHE "
-                        f"at a directory that holds {path.name}.")
+            pytest.fail(
+                f"cannot read the metadata of {name}=={version}: `{' '.join(cmd)}` failed:\n{err}\n"
+                f"Run it once on a machine with network access or point MEGATRON_DAPO_WHEEL_METADATA_CACHE "
+                f"at a directory that holds {path.name}."
+            )
         md = json.loads(report.read_text())["install"][0]["metadata"]
-    out = {"name": md["name"], "version": md["version"], "requires_dist": md.get("requires_dist") or [],
-           "requires_python": md.get("requires_python") or "", "provides_extra": md.get("provides_extra") or []}
+    out = {
+        "name": md["name"],
+        "version": md["version"],
+        "requires_dist": md.get("requires_dist") or [],
+        "requires_python": md.get("requires_python") or "",
+        "provides_extra": md.get("provides_extra") or [],
+    }
     path.write_text(json.dumps(out, indent=1))
     return out
 
@@ -149,14 +186,16 @@ def stack() -> Stack:
 def test_gpu_extra_pins_the_whole_set(stack):
     assert {"torch", "sglang", "megatron-core", "transformer-engine", "torch-memory-saver"} <= set(stack.pins), (
         f"the gpu extra must pin torch, sglang, megatron-core, transformer-engine and torch-memory-saver; it pins "
-        f"{sorted(stack.pins)}")
+        f"{sorted(stack.pins)}"
+    )
 
 
 def test_our_gpu_pins_satisfy_our_base_requirements(stack):
     for n, pin in stack.pins.items():
         if n in stack.ours:
             assert stack.ours[n].specifier.contains(stack.version(n), prereleases=True), (
-                f"gpu extra pins {pin} but setup.py's base requirement is {stack.ours[n]}")
+                f"gpu extra pins {pin} but setup.py's base requirement is {stack.ours[n]}"
+            )
 
 
 def test_pinned_wheels_agree_with_the_stack_and_with_us(stack):
@@ -164,15 +203,22 @@ def test_pinned_wheels_agree_with_the_stack_and_with_us(stack):
     for n, pin in stack.pins.items():
         md = metadata(pin.name, str(stack.version(n)))
         spec = SpecifierSet(md["requires_python"])
-        problems += [f"{pin} requires Python {spec}, we support {py}" for py in PYTHONS
-                     if not spec.contains(py, prereleases=True)]
+        problems += [
+            f"{pin} requires Python {spec}, we support {py}"
+            for py in PYTHONS
+            if not spec.contains(py, prereleases=True)
+        ]
         reqs = requirements(md, pin.extras)
         problems += stack.conflicts(str(pin), reqs)
         if n == "torch":
             continue  # torch's own pins are its CUDA runtime (cuda-toolkit, nvidia-*, triton): NVIDIA's set
         for r in reqs:  # one level down: the exact pins the stack's wheels make themselves
             v = _pinned_version(r)
-            if v is not None and canonicalize_name(r.name) not in stack.pins and not r.name.startswith("transformer_engine"):
+            if (
+                v is not None
+                and canonicalize_name(r.name) not in stack.pins
+                and not r.name.startswith("transformer_engine")
+            ):
                 companions[(r.name, str(v))] = str(pin)
     for (name, version), parent in sorted(companions.items()):
         md = metadata(name, version)
@@ -187,7 +233,9 @@ def test_transformer_engine_extras_and_cuda_major_match_torch(stack):
     assert {canonicalize_name(r.name) for r in cores} >= {"transformer-engine-torch"}, cores
     for r in cores:  # the meta-package's extras pin TE packages of its own version
         assert r.specifier.contains(stack.version("transformer-engine")), r
-    te_cuda = {int(m.group(1)) for r in cores if (m := re.fullmatch(r"transformer-engine-cu(\d+)", canonicalize_name(r.name)))}
+    te_cuda = {
+        int(m.group(1)) for r in cores if (m := re.fullmatch(r"transformer-engine-cu(\d+)", canonicalize_name(r.name)))
+    }
     torch_md = metadata("torch", str(stack.version("torch")))
     torch_cuda = set()
     for r in requirements(torch_md):
@@ -196,10 +244,13 @@ def test_transformer_engine_extras_and_cuda_major_match_torch(stack):
             torch_cuda.add(_pinned_version(r).major)
         elif m := re.fullmatch(r"nvidia-.*-cu(\d+)", n):
             torch_cuda.add(int(m.group(1)))
-    assert len(torch_cuda) == 1, f"torch {stack.version('torch')}: CUDA major not clear from its requirements {torch_cuda}"
+    assert len(torch_cuda) == 1, (
+        f"torch {stack.version('torch')}: CUDA major not clear from its requirements {torch_cuda}"
+    )
     assert te_cuda == torch_cuda, (
         f"transformer-engine extras {sorted(te.extras)} pull TE core for CUDA {te_cuda}, torch "
-        f"{stack.version('torch')} is built for CUDA {torch_cuda}: use the core_cu{min(torch_cuda)} extra")
+        f"{stack.version('torch')} is built for CUDA {torch_cuda}: use the core_cu{min(torch_cuda)} extra"
+    )
 
 
 def test_megatron_core_declares_our_transformer_engine(stack):
@@ -209,7 +260,8 @@ def test_megatron_core_declares_our_transformer_engine(stack):
     assert te, "megatron-core's dev extra no longer names transformer-engine: check the TE pin by hand"
     assert all(r.specifier.contains(stack.version("transformer-engine"), prereleases=True) for r in te), (
         f"megatron-core {stack.version('megatron-core')} declares {te[0]}, the gpu extra pins "
-        f"{stack.pins['transformer-engine']}")
+        f"{stack.pins['transformer-engine']}"
+    )
 
 
 def test_the_conflict_check_catches_a_conflict(stack):

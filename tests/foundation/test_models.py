@@ -21,7 +21,13 @@ def test_qwen25_32b_shape_from_examples():
 
     p = Path(__file__).resolve().parents[2] / "examples" / "qwen2.5-32b" / "config.json"
     a = parse_hf_config(p)
-    assert (a.num_layers, a.hidden_size, a.ffn_hidden_size, a.num_attention_heads, a.num_query_groups) == (64, 5120, 27648, 40, 8)
+    assert (a.num_layers, a.hidden_size, a.ffn_hidden_size, a.num_attention_heads, a.num_query_groups) == (
+        64,
+        5120,
+        27648,
+        40,
+        8,
+    )
     assert a.vocab_size == 152064 and not a.tie_word_embeddings and a.num_parameters == 32_763_876_352
 
 
@@ -118,7 +124,20 @@ def test_local_impl_refuses_sequence_parallel():
     from megatron_dapo.config.cli import parse_args
     from megatron_dapo.config.validate import ConfigError, validate
 
-    cfg = parse_args(["--transformer-impl", "local", "--sequence-parallel", "--tensor-model-parallel-size", "2",
-                      "--actor-num-gpus-per-node", "2", "--max-prompt-length", "16", "--max-response-length", "32"])
+    cfg = parse_args(
+        [
+            "--transformer-impl",
+            "local",
+            "--sequence-parallel",
+            "--tensor-model-parallel-size",
+            "2",
+            "--actor-num-gpus-per-node",
+            "2",
+            "--max-prompt-length",
+            "16",
+            "--max-response-length",
+            "32",
+        ]
+    )
     with pytest.raises(ConfigError, match="--sequence-parallel needs --transformer-impl transformer_engine"):
         validate(cfg, parse_hf_config(tiny_qwen2_config()), on_gpu=True)

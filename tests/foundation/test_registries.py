@@ -35,7 +35,7 @@ def test_help_choices_are_the_registrys_names(flag):
 def test_docs_hold_exactly_the_generated_table():
     assert DESIGN.count(BEGIN) == 1 and DESIGN.count(END) == 1
     start = DESIGN.index(BEGIN)
-    held = DESIGN[start:DESIGN.index(END) + len(END)]
+    held = DESIGN[start : DESIGN.index(END) + len(END)]
     assert held == markdown(), "docs/design.md is stale: paste `python -m megatron_dapo.config.registries --markdown`"
     for _, reg, _ in registries():
         for name in reg:
@@ -43,8 +43,14 @@ def test_docs_hold_exactly_the_generated_table():
 
 
 def test_the_module_prints_the_table():
-    out = subprocess.run([sys.executable, "-m", "megatron_dapo.config.registries", "--markdown"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "megatron_dapo.config.registries", "--markdown"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     assert out.strip() == markdown()
 
 

@@ -51,8 +51,11 @@ def _groups_body():
         # refused: factory-made host tensors (and what is computed from them) on accelerator groups
         "factory": _refusal(lambda: dist.all_reduce(torch.tensor([rank + 1.0]))),
         "derived": _refusal(lambda: dist.all_reduce(torch.tensor([rank + 1]).float() * 2, group=acc)),
-        "cpu_literal": _refusal(lambda: dist.all_gather([torch.zeros(1, device=collective_device(tp)) for _ in range(2)],
-                                                        torch.zeros(1, device="cpu"), group=tp)),
+        "cpu_literal": _refusal(
+            lambda: dist.all_gather(
+                [torch.zeros(1, device=collective_device(tp)) for _ in range(2)], torch.zeros(1, device="cpu"), group=tp
+            )
+        ),
         "object_on_cpu": _refusal(lambda: dist.broadcast_object_list([rank], src=0, device=torch.device("cpu"))),
         # refused: an accelerator tensor on a host group
         "accel_to_host": _refusal(lambda: dist.all_reduce(torch.zeros(1, device=collective_device(acc)), group=host)),
@@ -79,9 +82,12 @@ def test_strict_mode_refuses_host_tensors_on_accelerator_groups(gloo):
         assert r["kinds"] == [A, A, A, H, H]
         assert r["devices"] == ["cpu:0", "cpu:0", "cpu:0", "cpu", "cpu"]
         here = "tests/foundation/test_strict_collectives.py:"
-        assert re.search(r"dist\.all_reduce at tests/foundation/test_strict_collectives\.py:\d+ got a host tensor "
-                         r"\(made by torch\.tensor\(\) without device= at tests/foundation/test_strict_collectives\.py:\d+\)"
-                         r", but the group is an accelerator \(NCCL\) group", r["factory"]), r["factory"]
+        assert re.search(
+            r"dist\.all_reduce at tests/foundation/test_strict_collectives\.py:\d+ got a host tensor "
+            r"\(made by torch\.tensor\(\) without device= at tests/foundation/test_strict_collectives\.py:\d+\)"
+            r", but the group is an accelerator \(NCCL\) group",
+            r["factory"],
+        ), r["factory"]
         assert "got a host tensor" in r["derived"] and here in r["derived"]
         assert "dist.all_gather" in r["cpu_literal"] and "zeros(device=cpu)" in r["cpu_literal"]
         assert "dist.broadcast_object_list" in r["object_on_cpu"] and "device=cpu" in r["object_on_cpu"]
@@ -104,8 +110,11 @@ def _save_load_body(tmp: str):
     save_checkpoint(model, tmp, checkpoint_metadata(cfg))
     fresh, arch, _ = build_gpt_model(cfg, ModelBuildOptions())
     load_checkpoint(fresh, tmp, arch)
-    same = all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values())
-               if isinstance(a, torch.Tensor))
+    same = all(
+        torch.equal(a, b)
+        for a, b in zip(model.state_dict().values(), fresh.state_dict().values())
+        if isinstance(a, torch.Tensor)
+    )
     return read_metadata(tmp)["padded_vocab_size"], same
 
 

@@ -43,9 +43,27 @@ def tiny(tmp_path_factory):
 
 def _args(tiny, tmp_path, *extra):
     hf, prompts = tiny
-    return ["--hf-checkpoint", hf, "--prompt-data", prompts, "--run-dir", str(tmp_path / "run"),
-            "--wandb-mode", "disabled", "--num-rollout", "1", "--max-prompt-length", "64",
-            "--max-response-length", "12", "--overlong-buffer-length", "4", "--reward-num-workers", "1", *extra]
+    return [
+        "--hf-checkpoint",
+        hf,
+        "--prompt-data",
+        prompts,
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--wandb-mode",
+        "disabled",
+        "--num-rollout",
+        "1",
+        "--max-prompt-length",
+        "64",
+        "--max-response-length",
+        "12",
+        "--overlong-buffer-length",
+        "4",
+        "--reward-num-workers",
+        "1",
+        *extra,
+    ]
 
 
 def one_line(err: str, *needles: str) -> str:
@@ -73,12 +91,20 @@ def _train(capfd, argv) -> str:
 def _train_cmd(args, **env_extra):
     env = {k: v for k, v in os.environ.items() if k not in (DEBUG_ENV, "RAY_ADDRESS")}
     env.update(PYTHONPATH=ROOT, OMP_NUM_THREADS="1", **env_extra)
-    return subprocess.run([sys.executable, "-m", "megatron_dapo.train", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "megatron_dapo.train", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def _tool(name):
-    spec = importlib.util.spec_from_file_location(f"_tools_{name}_user_errors", os.path.join(ROOT, "tools", f"{name}.py"))
+    spec = importlib.util.spec_from_file_location(
+        f"_tools_{name}_user_errors", os.path.join(ROOT, "tools", f"{name}.py")
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -94,27 +120,39 @@ def _exits_2(capfd, fn, *args) -> str:
 
 # ------------------------------------------------------------------------------------- config
 
+
 def test_config_mistakes_are_one_line(tiny, tmp_path, capfd):
     bad = tmp_path / "broken.yaml"
     bad.write_text("optim:\n  lr: [1e-6\n")
-    one_line(_train(capfd, _args(tiny, tmp_path, "--config", str(bad))), "--config", "broken.yaml", "invalid YAML",
-             "line 3")
+    one_line(
+        _train(capfd, _args(tiny, tmp_path, "--config", str(bad))), "--config", "broken.yaml", "invalid YAML", "line 3"
+    )
     listed = tmp_path / "list.yaml"
     listed.write_text("- lr\n- 1e-6\n")
     one_line(_train(capfd, _args(tiny, tmp_path, "--config", str(listed))), "--config", "list.yaml", "mapping")
     choice = tmp_path / "choice.yaml"
     choice.write_text("rollout-engine: vllm\n")  # a YAML value outside the flag's choices was accepted
-    one_line(_train(capfd, _args(tiny, tmp_path, "--config", str(choice))), "--rollout-engine", "vllm", "auto, hf, sglang")
+    one_line(
+        _train(capfd, _args(tiny, tmp_path, "--config", str(choice))), "--rollout-engine", "vllm", "auto, hf, sglang"
+    )
     one_line(_train(capfd, _args(tiny, tmp_path, "--config", str(tmp_path))), "--config", "cannot read")
     one_line(_train(capfd, _args(tiny, tmp_path, "--rollout-stop", "\\x4")), "--rollout-stop", "bad escape")
-    one_line(_train(capfd, _args(tiny, tmp_path, "--eps-clip-low", "0.3", "--eps-clip-high", "0.2")),
-             "--eps-clip-high 0.2", "--eps-clip-low 0.3", "swap")
+    one_line(
+        _train(capfd, _args(tiny, tmp_path, "--eps-clip-low", "0.3", "--eps-clip-high", "0.2")),
+        "--eps-clip-high 0.2",
+        "--eps-clip-low 0.3",
+        "swap",
+    )
     # argparse's own errors: one line (not a usage text of a hundred lines), the closest flag
     one_line(_train(capfd, _args(tiny, tmp_path, "--eps-clip-hihg", "0.28")), "unrecognized", "--eps-clip-high")
     one_line(_train(capfd, _args(tiny, tmp_path, "--lr", "fast")), "--lr", "fast")
     one_line(_train(capfd, _args(tiny, tmp_path, "--max-num-gen-batches", "0")), "--max-num-gen-batches")
-    one_line(_train(capfd, _args(tiny, tmp_path, "--tokenizer", str(tmp_path / "no-tokenizer"))), "--tokenizer",
-             "no-tokenizer", "not found")
+    one_line(
+        _train(capfd, _args(tiny, tmp_path, "--tokenizer", str(tmp_path / "no-tokenizer"))),
+        "--tokenizer",
+        "no-tokenizer",
+        "not found",
+    )
 
 
 def test_rollout_stop_escapes_decode_and_keep_other_characters():
@@ -122,7 +160,12 @@ def test_rollout_stop_escapes_decode_and_keep_other_characters():
 
     # the old codecs.decode(s, "unicode_escape") turned "é" into "Ã©" and "。" into an error
     assert decode_escapes("--rollout-stop", ["\\n\\nQuestion:", "</answer>", "é", "。", "\\u2028"]) == [
-        "\n\nQuestion:", "</answer>", "é", "。", "\u2028"]
+        "\n\nQuestion:",
+        "</answer>",
+        "é",
+        "。",
+        "\u2028",
+    ]
 
 
 def test_the_real_command_line_and_the_debug_switch(tiny, tmp_path):
@@ -150,30 +193,40 @@ def test_an_unusable_run_dir_is_one_line(tiny, tmp_path):
 
 # --------------------------------------------------------------------------------------- data
 
+
 def test_data_mistakes_are_one_line(tiny, tmp_path, capfd):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     one_line(_train(capfd, _args(tiny, tmp_path, "--prompt-data", str(empty))), "empty.jsonl")
-    one_line(_train(capfd, _args(tiny, tmp_path, "--prompt-data", str(tmp_path / "typo.jsonl"))), "--prompt-data",
-             "typo.jsonl")
+    one_line(
+        _train(capfd, _args(tiny, tmp_path, "--prompt-data", str(tmp_path / "typo.jsonl"))),
+        "--prompt-data",
+        "typo.jsonl",
+    )
     assert not (tmp_path / "run").exists()  # nothing written
 
 
 # --------------------------------------------------------------------------------- checkpoint
 
+
 def test_checkpoint_mistakes_are_one_line(tiny, tmp_path, capfd):
     (tmp_path / "not-a-checkpoint").mkdir()
-    one_line(_train(capfd, _args(tiny, tmp_path, "--load", str(tmp_path / "not-a-checkpoint"))), "--load",
-             "not-a-checkpoint")
+    one_line(
+        _train(capfd, _args(tiny, tmp_path, "--load", str(tmp_path / "not-a-checkpoint"))), "--load", "not-a-checkpoint"
+    )
     one_line(_train(capfd, _args(tiny, tmp_path, "--load", str(tmp_path / "typo"))), "--load", "typo")
     to_hf = _tool("convert_megatron_to_hf")
-    err = _exits_2(capfd, to_hf.main, ["--load", str(tmp_path / "not-a-checkpoint"), "--save", str(tmp_path / "out"),
-                                       "--tokenizer", tiny[0]])
+    err = _exits_2(
+        capfd,
+        to_hf.main,
+        ["--load", str(tmp_path / "not-a-checkpoint"), "--save", str(tmp_path / "out"), "--tokenizer", tiny[0]],
+    )
     one_line(err, "not-a-checkpoint", "not a megatron-dapo torch_dist checkpoint")
     assert not (tmp_path / "out").exists()
 
 
 # -------------------------------------------------------------------------------------- model
+
 
 def test_model_mistakes_are_one_line(tiny, tmp_path, capfd):
     gpt2 = tmp_path / "gpt2"
@@ -212,6 +265,7 @@ def test_a_tokenizer_without_a_vocabulary_is_refused_where_it_is_loaded(tmp_path
 
 # ------------------------------------------------------------------------------------- reward
 
+
 def test_reward_mistakes_are_one_line(tiny, tmp_path, capfd):
     from megatron_dapo.errors import user_error_types
     from megatron_dapo.reward.api import RewardConfigError, compute_score
@@ -219,22 +273,29 @@ def test_reward_mistakes_are_one_line(tiny, tmp_path, capfd):
     assert RewardConfigError in user_error_types()
     with pytest.raises(RewardConfigError, match="reward mode"):
         compute_score("Answer: 1", "1", mode="sympy")
-    one_line(_train(capfd, _args(tiny, tmp_path, "--reward-fn", "no_such_module:score")), "--reward-fn",
-             "no_such_module")
+    one_line(
+        _train(capfd, _args(tiny, tmp_path, "--reward-fn", "no_such_module:score")), "--reward-fn", "no_such_module"
+    )
     one_line(_train(capfd, _args(tiny, tmp_path, "--reward-source", "tiny")), "--reward-source", "DATA_SOURCE=SPEC")
-    one_line(_train(capfd, _args(tiny, tmp_path, "--reward-source", "tiny=tests.e2e.fixtures:no_such_fn")),
-             "--reward-source", "no_such_fn")
+    one_line(
+        _train(capfd, _args(tiny, tmp_path, "--reward-source", "tiny=tests.e2e.fixtures:no_such_fn")),
+        "--reward-source",
+        "no_such_fn",
+    )
     one_line(_train(capfd, _args(tiny, tmp_path, "--reward-timeout", "0")), "--reward-timeout", "> 0")
 
 
 # ----------------------------------------------------------------------------------- diagnose
 
+
 def test_diagnose_refuses_a_metrics_file_without_metrics(tmp_path, capfd):
     from megatron_dapo.diagnostics.cli import main
 
-    cases = {"empty": ("", "no metrics in it"),
-             "garbage": ("not json\n\x00\x01\n[1, 2]\n", "3 line(s) that are not JSON objects"),
-             "other": ('{"loss": 1}\n{"loss": 2}\n', "none of the 4 boundaries")}
+    cases = {
+        "empty": ("", "no metrics in it"),
+        "garbage": ("not json\n\x00\x01\n[1, 2]\n", "3 line(s) that are not JSON objects"),
+        "other": ('{"loss": 1}\n{"loss": 2}\n', "none of the 4 boundaries"),
+    }
     for name, (text, needle) in cases.items():
         path = tmp_path / f"{name}.jsonl"
         path.write_text(text)
@@ -252,6 +313,7 @@ def test_diagnose_refuses_a_metrics_file_without_metrics(tmp_path, capfd):
 
 # --------------------------------------------------------------------------------------- eval
 
+
 def test_eval_mistakes_are_one_line_before_the_model_loads(tiny, tmp_path, capfd, monkeypatch):
     from megatron_dapo.data import DataError
 
@@ -263,13 +325,25 @@ def test_eval_mistakes_are_one_line_before_the_model_loads(tiny, tmp_path, capfd
     weightless = tmp_path / "weightless"
     weightless.mkdir()
     (weightless / "config.json").write_text(json.dumps(tiny_qwen2_config()))
-    one_line(_exits_2(capfd, tool.main, ["--model", str(weightless), "--data", prompts, *common]), "--model",
-             "weightless", "no weights")
+    one_line(
+        _exits_2(capfd, tool.main, ["--model", str(weightless), "--data", prompts, *common]),
+        "--model",
+        "weightless",
+        "no weights",
+    )
     (tmp_path / "a-file").write_text("x")
-    one_line(_exits_2(capfd, tool.main, ["--model", hf, "--data", prompts, "--out", str(tmp_path / "a-file" / "out"),
-                                         *common]), "--out", "a-file/out")
-    one_line(_exits_2(capfd, tool.main, ["--model", hf, "--data", prompts, "--tokenizer", str(weightless), *common]),
-             "--tokenizer", "weightless")
+    one_line(
+        _exits_2(
+            capfd, tool.main, ["--model", hf, "--data", prompts, "--out", str(tmp_path / "a-file" / "out"), *common]
+        ),
+        "--out",
+        "a-file/out",
+    )
+    one_line(
+        _exits_2(capfd, tool.main, ["--model", hf, "--data", prompts, "--tokenizer", str(weightless), *common]),
+        "--tokenizer",
+        "weightless",
+    )
     one_line(_exits_2(capfd, tool.main, ["--model", hf, "--data", prompts, "--k", "0"]), "--k")
     monkeypatch.setenv(DEBUG_ENV, "1")
     with pytest.raises(DataError, match="typo.jsonl"):  # the traceback, for a bug report
@@ -278,6 +352,7 @@ def test_eval_mistakes_are_one_line_before_the_model_loads(tiny, tmp_path, capfd
 
 
 # ------------------------------------------------------------------------------------- sbatch
+
 
 def test_sbatch_mistakes_are_one_line(tmp_path):
     sbatch = os.path.join(ROOT, "examples", "slurm", "submit_dapo.sbatch")

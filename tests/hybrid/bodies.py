@@ -147,6 +147,7 @@ def corrupted_sync(hf_cfg: dict, tp: int, pp: int, bucket_bytes: int):
 
 # ------------------------------------------------------------------- offload ----
 
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.detach().clone().contiguous().view(-1).view(torch.uint8)
 
@@ -193,13 +194,21 @@ def offload_roundtrip(hf_cfg: dict, tp: int, pp: int, distributed_optimizer: boo
     ref = {g: t.clone() for g, t in gather_full_weights(ref_policy.model, ref_policy.arch)}
     same_training = set(got) == set(ref) and all(torch.equal(got[k], ref[k]) for k in got)
     return {
-        "counts": counts, "resident": resident, "freed": freed, "released": released,
-        "resident_off": resident_off, "equal": equal, "same_training": same_training,
-        "grad_bytes": grad_bytes, "host_copy_bytes": host_copy_bytes, "grads_zero": grads_zero,
+        "counts": counts,
+        "resident": resident,
+        "freed": freed,
+        "released": released,
+        "resident_off": resident_off,
+        "equal": equal,
+        "same_training": same_training,
+        "grad_bytes": grad_bytes,
+        "host_copy_bytes": host_copy_bytes,
+        "grads_zero": grads_zero,
     }
 
 
 # -------------------------------------------------------------------- phases ----
+
 
 def _strict_engine_cls():
     from megatron_dapo.rollout.hf_engine import HFEngine
@@ -268,9 +277,24 @@ def phase_order(hf_dir: str, steps: int = 2):
     from megatron_dapo.rollout.base import EngineReleasedError, SamplingParams
     from megatron_dapo.training.worker import PolicyWorker
 
-    cfg = parse_args(["--hf-checkpoint", hf_dir, "--micro-batch-size", "2", "--global-batch-size", "2",
-                         "--rollout-batch-size", "1", "--n-samples-per-prompt", "2", "--lr", "1e-3",
-                         "--update-weight-buffer-size", str(32 * 1024)])
+    cfg = parse_args(
+        [
+            "--hf-checkpoint",
+            hf_dir,
+            "--micro-batch-size",
+            "2",
+            "--global-batch-size",
+            "2",
+            "--rollout-batch-size",
+            "1",
+            "--n-samples-per-prompt",
+            "2",
+            "--lr",
+            "1e-3",
+            "--update-weight-buffer-size",
+            str(32 * 1024),
+        ]
+    )
     worker = PolicyWorker(0, 1, "127.0.0.1", 0, cfg, hf_dir)
     worker.load_initial_weights()
     torch.manual_seed(99)
@@ -294,11 +318,13 @@ def phase_order(hf_dir: str, steps: int = 2):
     for k in range(steps):
         out = engine.generate([[5, 6, 7]], sp)[0][0]
         hybrid.to_train(engines)
-        res.setdefault("released_refusals", []).append((
-            _expect(EngineReleasedError, engine.generate, [[1, 2]], sp),
-            _expect(EngineReleasedError, engine.update_weights, []),
-            _expect(EngineReleasedError, engine.score, [[1, 2]], [1]),
-        ))
+        res.setdefault("released_refusals", []).append(
+            (
+                _expect(EngineReleasedError, engine.generate, [[1, 2]], sp),
+                _expect(EngineReleasedError, engine.update_weights, []),
+                _expect(EngineReleasedError, engine.score, [[1, 2]], [1]),
+            )
+        )
         sample = TrainItem(tokens=[5, 6, 7] + list(out.output_ids), prompt_len=3)
         sample.old_logprobs = torch.tensor(worker.compute_logprobs([sample])[0])
         batch = [replace(sample, advantage=1.0), replace(sample, advantage=-0.5 - k)]
@@ -313,8 +339,14 @@ def odd_qwen2_config() -> dict:
     """Sizes that are not multiples of the 256-byte slot alignment (norms and q bias 160 B, gate 11200 B, vocab 250)."""
     from tests.tiny import tiny_qwen2_config
 
-    return tiny_qwen2_config(vocab_size=250, hidden_size=40, intermediate_size=70, num_attention_heads=4,
-                             num_key_value_heads=2, num_hidden_layers=2)
+    return tiny_qwen2_config(
+        vocab_size=250,
+        hidden_size=40,
+        intermediate_size=70,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+    )
 
 
 def bf16_sync(hf_cfg: dict, tp: int, pp: int, bucket_bytes: int):
@@ -333,7 +365,9 @@ def bf16_sync(hf_cfg: dict, tp: int, pp: int, bucket_bytes: int):
     sd = random_hf_model(hf_cfg, seed=0).state_dict()
     opts = ModelBuildOptions(params_dtype=torch.bfloat16, bf16=True)
     model, arch, _ = build_gpt_model(hf_cfg, opts)
-    load_hf_weights(model, arch, lambda n: sd[n], padded_vocab_size(arch.vocab_size, opts.make_vocab_size_divisible_by, tp))
+    load_hf_weights(
+        model, arch, lambda n: sd[n], padded_vocab_size(arch.vocab_size, opts.make_vocab_size_divisible_by, tp)
+    )
     engine = HFEngine(hf_config_obj(hf_cfg), dtype=torch.bfloat16) if dist.get_rank() == 0 else None
 
     class P:  # reference_hf_weights wants .model / .arch
@@ -345,7 +379,13 @@ def bf16_sync(hf_cfg: dict, tp: int, pp: int, bucket_bytes: int):
     st = sync_weights(model, arch, engine, bucket_bytes=bucket_bytes)
     diff = check_weight_sync(model, arch, engine, default_probe_tokens(arch.vocab_size, length=16), None)
     w = {n: engine.get_weight(n).clone() for n in engine.expected_weight_names()} if engine else None
-    return {"ref": ref, "weights": w, "diff": diff, "dtypes": sorted({str(q.dtype) for q in model.parameters()}), "buckets": st.buckets}
+    return {
+        "ref": ref,
+        "weights": w,
+        "diff": diff,
+        "dtypes": sorted({str(q.dtype) for q in model.parameters()}),
+        "buckets": st.buckets,
+    }
 
 
 class FailingEngine:

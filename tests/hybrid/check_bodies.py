@@ -72,8 +72,22 @@ def weight_sync_checks(hf_dir: str, param_dtype_name: str = "float32"):
     from megatron_dapo.hybrid.weight_sync import WeightSyncError
     from megatron_dapo.training.worker import PolicyWorker
 
-    cfg = parse_args(["--hf-checkpoint", hf_dir, "--micro-batch-size", "2", "--global-batch-size", "2",
-                      "--rollout-batch-size", "1", "--n-samples-per-prompt", "2", "--lr", "1e-3"])
+    cfg = parse_args(
+        [
+            "--hf-checkpoint",
+            hf_dir,
+            "--micro-batch-size",
+            "2",
+            "--global-batch-size",
+            "2",
+            "--rollout-batch-size",
+            "1",
+            "--n-samples-per-prompt",
+            "2",
+            "--lr",
+            "1e-3",
+        ]
+    )
     worker = PolicyWorker(0, 1, "127.0.0.1", 0, cfg, hf_dir)
     worker.load_initial_weights()
     conf = AutoConfig.from_pretrained(hf_dir)
@@ -83,11 +97,19 @@ def weight_sync_checks(hf_dir: str, param_dtype_name: str = "float32"):
     for kind, cls in _engine_classes().items():
         torch.manual_seed(99)  # the engine's own (old) weights differ from the trainer's
         engine = cls(conf)
-        hybrid = HybridStep(InProcessTrainer(worker, offload=False), offload=False, check_weight_sync_every=1,
-                            param_dtype=getattr(torch, param_dtype_name) if kind == "noisy" else torch.float32)
+        hybrid = HybridStep(
+            InProcessTrainer(worker, offload=False),
+            offload=False,
+            check_weight_sync_every=1,
+            param_dtype=getattr(torch, param_dtype_name) if kind == "noisy" else torch.float32,
+        )
         try:
             info = hybrid.to_rollout(LocalEngines([engine]), probe=probe)
-            out[kind] = {"raised": False, "max": info["probe_max_abs"], "check": dict(getattr(hybrid, "last_check", {}))}
+            out[kind] = {
+                "raised": False,
+                "max": info["probe_max_abs"],
+                "check": dict(getattr(hybrid, "last_check", {})),
+            }
         except WeightSyncError as e:
             out[kind] = {"raised": True, "msg": str(e)}
         engine.shutdown()

@@ -27,7 +27,10 @@ class EngineProcess:
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.hybrid.engine_proc", json.dumps(hf_cfg), str(seed)],
-            cwd=str(ROOT), env=env, stdout=subprocess.PIPE, text=True,
+            cwd=str(ROOT),
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         try:
             line = self.proc.stdout.readline()

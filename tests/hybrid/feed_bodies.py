@@ -23,16 +23,28 @@ def feed_engines(hf_cfg: dict, tp: int, pp: int, gpus_per_engine: int, bucket_si
     rank = dist.get_rank()
     proc = EngineProcess(hf_cfg) if rank == feeding.leader else None
     probe = default_probe_tokens(policy.arch.vocab_size, length=16, batch=2)
-    res = {"rank": rank, "engine": feeding.engine, "leader": feeding.leader, "ref": reference_hf_weights(policy),
-           "syncs": []}
+    res = {
+        "rank": rank,
+        "engine": feeding.engine,
+        "leader": feeding.leader,
+        "ref": reference_hf_weights(policy),
+        "syncs": [],
+    }
     try:
         for bs in bucket_sizes:
             ws = WeightSync(policy.model, policy.arch, feeder_ranks=feeding.feeder_ranks, bucket_bytes=bs)
             before = proc.bytes_sent if proc else 0
             st = ws.sync(feeding.sink(proc.calls() if proc else None, EngineProtocol.for_engine("hf")))
             diff = check_weight_sync(policy.model, policy.arch, proc, probe, threshold)
-            res["syncs"].append({"bucket_bytes": bs, "buckets": st.buckets, "bytes": st.bytes, "diff": diff,
-                                 "crossed": (proc.bytes_sent - before) if proc else None})
+            res["syncs"].append(
+                {
+                    "bucket_bytes": bs,
+                    "buckets": st.buckets,
+                    "bytes": st.bytes,
+                    "diff": diff,
+                    "crossed": (proc.bytes_sent - before) if proc else None,
+                }
+            )
         res["weights"] = proc.weights() if proc else None
     finally:
         if proc is not None:
@@ -93,8 +105,14 @@ def buffer_lifetime(hf_cfg: dict, lag: int, bucket_bytes: int):
     rec = RecordingCalls(lag)
     ws = WeightSync(policy.model, policy.arch, feeder_ranks=feeding.feeder_ranks, bucket_bytes=bucket_bytes)
     st = ws.sync(feeding.sink(rec.calls, rec.protocol))
-    return {"violations": rec.violations, "max_in_flight": rec.max_in_flight, "sent": rec.sent,
-            "buckets": st.buckets, "finished": rec.finished, "resolved": rec.resolved}
+    return {
+        "violations": rec.violations,
+        "max_in_flight": rec.max_in_flight,
+        "sent": rec.sent,
+        "buckets": st.buckets,
+        "finished": rec.finished,
+        "resolved": rec.resolved,
+    }
 
 
 class FailingCalls(RecordingCalls):

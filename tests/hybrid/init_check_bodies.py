@@ -14,16 +14,33 @@ def init_checks(hf_dir: str):
     from megatron_dapo.training.worker import PolicyWorker
     from tests.hybrid.check_bodies import _engine_classes
 
-    cfg = parse_args(["--hf-checkpoint", hf_dir, "--micro-batch-size", "2", "--global-batch-size", "2",
-                      "--rollout-batch-size", "1", "--n-samples-per-prompt", "2", "--check-weight-sync-init"])
+    cfg = parse_args(
+        [
+            "--hf-checkpoint",
+            hf_dir,
+            "--micro-batch-size",
+            "2",
+            "--global-batch-size",
+            "2",
+            "--rollout-batch-size",
+            "1",
+            "--n-samples-per-prompt",
+            "2",
+            "--check-weight-sync-init",
+        ]
+    )
     worker = PolicyWorker(0, 1, "127.0.0.1", 0, cfg, hf_dir)
     worker.load_initial_weights()
     classes = _engine_classes()
     out = {}
     for kind in ("correct", "swapped", "stale"):
         engine = classes[kind](hf_dir)  # the checkpoint's weights, as --check-weight-sync-init launches it
-        hybrid = HybridStep(InProcessTrainer(worker, offload=False), offload=False, check_weight_sync_every=0,
-                            check_init_sync=cfg.rollout.check_weight_sync_init)
+        hybrid = HybridStep(
+            InProcessTrainer(worker, offload=False),
+            offload=False,
+            check_weight_sync_every=0,
+            check_init_sync=cfg.rollout.check_weight_sync_init,
+        )
         engines = LocalEngines([engine])
         try:
             hybrid.launch(engines, lambda: None)

@@ -79,7 +79,9 @@ def check_weight_sync(
     return compare_with_engine(ref, engine, probe_tokens, threshold, group=group)
 
 
-def compare_with_engine(ref_logprobs: torch.Tensor, engine, probe_tokens: torch.Tensor, threshold: float, *, group=None) -> float:
+def compare_with_engine(
+    ref_logprobs: torch.Tensor, engine, probe_tokens: torch.Tensor, threshold: float, *, group=None
+) -> float:
     """Second half of the probe: score ``probe_tokens`` with the engine(s) on feeder ranks and
     compare with megatron's ``ref_logprobs`` [b, s-1] (:func:`probe_stats`,
     :func:`check_probe_stats`: mean and p90 against ``threshold``); collective over ``group``
@@ -93,12 +95,20 @@ def compare_with_engine(ref_logprobs: torch.Tensor, engine, probe_tokens: torch.
     # Every rank must decide alike (a rank raising alone would leave the others waiting in
     # the next collective): the statistics and the threshold are all-reduced (max).
     if dist.is_initialized() and dist.get_world_size(group) > 1:
-        w = torch.tensor([stats["max_abs"], stats["mean_abs"], stats["p90_abs"], float(threshold)],
-                         dtype=torch.float64, device=collective_device(group))  # not ref's: a caller's may be host
+        w = torch.tensor(
+            [stats["max_abs"], stats["mean_abs"], stats["p90_abs"], float(threshold)],
+            dtype=torch.float64,
+            device=collective_device(group),
+        )  # not ref's: a caller's may be host
         dist.all_reduce(w, op=dist.ReduceOp.MAX, group=group)
         stats = {"max_abs": float(w[0]), "mean_abs": float(w[1]), "p90_abs": float(w[2])}
         threshold = float(w[3])
-    log.info("weight sync probe: |logp_engine - logp_megatron| mean %.3g p90 %.3g max %.3g (tolerance %.3g)",
-             stats["mean_abs"], stats["p90_abs"], stats["max_abs"], threshold)
+    log.info(
+        "weight sync probe: |logp_engine - logp_megatron| mean %.3g p90 %.3g max %.3g (tolerance %.3g)",
+        stats["mean_abs"],
+        stats["p90_abs"],
+        stats["max_abs"],
+        threshold,
+    )
     check_probe_stats(stats, threshold, where=f" on a probe of {tuple(probe_tokens.shape)} tokens")
     return stats["max_abs"]

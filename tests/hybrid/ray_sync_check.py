@@ -59,13 +59,34 @@ def check_layout(hf_dir: str, tp: int, pp: int, t0: float) -> None:
 
     cluster = None
     try:
-        cfg = parse_args([
-            "--hf-checkpoint", hf_dir, "--tensor-model-parallel-size", str(tp),
-            "--pipeline-model-parallel-size", str(pp), "--rollout-num-gpus-per-engine", "2",
-            "--rollout-engine", "hf", "--actor-num-nodes", "2", "--actor-num-gpus-per-node", "2", "--micro-batch-size", "1", "--global-batch-size", "8",
-            "--rollout-batch-size", "4", "--n-samples-per-prompt", "2",
-            "--update-weight-buffer-size", str(4 * 2**20),
-        ])
+        cfg = parse_args(
+            [
+                "--hf-checkpoint",
+                hf_dir,
+                "--tensor-model-parallel-size",
+                str(tp),
+                "--pipeline-model-parallel-size",
+                str(pp),
+                "--rollout-num-gpus-per-engine",
+                "2",
+                "--rollout-engine",
+                "hf",
+                "--actor-num-nodes",
+                "2",
+                "--actor-num-gpus-per-node",
+                "2",
+                "--micro-batch-size",
+                "1",
+                "--global-batch-size",
+                "8",
+                "--rollout-batch-size",
+                "4",
+                "--n-samples-per-prompt",
+                "2",
+                "--update-weight-buffer-size",
+                str(4 * 2**20),
+            ]
+        )
         cluster = Cluster(cfg, hf_dir, hf_dir)
         print(f"OK TP {tp} x PP {pp}: cluster of {cluster.world} ranks up in {time.time() - t0:.1f} s")
         cluster.trainers.load_initial_weights()
@@ -91,8 +112,10 @@ def check_layout(hf_dir: str, tp: int, pp: int, t0: float) -> None:
             through_store = object_store_created_bytes() - before
             assert out["bytes"] == model_bytes and out["buckets"] > 1, out
             assert through_store < OBJECT_STORE_BOUND < model_bytes, (through_store, model_bytes)
-            print(f"OK sync {k}: {out['bytes']} bytes in {out['buckets']} buckets, {out['seconds']:.2f} s; "
-                  f"object store bytes per sync: {through_store}")
+            print(
+                f"OK sync {k}: {out['bytes']} bytes in {out['buckets']} buckets, {out['seconds']:.2f} s; "
+                f"object store bytes per sync: {through_store}"
+            )
         for e, h in enumerate(handles):
             got = engine_state(h)
             assert set(got) == set(want), set(got) ^ set(want)

@@ -21,8 +21,15 @@ import torch
 
 from tests.hybrid.bodies import build_trained_policy, reference_hf_weights
 
-_MODULES = ("sglang", "sglang.srt", "sglang.srt.utils", "sglang.srt.utils.common", "sglang.srt.utils.patch_torch",
-            "sglang.srt.weight_sync", "sglang.srt.weight_sync.tensor_bucket")
+_MODULES = (
+    "sglang",
+    "sglang.srt",
+    "sglang.srt.utils",
+    "sglang.srt.utils.common",
+    "sglang.srt.utils.patch_torch",
+    "sglang.srt.weight_sync",
+    "sglang.srt.weight_sync.tensor_bucket",
+)
 
 
 class WheelModules:
@@ -85,7 +92,8 @@ class WheelTP2Engine:
             own = self.w.own_rank[r](None, raw)  # the wheel's SafeUnpickler: refuses any foreign class
             self.metadata_types.update(type(m).__name__ for m in own["metadata"])
             bucket = self.w.tensor_bucket.FlattenedTensorBucket(
-                flattened_tensor=own["flattened_tensor"], metadata=own["metadata"])
+                flattened_tensor=own["flattened_tensor"], metadata=own["metadata"]
+            )
             for name, t in bucket.reconstruct_tensors():
                 self.pending.append((r, name, t, t.clone()))
         self.sent += 1
@@ -118,11 +126,21 @@ def sglang_tp2_feed(hf_cfg: dict, tp: int, bucket_bytes: int, syncs: int = 2):
             protocols.append(protocol.describe())
             st = ws.sync(feeding.sink(engine.calls if engine else None, protocol))
             stats.append({"buckets": st.buckets, "bytes": st.bytes})
-        out = {"rank": rank, "protocols": protocols, "stats": stats, "patched": len(wheel.patched),
-               "ref": reference_hf_weights(policy)}
+        out = {
+            "rank": rank,
+            "protocols": protocols,
+            "stats": stats,
+            "patched": len(wheel.patched),
+            "ref": reference_hf_weights(policy),
+        }
         if engine is not None:
-            out.update(weights=engine.weights, sent=engine.sent, torn=engine.torn, finished=engine.finished,
-                       metadata_types=sorted(engine.metadata_types))
+            out.update(
+                weights=engine.weights,
+                sent=engine.sent,
+                torn=engine.torn,
+                finished=engine.finished,
+                metadata_types=sorted(engine.metadata_types),
+            )
         return out
     finally:
         wheel.remove()

@@ -13,8 +13,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _run(args, timeout=600):
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    p = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True, start_new_session=True)
+    p = subprocess.Popen(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, _ = p.communicate(timeout=timeout)
     finally:
@@ -30,8 +37,17 @@ def test_gpu_dapo_step_small_runs_the_hybrid_step():
     assert rc == 0, out[-4000:]
     lines = [l for l in out.splitlines() if l.startswith("[dapo-step]")]
     stages = [l.split()[1] for l in lines[:-1]]
-    assert stages == ["build", "init-sync", "generate", "to-train", "old-logprob", "train", "sync+probe", "generate",
-                      "score"]
+    assert stages == [
+        "build",
+        "init-sync",
+        "generate",
+        "to-train",
+        "old-logprob",
+        "train",
+        "sync+probe",
+        "generate",
+        "score",
+    ]
     assert "trainer_offload" in out and "probe_engine" in out
     sync = next(l for l in lines if l.split()[1] == "sync+probe")
     fields = dict(f.split("=", 1) for f in sync.split() if "=" in f)

@@ -29,7 +29,9 @@ def test_the_trainers_first_sync_restores_the_checkpoint_bitwise(outcomes):
 
 
 @pytest.mark.gloo
-@pytest.mark.parametrize("kind,names", [("swapped", [check_bodies.Q0, check_bodies.Q1]), ("stale", [check_bodies.STALE])])
+@pytest.mark.parametrize(
+    "kind,names", [("swapped", [check_bodies.Q0, check_bodies.Q1]), ("stale", [check_bodies.STALE])]
+)
 def test_a_broken_first_sync_fails_naming_the_tensors(outcomes, kind, names):
     o = outcomes[kind]
     assert o["raised"], o

@@ -94,8 +94,9 @@ def test_state_on_another_device_is_neither_moved_nor_counted_resident():
     class Opt:  # the shape trainer_tensors reads: param_groups + state
         def __init__(self):
             self.param_groups = [{"params": list(m.parameters())}]
-            self.state = {p: {"exp_avg": torch.zeros_like(p), "step": torch.zeros((), device="meta")}
-                          for p in m.parameters()}
+            self.state = {
+                p: {"exp_avg": torch.zeros_like(p), "step": torch.zeros((), device="meta")} for p in m.parameters()
+            }
 
     off = offload.TrainerOffloader(m, Opt())
     assert all(s.device.type == "cpu" for _, s in off.storages())

@@ -19,8 +19,16 @@ from megatron_dapo.hybrid.probe import probe_stats
 from megatron_dapo.hybrid.weight_sync import WeightSyncError
 from megatron_dapo.rollout.base import KV_CACHE, MEMORY_TAGS, WEIGHTS
 
-STEP = ["engine_release", "trainer_onload", "engine_resume_weights", "sync_weights", "probe_megatron",
-        "trainer_offload", "engine_resume_kv_cache", "probe_engine"]
+STEP = [
+    "engine_release",
+    "trainer_onload",
+    "engine_resume_weights",
+    "sync_weights",
+    "probe_megatron",
+    "trainer_offload",
+    "engine_resume_kv_cache",
+    "probe_engine",
+]
 INIT = STEP[2:]
 
 
@@ -73,9 +81,20 @@ def test_order_of_one_step_and_refusals():
     assert h.events == INIT + STEP
     rest = [t for t in MEMORY_TAGS if t != WEIGHTS]
     assert log == [
-        ("resume", (WEIGHTS,)), "sync", "probe_logprobs", "offload", ("resume", tuple(rest)), ("score", (1,)),
-        ("release", tuple(MEMORY_TAGS)), "onload",
-        ("resume", (WEIGHTS,)), "sync", "probe_logprobs", "offload", ("resume", tuple(rest)), ("score", (1,)),
+        ("resume", (WEIGHTS,)),
+        "sync",
+        "probe_logprobs",
+        "offload",
+        ("resume", tuple(rest)),
+        ("score", (1,)),
+        ("release", tuple(MEMORY_TAGS)),
+        "onload",
+        ("resume", (WEIGHTS,)),
+        "sync",
+        "probe_logprobs",
+        "offload",
+        ("resume", tuple(rest)),
+        ("score", (1,)),
     ]
 
 
@@ -223,8 +242,15 @@ def test_resync_never_onloads_the_trainer_next_to_a_kv_cache(with_others):
     assert not mem.clashes, mem.clashes
     assert not mem.trainer and not h.trainer_resident
     assert all(held == set(MEMORY_TAGS) for held in mem.engines.values())
-    assert h.events == ["engine_release_kv_cache", "trainer_onload", "sync_weights", "probe_megatron",
-                        "trainer_offload", "engine_resume_kv_cache", "probe_engine"]
+    assert h.events == [
+        "engine_release_kv_cache",
+        "trainer_onload",
+        "sync_weights",
+        "probe_megatron",
+        "trainer_offload",
+        "engine_resume_kv_cache",
+        "probe_engine",
+    ]
 
 
 @pytest.mark.gloo

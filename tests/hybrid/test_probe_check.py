@@ -81,11 +81,14 @@ def test_a_correct_sync_passes_with_every_tensor_compared(outcomes):
 
 
 @pytest.mark.gloo
-@pytest.mark.parametrize("kind,names", [
-    ("swapped", [check_bodies.Q0, check_bodies.Q1]),
-    ("stale", [check_bodies.STALE]),
-    ("missing", [check_bodies.MISSING]),
-])
+@pytest.mark.parametrize(
+    "kind,names",
+    [
+        ("swapped", [check_bodies.Q0, check_bodies.Q1]),
+        ("stale", [check_bodies.STALE]),
+        ("missing", [check_bodies.MISSING]),
+    ],
+)
 def test_a_broken_sync_fails_naming_the_tensor(outcomes, kind, names):
     o = outcomes[kind]
     assert o["raised"], o

@@ -64,8 +64,9 @@ def test_every_rank_of_an_engine_gets_its_protocol_only_the_first_its_calls(monk
     from megatron_dapo.hybrid import weight_sync as ws
 
     made = []
-    monkeypatch.setattr(ws.EngineProtocol, "for_engine",
-                        classmethod(lambda cls, kind: made.append(kind) or cls(kind=kind, lag=7)))
+    monkeypatch.setattr(
+        ws.EngineProtocol, "for_engine", classmethod(lambda cls, kind: made.append(kind) or cls(kind=kind, lag=7))
+    )
     handles = ["engine-0", None, "engine-2"]  # engine 1 is not synced this time
     args = [actors.feeder_args(r, 2, handles, "sglang", make_calls=lambda h, k: (h, k)) for r in range(6)]
     assert [a["engine_calls"] for a in args] == [("engine-0", "sglang"), None, None, None, ("engine-2", "sglang"), None]

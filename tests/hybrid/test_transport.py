@@ -39,15 +39,22 @@ def test_payload_is_a_handle_to_shared_memory_across_processes():
     pl.use_shared_memory_files()
     flat = torch.zeros(4 * 2**20, dtype=torch.uint8).share_memory_()  # a 4 MiB bucket buffer
     w = flat[:4096].view(torch.float32).view(32, 32)
-    b = flat[4096:4096 + 64].view(torch.bfloat16)
+    b = flat[4096 : 4096 + 64].view(torch.bfloat16)
     w.copy_(torch.arange(1024, dtype=torch.float32).view(32, 32))
     b.fill_(2)
     entries = pl.entries_in(flat, [("w", w), ("b", b)])
     (payload,) = pl.serialize_flat(flat, entries, 1)
     assert len(payload) < 4096 < flat.numel()  # handles and names, no tensor bytes
     want = str(float(w.sum()))
-    out = subprocess.run([sys.executable, "-c", _CHILD], input=payload + "\n", capture_output=True, text=True,
-                         cwd=ROOT, timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD],
+        input=payload + "\n",
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [want, "64.0"]
     assert w[0, 0].item() == 1234.5
@@ -79,15 +86,22 @@ def test_shared_cpu_buffer_travels_by_file_name_without_torch_shm_manager():
     assert os.path.exists(path) and os.path.basename(path).startswith(f"megatron_dapo_{os.getpid()}_")
     assert pl.is_shared_cpu_buffer(flat[:8]) and not pl.is_shared_cpu_buffer(torch.zeros(8, dtype=torch.uint8))
     w = flat[:4096].view(torch.float32).view(32, 32)
-    b = flat[4096:4096 + 64].view(torch.bfloat16)
+    b = flat[4096 : 4096 + 64].view(torch.bfloat16)
     w.copy_(torch.arange(1024, dtype=torch.float32).view(32, 32))
     b.fill_(2)
     (payload,) = pl.serialize_flat(flat[:8192], pl.entries_in(flat[:8192], [("w", w), ("b", b)]), 1)
     refs = _globals_in(payload)
     assert "megatron_dapo.rollout.payload.map_shared_file" in refs
     assert not any(r.startswith("torch.multiprocessing") for r in refs), refs
-    out = subprocess.run([sys.executable, "-c", _CHILD], input=payload + "\n", capture_output=True, text=True,
-                         cwd=ROOT, timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD],
+        input=payload + "\n",
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(float(torch.arange(1024.0).sum())), "64.0"]
     assert w[0, 0].item() == 1234.5  # written by the other process into this one's buffer
@@ -109,12 +123,20 @@ def test_map_shared_file_checks_what_a_payload_names(tmp_path):
 
 
 def test_shared_cpu_buffers_are_unlinked_at_exit_and_swept_after_a_kill():
-    code = ("import os, signal, sys, torch; from megatron_dapo.rollout import payload as pl; "
-            "bufs = [pl.shared_cpu_buffer(1 << 20) for _ in range(2)]; print(os.getpid(), flush=True); "
-            "sys.stdin.readline(); os.kill(os.getpid(), signal.SIGKILL if sys.argv[1] == 'kill' else 0)")
+    code = (
+        "import os, signal, sys, torch; from megatron_dapo.rollout import payload as pl; "
+        "bufs = [pl.shared_cpu_buffer(1 << 20) for _ in range(2)]; print(os.getpid(), flush=True); "
+        "sys.stdin.readline(); os.kill(os.getpid(), signal.SIGKILL if sys.argv[1] == 'kill' else 0)"
+    )
     for how in ("exit", "kill"):
-        proc = subprocess.Popen([sys.executable, "-c", code, how], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, how],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONPATH=ROOT),
+        )
         try:
             pid = int(proc.stdout.readline())
             assert len(pl.shared_memory_files(pid)) == 2
@@ -197,10 +219,13 @@ def test_sglang_codec_patches_the_senders_reductions(monkeypatch):
             return "x"
 
     for name, attrs in {
-        "sglang": {}, "sglang.srt": {}, "sglang.srt.utils": {},
+        "sglang": {},
+        "sglang.srt": {},
+        "sglang.srt.utils": {},
         "sglang.srt.utils.common": {"MultiprocessingSerializer": Serializer},
         "sglang.srt.utils.patch_torch": {"monkey_patch_torch_reductions": lambda: patched.append(1)},
-        "sglang.srt.weight_sync": {}, "sglang.srt.weight_sync.tensor_bucket": {"FlattenedTensorMetadata": Meta},
+        "sglang.srt.weight_sync": {},
+        "sglang.srt.weight_sync.tensor_bucket": {"FlattenedTensorMetadata": Meta},
     }.items():
         monkeypatch.setitem(sys.modules, name, types.SimpleNamespace(**attrs))
     ser, meta = codec_for("sglang")

@@ -49,8 +49,12 @@ def main() -> int:
         for attempt in (1, 2):
             try:
                 if not cluster.head_node:
-                    cluster.add_node(include_dashboard=False, num_cpus=1, num_gpus=1,
-                                     resources={NODE_RESOURCE_PREFIX + "nodeA": 1, "slot": 1})
+                    cluster.add_node(
+                        include_dashboard=False,
+                        num_cpus=1,
+                        num_gpus=1,
+                        resources={NODE_RESOURCE_PREFIX + "nodeA": 1, "slot": 1},
+                    )
                 cluster.add_node(num_cpus=1, num_gpus=1, resources={NODE_RESOURCE_PREFIX + "nodeB": 1, "slot": 1})
                 break
             except Exception as e:
@@ -72,15 +76,25 @@ def main() -> int:
         except PlacementError as e:
             assert "nodeC (not registered)" in str(e) and "nodeA" not in str(e).split("missing:")[1].split(";")[0], e
         print("OK wait_for_nodes names the missing node")
-        cli = [sys.executable, "-m", "megatron_dapo.launch.placement", "wait-nodes", "--address", cluster.address,
-               "--gpus-per-node", "1"]
+        cli = [
+            sys.executable,
+            "-m",
+            "megatron_dapo.launch.placement",
+            "wait-nodes",
+            "--address",
+            cluster.address,
+            "--gpus-per-node",
+            "1",
+        ]
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         # the CLI's own --timeout bounds it; the subprocess timeout only guards against a hang
-        ok = subprocess.run(cli + ["--nodes", "nodeA,nodeB", "--timeout", "30"], capture_output=True, text=True,
-                            cwd=root, timeout=120)
+        ok = subprocess.run(
+            cli + ["--nodes", "nodeA,nodeB", "--timeout", "30"], capture_output=True, text=True, cwd=root, timeout=120
+        )
         assert ok.returncode == 0 and "all 2 node(s) registered" in ok.stdout, ok.stdout + ok.stderr
-        bad = subprocess.run(cli + ["--nodes", "nodeA,nodeC", "--timeout", "2"], capture_output=True, text=True,
-                             cwd=root, timeout=120)
+        bad = subprocess.run(
+            cli + ["--nodes", "nodeA,nodeC", "--timeout", "2"], capture_output=True, text=True, cwd=root, timeout=120
+        )
         assert bad.returncode == 1 and "nodeC (not registered)" in bad.stderr, bad.stdout + bad.stderr
         print("OK the wait-nodes CLI (used by the Slurm script) passes and fails fast naming nodeC")
 
@@ -111,7 +125,9 @@ def main() -> int:
         # feasible by totals, but the slots are taken: must time out, name the request, remove itself
         hold = create_placement_group(2, 0, cpus_per_bundle=0.1, resources_per_bundle={"slot": 1}, strategy="SPREAD")
         try:
-            create_placement_group(1, 0, cpus_per_bundle=0.1, resources_per_bundle={"slot": 1}, timeout_s=2, name="late")
+            create_placement_group(
+                1, 0, cpus_per_bundle=0.1, resources_per_bundle={"slot": 1}, timeout_s=2, name="late"
+            )
             raise AssertionError("a group without free slots was placed")
         except PlacementError as e:
             msg = str(e)

@@ -67,16 +67,18 @@ def leftovers(proc, pattern: str = "", grace_s: float = 0.0) -> list:
     return described
 
 
-def run_in_session(cmd, timeout: float, grace_s: float = 0.0, pattern: str = "",
-                   **popen_kwargs) -> subprocess.CompletedProcess:
+def run_in_session(
+    cmd, timeout: float, grace_s: float = 0.0, pattern: str = "", **popen_kwargs
+) -> subprocess.CompletedProcess:
     """``subprocess.run(cmd, capture_output=True, text=True)`` in a session of its own: after
     it ends (or at the timeout, when the test fails naming the command) every process it left
     in its session (or matching ``pattern``) is killed, after ``grace_s`` to exit on their own;
     they are in the result's ``leftovers`` (``pid: command line``)."""
     import pytest
 
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            **popen_kwargs)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **popen_kwargs
+    )
     timed_out = False
     try:
         stdout, stderr = proc.communicate(timeout=timeout)

@@ -36,8 +36,15 @@ sys.path.insert(0, ROOT)
 
 NODES = {"h": "10.231.0.4", "a": "10.231.0.2", "b": "10.231.0.3"}  # the head last in address order
 BRIDGE = "10.231.0.1"
-PORTS = dict(port=6379, node_manager=6380, object_manager=6381, metrics=6382, agent_grpc=6383, agent_listen=6384,
-             runtime_env=6385)
+PORTS = dict(
+    port=6379,
+    node_manager=6380,
+    object_manager=6381,
+    metrics=6382,
+    agent_grpc=6383,
+    agent_listen=6384,
+    runtime_env=6385,
+)
 WORKER_PORTS = (10002, 10200)  # none of PORTS in this range (Ray refuses overlaps)
 
 
@@ -78,17 +85,53 @@ def ray_env(temp: str) -> dict:
 
 def ray_start(pid: int, ip: str, temp: str, head: bool):
     ray = os.path.join(os.path.dirname(sys.executable), "ray")
-    common = ["--node-ip-address", ip, "--node-manager-port", str(PORTS["node_manager"]),
-              "--object-manager-port", str(PORTS["object_manager"]), "--metrics-export-port", str(PORTS["metrics"]),
-              "--dashboard-agent-grpc-port", str(PORTS["agent_grpc"]),
-              "--dashboard-agent-listen-port", str(PORTS["agent_listen"]),
-              "--runtime-env-agent-port", str(PORTS["runtime_env"]), "--min-worker-port", str(WORKER_PORTS[0]),
-              "--max-worker-port", str(WORKER_PORTS[1]), "--disable-usage-stats"]
+    common = [
+        "--node-ip-address",
+        ip,
+        "--node-manager-port",
+        str(PORTS["node_manager"]),
+        "--object-manager-port",
+        str(PORTS["object_manager"]),
+        "--metrics-export-port",
+        str(PORTS["metrics"]),
+        "--dashboard-agent-grpc-port",
+        str(PORTS["agent_grpc"]),
+        "--dashboard-agent-listen-port",
+        str(PORTS["agent_listen"]),
+        "--runtime-env-agent-port",
+        str(PORTS["runtime_env"]),
+        "--min-worker-port",
+        str(WORKER_PORTS[0]),
+        "--max-worker-port",
+        str(WORKER_PORTS[1]),
+        "--disable-usage-stats",
+    ]
     if head:
-        cmd = [ray, "start", "--head", "--port", str(PORTS["port"]), "--num-cpus", "0", "--num-gpus", "0",
-               "--include-dashboard=false", "--temp-dir", temp] + common
+        cmd = [
+            ray,
+            "start",
+            "--head",
+            "--port",
+            str(PORTS["port"]),
+            "--num-cpus",
+            "0",
+            "--num-gpus",
+            "0",
+            "--include-dashboard=false",
+            "--temp-dir",
+            temp,
+        ] + common
     else:
-        cmd = [ray, "start", "--address", f"{NODES['h']}:{PORTS['port']}", "--num-cpus", "1", "--num-gpus", "0"] + common
+        cmd = [
+            ray,
+            "start",
+            "--address",
+            f"{NODES['h']}:{PORTS['port']}",
+            "--num-cpus",
+            "1",
+            "--num-gpus",
+            "0",
+        ] + common
     return sh(*in_ns(pid, *cmd), env=ray_env(temp), timeout=180, check=False)
 
 
@@ -115,20 +158,37 @@ def orchestrate(work: str, temp: str, driver_timeout: float) -> int:
                 p = ray_start(holders[name].pid, NODES[name], temp, head=name == "h")
                 if p.returncode == 0:
                     break
-                print(f"ray start on {name} failed (attempt {attempt}): {p.stderr[-1500:]}", file=sys.stderr, flush=True)
+                print(
+                    f"ray start on {name} failed (attempt {attempt}): {p.stderr[-1500:]}", file=sys.stderr, flush=True
+                )
                 if attempt == 2:
                     return 2
         print(f"OK Ray nodes up in {time.time() - t0:.1f} s", flush=True)
         try:
-            drv = subprocess.run(in_ns(holders["h"].pid, sys.executable, os.path.abspath(__file__), "driver", work,
-                                       f"{NODES['h']}:{PORTS['port']}"),
-                                 env=ray_env(temp), timeout=driver_timeout, capture_output=True, text=True, cwd=work)
+            drv = subprocess.run(
+                in_ns(
+                    holders["h"].pid,
+                    sys.executable,
+                    os.path.abspath(__file__),
+                    "driver",
+                    work,
+                    f"{NODES['h']}:{PORTS['port']}",
+                ),
+                env=ray_env(temp),
+                timeout=driver_timeout,
+                capture_output=True,
+                text=True,
+                cwd=work,
+            )
         except subprocess.TimeoutExpired as e:
             out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
             err = (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
             print(out + err[-3000:], flush=True)
-            print(f"FAIL: the driver did not bring the cluster up within {driver_timeout:g} s "
-                  "(the trainers' rendezvous never completed)", flush=True)
+            print(
+                f"FAIL: the driver did not bring the cluster up within {driver_timeout:g} s "
+                "(the trainers' rendezvous never completed)",
+                flush=True,
+            )
             return 3
         print(drv.stdout + drv.stderr[-3000:], flush=True)
         return drv.returncode
@@ -172,14 +232,37 @@ def driver(work: str, address: str) -> int:
     hf = make_tiny_qwen2_dir(os.path.join(work, "hf"))
     start_ray(address=address, _node_ip_address=NODES["h"])
     assert ray.util.get_node_ip_address() == NODES["h"]
-    cfg = parse_args(["--hf-checkpoint", hf, "--tensor-model-parallel-size", "2", "--actor-num-nodes", "2",
-                      "--actor-num-gpus-per-node", "1", "--rollout-num-gpus-per-engine", "1", "--rollout-engine", "hf",
-                      "--micro-batch-size", "1", "--global-batch-size", "2", "--rollout-batch-size", "1",
-                      "--n-samples-per-prompt", "2"])
+    cfg = parse_args(
+        [
+            "--hf-checkpoint",
+            hf,
+            "--tensor-model-parallel-size",
+            "2",
+            "--actor-num-nodes",
+            "2",
+            "--actor-num-gpus-per-node",
+            "1",
+            "--rollout-num-gpus-per-engine",
+            "1",
+            "--rollout-engine",
+            "hf",
+            "--micro-batch-size",
+            "1",
+            "--global-batch-size",
+            "2",
+            "--rollout-batch-size",
+            "1",
+            "--n-samples-per-prompt",
+            "2",
+        ]
+    )
     cluster = Cluster(cfg, hf, hf)
     try:
-        print(f"OK cluster of {cluster.world} ranks up in {time.time() - t0:.1f} s, rendezvous "
-              f"{cluster.master_addr}:{cluster.master_port}", flush=True)
+        print(
+            f"OK cluster of {cluster.world} ranks up in {time.time() - t0:.1f} s, rendezvous "
+            f"{cluster.master_addr}:{cluster.master_port}",
+            flush=True,
+        )
         ips = ray.get([a.__ray_call__.remote(node_ip) for a in cluster.actors], timeout=120)
         assert ips == [NODES["a"], NODES["b"]], ips  # ranks by node address; rank 0 not on the driver's node
         assert cluster.master_addr == NODES["a"], cluster.master_addr

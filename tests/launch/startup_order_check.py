@@ -68,11 +68,40 @@ def main(work: str) -> int:
     prompts = make_prompts(os.path.join(work, "prompts.jsonl"), n=8)
     actors.EngineActor = RecordingEngineActor()
     actors.PolicyActor = RecordingPolicyActor()
-    args = ["--hf-checkpoint", hf, "--prompt-data", prompts, "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-            "--global-batch-size", "4", "--micro-batch-size", "2", "--max-response-length", "8",
-            "--overlong-buffer-length", "4", "--max-prompt-length", "64", "--num-rollout", "1",
-            "--run-dir", os.path.join(work, "run"), "--wandb-mode", "disabled", "--reward-num-workers", "1",
-            "--actor-num-gpus-per-node", "2", "--rollout-num-gpus-per-engine", "1", "--rollout-engine", "hf"]
+    args = [
+        "--hf-checkpoint",
+        hf,
+        "--prompt-data",
+        prompts,
+        "--rollout-batch-size",
+        "2",
+        "--n-samples-per-prompt",
+        "2",
+        "--global-batch-size",
+        "4",
+        "--micro-batch-size",
+        "2",
+        "--max-response-length",
+        "8",
+        "--overlong-buffer-length",
+        "4",
+        "--max-prompt-length",
+        "64",
+        "--num-rollout",
+        "1",
+        "--run-dir",
+        os.path.join(work, "run"),
+        "--wandb-mode",
+        "disabled",
+        "--reward-num-workers",
+        "1",
+        "--actor-num-gpus-per-node",
+        "2",
+        "--rollout-num-gpus-per-engine",
+        "1",
+        "--rollout-engine",
+        "hf",
+    ]
     try:
         train.main(args)
     except StopAtFirstTrainer:

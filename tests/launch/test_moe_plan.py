@@ -21,13 +21,40 @@ EXPERTS = E * 3 * H * I  # one layer's experts
 
 
 def _cfg(nodes=4, tp=2, ep=8, etp=1, pp=1, extra=()):
-    return parse_args([
-        "--actor-num-nodes", str(nodes), "--actor-num-gpus-per-node", "8", "--bf16", "--rollout-engine", "sglang",
-        "--use-distributed-optimizer", "--max-tokens-per-gpu", "22528", "--rollout-batch-size", "512",
-        "--n-samples-per-prompt", "16", "--global-batch-size", "512", "--rollout-num-gpus-per-engine", "4",
-        "--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
-        "--expert-model-parallel-size", str(ep), "--expert-tensor-parallel-size", str(etp),
-        "--recompute-granularity", "full", *(["--sequence-parallel"] if tp > 1 else []), *extra])
+    return parse_args(
+        [
+            "--actor-num-nodes",
+            str(nodes),
+            "--actor-num-gpus-per-node",
+            "8",
+            "--bf16",
+            "--rollout-engine",
+            "sglang",
+            "--use-distributed-optimizer",
+            "--max-tokens-per-gpu",
+            "22528",
+            "--rollout-batch-size",
+            "512",
+            "--n-samples-per-prompt",
+            "16",
+            "--global-batch-size",
+            "512",
+            "--rollout-num-gpus-per-engine",
+            "4",
+            "--tensor-model-parallel-size",
+            str(tp),
+            "--pipeline-model-parallel-size",
+            str(pp),
+            "--expert-model-parallel-size",
+            str(ep),
+            "--expert-tensor-parallel-size",
+            str(etp),
+            "--recompute-granularity",
+            "full",
+            *(["--sequence-parallel"] if tp > 1 else []),
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +104,10 @@ def test_sync_plan_expert_bytes_per_feeder(arch):
     # same at 8 nodes: a feeder gathers its node's EP group, whatever the DP size
     sp8 = sync_plan(_cfg(nodes=8), arch, "sglang")
     assert (sp8.expert_bytes_per_feeder, sp8.expert_gathered_bytes, sp8.seconds) == (
-        sp.expert_bytes_per_feeder, sp.expert_gathered_bytes, sp.seconds)
+        sp.expert_bytes_per_feeder,
+        sp.expert_gathered_bytes,
+        sp.seconds,
+    )
 
 
 def test_expert_group_wider_than_a_node(arch):
@@ -103,8 +133,10 @@ def test_distributed_optimizer_shards_dense_state_over_dp_times_cp(arch):
     from pathlib import Path
 
     dense = parse_hf_config(Path(__file__).resolve().parents[2] / "examples" / "qwen2.5-32b")
-    one, two = _cfg(nodes=16, tp=8, ep=1, etp=8), _cfg(nodes=16, tp=8, ep=1, etp=8,
-                                                      extra=["--context-parallel-size", "2"])
+    one, two = (
+        _cfg(nodes=16, tp=8, ep=1, etp=8),
+        _cfg(nodes=16, tp=8, ep=1, etp=8, extra=["--context-parallel-size", "2"]),
+    )
     m1, m2 = estimate_memory(one, dense), estimate_memory(two, dense)
     assert m1.params_per_gpu == m2.params_per_gpu
     assert m1.optimizer == pytest.approx(12 * m1.params_per_gpu / 16)  # DP 16

@@ -14,8 +14,12 @@ HERE = Path(__file__).resolve().parent
 
 
 def _node(host, cpu, gpu=0, ip="10.0.0.9", **extra):
-    return {"NodeManagerHostname": host, "NodeManagerAddress": ip, "Alive": True,
-            "Resources": {"CPU": cpu, "GPU": gpu, **extra}}
+    return {
+        "NodeManagerHostname": host,
+        "NodeManagerAddress": ip,
+        "Alive": True,
+        "Resources": {"CPU": cpu, "GPU": gpu, **extra},
+    }
 
 
 def test_default_cpus_per_bundle():
@@ -43,10 +47,16 @@ def test_infeasible_reasons():
 
 
 def test_missing_nodes_by_hostname_tag_or_ip():
-    nodes = [_node("gpu001.cluster", 64, 8, ip="10.0.0.1"), _node("gpu002", 64, 4), _node("x3", 8, 0, **{"slurm_node:gpu003": 1})]
+    nodes = [
+        _node("gpu001.cluster", 64, 8, ip="10.0.0.1"),
+        _node("gpu002", 64, 4),
+        _node("x3", 8, 0, **{"slurm_node:gpu003": 1}),
+    ]
     assert missing_nodes(["gpu001", "gpu003"], 0, nodes) == []
     assert missing_nodes(["gpu001", "gpu002", "gpu004"], 8, nodes) == [
-        "gpu002 (registered with 4 of 8 GPUs)", "gpu004 (not registered)"]
+        "gpu002 (registered with 4 of 8 GPUs)",
+        "gpu004 (not registered)",
+    ]
     assert missing_nodes(["10.0.0.1"], 8, nodes) == []
 
 
@@ -89,8 +99,15 @@ def test_local_placement(local_ray):
 
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        got = ray.get([where.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)).remote()
-                       for i in range(2)], timeout=60)
+        got = ray.get(
+            [
+                where.options(
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)
+                ).remote()
+                for i in range(2)
+            ],
+            timeout=60,
+        )
         assert got == nodes
     finally:
         ray.util.remove_placement_group(pg)
@@ -115,8 +132,12 @@ def test_two_node_placement_in_subprocess():
     # the script's own session (Ray's daemons and the wait-nodes client included): whatever
     # still runs once it has had time to shut its cluster down is ended
     with private_ray_tmpdir() as ray_tmp:
-        done = run_in_session([sys.executable, str(HERE / "multinode_check.py")], timeout=240,
-                              grace_s=RAY_SHUTDOWN_GRACE_S, env={**env, "RAY_TMPDIR": ray_tmp})
+        done = run_in_session(
+            [sys.executable, str(HERE / "multinode_check.py")],
+            timeout=240,
+            grace_s=RAY_SHUTDOWN_GRACE_S,
+            env={**env, "RAY_TMPDIR": ray_tmp},
+        )
     proc, stdout, stderr, left = done, done.stdout, done.stderr, done.leftovers
     out = stdout + stderr
     assert proc.returncode == 0, out[-4000:]

@@ -16,10 +16,26 @@ QWEN32B = ROOT / "examples" / "qwen2.5-32b"
 
 # 16 nodes x 8 GPUs, the paper's batch shape
 CLUSTER = [
-    "--actor-num-nodes", "16", "--actor-num-gpus-per-node", "8", "--bf16", "--rollout-engine", "sglang",
-    "--use-distributed-optimizer", "--max-tokens-per-gpu", "22528", "--rollout-batch-size", "512",
-    "--n-samples-per-prompt", "16", "--global-batch-size", "512", "--over-sampling-batch-size", "1536",
-    "--lr-warmup-rollout-steps", "10",
+    "--actor-num-nodes",
+    "16",
+    "--actor-num-gpus-per-node",
+    "8",
+    "--bf16",
+    "--rollout-engine",
+    "sglang",
+    "--use-distributed-optimizer",
+    "--max-tokens-per-gpu",
+    "22528",
+    "--rollout-batch-size",
+    "512",
+    "--n-samples-per-prompt",
+    "16",
+    "--global-batch-size",
+    "512",
+    "--over-sampling-batch-size",
+    "1536",
+    "--lr-warmup-rollout-steps",
+    "10",
 ]
 
 
@@ -102,7 +118,9 @@ def _num(pattern: str, text: str) -> float:
 def test_report_prints_launch_order_and_engine_gpu_budget(arch):
     text = dry_run_report(_cfg("--tensor-model-parallel-size", "8", "--rollout-num-gpus-per-engine", "4"), arch)
     lines = text.splitlines()
-    first = next(i for i, x in enumerate(lines) if x.startswith("launch order: 1. engines (SGLang TP4 x 32) on free GPUs"))
+    first = next(
+        i for i, x in enumerate(lines) if x.startswith("launch order: 1. engines (SGLang TP4 x 32) on free GPUs")
+    )
     assert lines[first + 1].strip() == "2. engines release weights/kv_cache/cuda_graph"
     assert lines[first + 2].strip().startswith("3. trainer builds model + optimizer (TP 8 x PP 1 x CP 1 x DP 16")
     assert lines[first + 3].strip().startswith("4. first weight sync")
@@ -125,7 +143,12 @@ def test_report_prints_launch_order_and_engine_gpu_budget(arch):
 def test_rank_layout_megatron_order():
     # TP fastest, then CP, DP, PP
     assert [(c.tp, c.cp, c.dp, c.pp) for c in (rank_coord(r, 2, 2, 2, 2) for r in (0, 1, 2, 4, 8))] == [
-        (0, 0, 0, 0), (1, 0, 0, 0), (0, 1, 0, 0), (0, 0, 1, 0), (0, 0, 0, 1)]
+        (0, 0, 0, 0),
+        (1, 0, 0, 0),
+        (0, 1, 0, 0),
+        (0, 0, 1, 0),
+        (0, 0, 0, 1),
+    ]
     # every rank of TP 8 x DP 8 x PP 2 gets its own coordinate, and the coordinate gives the rank back
     coords = [rank_coord(r, 8, 1, 8, 2) for r in range(128)]
     assert len({(c.tp, c.cp, c.dp, c.pp) for c in coords}) == 128
@@ -137,8 +160,16 @@ def test_rank_layout_megatron_order():
 
 
 def test_placement_plan_nodes_and_engines():
-    plan = placement_plan(_cfg("--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "2",
-                               "--rollout-num-gpus-per-engine", "4"))
+    plan = placement_plan(
+        _cfg(
+            "--tensor-model-parallel-size",
+            "8",
+            "--pipeline-model-parallel-size",
+            "2",
+            "--rollout-num-gpus-per-engine",
+            "4",
+        )
+    )
     assert (plan.world, plan.dp, plan.num_engines) == (128, 8, 32)
     assert plan.nodes[0].ranks == range(0, 8) and plan.nodes[0].pp_stages == (0,)
     assert plan.nodes[15].pp_stages == (1,) and plan.nodes[15].dp_replicas == (7,)
@@ -155,30 +186,73 @@ def test_lr_schedule_both_units():
 
 
 def test_report_contents(arch):
-    cfg = _cfg("--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "2",
-               "--rollout-num-gpus-per-engine", "8", "--recompute-granularity", "full",
-               "--recompute-method", "uniform", "--recompute-num-layers", "1", "--sequence-parallel")
+    cfg = _cfg(
+        "--tensor-model-parallel-size",
+        "8",
+        "--pipeline-model-parallel-size",
+        "2",
+        "--rollout-num-gpus-per-engine",
+        "8",
+        "--recompute-granularity",
+        "full",
+        "--recompute-method",
+        "uniform",
+        "--recompute-num-layers",
+        "1",
+        "--sequence-parallel",
+    )
     text = dry_run_report(cfg, arch, "examples/qwen2.5-32b/config.json")
     assert isinstance(text, str)
     for needle in (
-        "16 nodes x 8 GPUs = 128 GPUs", "TP 8 x PP 2 x CP 1 x DP 8", "node   0: ranks 0-7, PP stage 0",
-        "node  15: ranks 120-127, PP stage 1", "16 engines", "engine  15: GPUs 120-127 (node 15)",
-        "weights bf16", "4.1 GB", "grads fp32", "full recompute", "<- configured", "KV cache",
-        "32 KiB per token", "H100 80GB", "H200 141GB", "10 rollout steps = 160 optimizer steps",
-        "= 16", "examples/qwen2.5-32b/config.json", "fits",
+        "16 nodes x 8 GPUs = 128 GPUs",
+        "TP 8 x PP 2 x CP 1 x DP 8",
+        "node   0: ranks 0-7, PP stage 0",
+        "node  15: ranks 120-127, PP stage 1",
+        "16 engines",
+        "engine  15: GPUs 120-127 (node 15)",
+        "weights bf16",
+        "4.1 GB",
+        "grads fp32",
+        "full recompute",
+        "<- configured",
+        "KV cache",
+        "32 KiB per token",
+        "H100 80GB",
+        "H200 141GB",
+        "10 rollout steps = 160 optimizer steps",
+        "= 16",
+        "examples/qwen2.5-32b/config.json",
+        "fits",
     ):
         assert needle in text, f"{needle!r} missing from:\n{text}"
     assert "DOES NOT FIT" not in text
 
 
 def test_report_warns_on_suspicious_settings(arch):
-    cfg = _cfg("--tensor-model-parallel-size", "8", "--use-distributed-optimizer", "false",
-               "--rollout-num-gpus-per-engine", "16", "--max-tokens-per-gpu", "8192",
-               "--lr-warmup-rollout-steps", "200", "--num-rollout", "50")
+    cfg = _cfg(
+        "--tensor-model-parallel-size",
+        "8",
+        "--use-distributed-optimizer",
+        "false",
+        "--rollout-num-gpus-per-engine",
+        "16",
+        "--max-tokens-per-gpu",
+        "8192",
+        "--lr-warmup-rollout-steps",
+        "200",
+        "--num-rollout",
+        "50",
+    )
     text = dry_run_report(cfg, arch)
     assert "DOES NOT FIT" in text
-    for needle in ("without --use-distributed-optimizer", "spans two nodes", "a longest sample does not fit",
-                   "longer than the run", "does not fit an 80 GB GPU", "without --sequence-parallel"):
+    for needle in (
+        "without --use-distributed-optimizer",
+        "spans two nodes",
+        "a longest sample does not fit",
+        "longer than the run",
+        "does not fit an 80 GB GPU",
+        "without --sequence-parallel",
+    ):
         assert needle in text, f"{needle!r} missing from:\n{text}"
 
 
@@ -193,9 +267,33 @@ def test_cpu_target_report():
     from tests.tiny import tiny_qwen2_config
 
     arch = parse_hf_config(tiny_qwen2_config())
-    cfg = parse_args(["--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2",
-                         "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--global-batch-size", "8",
-                         "--rollout-engine", "hf", "--max-tokens-per-gpu", "512", "--max-prompt-length", "64",
-                         "--max-response-length", "64", "--overlong-buffer-length", "16"])
+    cfg = parse_args(
+        [
+            "--actor-num-gpus-per-node",
+            "2",
+            "--tensor-model-parallel-size",
+            "2",
+            "--rollout-batch-size",
+            "4",
+            "--n-samples-per-prompt",
+            "4",
+            "--global-batch-size",
+            "8",
+            "--rollout-engine",
+            "hf",
+            "--max-tokens-per-gpu",
+            "512",
+            "--max-prompt-length",
+            "64",
+            "--max-response-length",
+            "64",
+            "--overlong-buffer-length",
+            "16",
+        ]
+    )
     text = dry_run_report(cfg, arch, "tiny")
-    assert "target: CPU (fp32)" in text and "1 nodes x 2 CPU workers = 2 CPU workers" in text and "optimizer steps per rollout step" in text
+    assert (
+        "target: CPU (fp32)" in text
+        and "1 nodes x 2 CPU workers = 2 CPU workers" in text
+        and "optimizer steps per rollout step" in text
+    )

@@ -10,10 +10,30 @@ from megatron_dapo.launch.plan import dry_run_report
 from megatron_dapo.models.hf_config import parse_hf_config
 
 QWEN32B = Path(__file__).resolve().parents[2] / "examples" / "qwen2.5-32b"
-BASE = ["--actor-num-nodes", "16", "--actor-num-gpus-per-node", "8", "--bf16", "--rollout-engine", "sglang",
-        "--use-distributed-optimizer", "--tensor-model-parallel-size", "8", "--sequence-parallel",
-        "--max-tokens-per-gpu", "22528", "--rollout-batch-size", "512", "--n-samples-per-prompt", "16",
-        "--global-batch-size", "512", "--rollout-num-gpus-per-engine", "4", "--use-packing"]
+BASE = [
+    "--actor-num-nodes",
+    "16",
+    "--actor-num-gpus-per-node",
+    "8",
+    "--bf16",
+    "--rollout-engine",
+    "sglang",
+    "--use-distributed-optimizer",
+    "--tensor-model-parallel-size",
+    "8",
+    "--sequence-parallel",
+    "--max-tokens-per-gpu",
+    "22528",
+    "--rollout-batch-size",
+    "512",
+    "--n-samples-per-prompt",
+    "16",
+    "--global-batch-size",
+    "512",
+    "--rollout-num-gpus-per-engine",
+    "4",
+    "--use-packing",
+]
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +69,11 @@ def test_dry_run_says_whether_cp_is_needed(arch):
     assert "micro-batches: packed (THD" in out
     assert "a 22528-token sequence does NOT fit at CP 1: raise --context-parallel-size" in out
     assert "does not fit an 80 GB GPU with 15% margin at CP 1" in out  # the warning too
-    out = dry_run_report(parse_args(BASE + ["--recompute-granularity", "full", "--recompute-method", "uniform",
-                                            "--recompute-num-layers", "1"]), arch, on_gpu=True)
+    out = dry_run_report(
+        parse_args(
+            BASE + ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+        ),
+        arch,
+        on_gpu=True,
+    )
     assert "H100 80GB: longest sequence" in out and "a 22528-token sequence fits at CP 1" in out

@@ -74,8 +74,21 @@ def converted(tmp_path_factory):
     random_hf_model(tiny_qwen2_config(num_hidden_layers=2)).save_pretrained(hf, safe_serialization=True)
     td = d / "torch_dist"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    p = run_in_session([sys.executable, str(ROOT / "tools" / "convert_hf_to_megatron.py"), "--hf-checkpoint", str(hf),
-                        "--save", str(td), "--dtype", "fp32"], 300, env=env, cwd=ROOT)
+    p = run_in_session(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "convert_hf_to_megatron.py"),
+            "--hf-checkpoint",
+            str(hf),
+            "--save",
+            str(td),
+            "--dtype",
+            "fp32",
+        ],
+        300,
+        env=env,
+        cwd=ROOT,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return str(hf), str(td)
 
@@ -140,17 +153,26 @@ def test_prompt_data_counts_the_prompts_within_the_length_filter(tok):
     from megatron_dapo.data import read_rows
 
     # the count, by hand: render each real prompt with the chat template and tokenize it
-    lengths = [len(tok(tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True),
-                       add_special_tokens=False)["input_ids"]) for r in read_rows(DAPO)]
+    lengths = [
+        len(
+            tok(
+                tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True),
+                add_special_tokens=False,
+            )["input_ids"]
+        )
+        for r in read_rows(DAPO)
+    ]
     limit = sorted(lengths)[len(lengths) // 2]  # about half of them fit
     within = sum(n <= limit for n in lengths)
     assert 0 < within < 16
     cfg = _cfg("unused", "--prompt-data", DAPO, "--max-prompt-length", str(limit), "--rollout-batch-size", "4")
     c, ds = check_prompt_data(cfg, tok, None)
     assert c.status == OK and len(ds) == within, c.line
-    assert c.line.startswith(f"[check] prompt-data {DAPO}: parquet, 16 rows, columns ok, {within} prompts within "
-                             f"--max-prompt-length {limit} (longest {max(n for n in lengths if n <= limit)} tokens; "
-                             f"0 duplicates removed, {16 - within} too long skipped"), c.line
+    assert c.line.startswith(
+        f"[check] prompt-data {DAPO}: parquet, 16 rows, columns ok, {within} prompts within "
+        f"--max-prompt-length {limit} (longest {max(n for n in lengths if n <= limit)} tokens; "
+        f"0 duplicates removed, {16 - within} too long skipped"
+    ), c.line
     cfg = _cfg("unused", "--prompt-data", DAPO, "--max-prompt-length", "5")
     c, _ = check_prompt_data(cfg, tok, None)
     assert c.status == FAIL and "16 prompt(s) are longer than --max-prompt-length 5" in c.detail, c.line
@@ -162,8 +184,12 @@ def _broken(tmp_path) -> dict:
     import pyarrow.parquet as pq
 
     good = Path(DAPO).read_bytes()
-    out = {"empty": tmp_path / "empty.parquet", "truncated": tmp_path / "truncated.parquet",
-           "csv": tmp_path / "renamed-csv.parquet", "columns": tmp_path / "columns.parquet"}
+    out = {
+        "empty": tmp_path / "empty.parquet",
+        "truncated": tmp_path / "truncated.parquet",
+        "csv": tmp_path / "renamed-csv.parquet",
+        "columns": tmp_path / "columns.parquet",
+    }
     out["empty"].write_bytes(b"")
     out["truncated"].write_bytes(good[: len(good) * 2 // 3])
     out["csv"].write_text("prompt,answer\nWhat is 1+1?,2\n")
@@ -172,8 +198,12 @@ def _broken(tmp_path) -> dict:
 
 
 def test_broken_prompt_and_eval_files_fail_naming_the_file_and_the_fix(tmp_path, tok):
-    why = {"empty": "the file is empty (0 bytes)", "truncated": "not a parquet file, or truncated",
-           "csv": "not a parquet file, or truncated", "columns": "no 'prompt' column (columns: answer, question)"}
+    why = {
+        "empty": "the file is empty (0 bytes)",
+        "truncated": "not a parquet file, or truncated",
+        "csv": "not a parquet file, or truncated",
+        "columns": "no 'prompt' column (columns: answer, question)",
+    }
     for kind, path in _broken(tmp_path).items():
         c, _ = check_prompt_data(_cfg("unused", "--prompt-data", path), tok, None)
         assert c.status == FAIL and c.line.startswith(f"[check] FAIL prompt-data {path}: --prompt-data: "), c.line
@@ -198,9 +228,11 @@ def test_eval_data_is_read_as_the_evaluator_reads_it():
 
 
 def test_reward_sources_are_checked_and_mapped_to_the_data_sources(tmp_path):
-    for entry, why in (("aime", "must look like DATA_SOURCE=SPEC"),
-                       ("aime=no_such_module_for_preflight:score", "cannot import module 'no_such_module_for_preflight'"),
-                       ("aime=http://", "remote reward model URL must look like")):
+    for entry, why in (
+        ("aime", "must look like DATA_SOURCE=SPEC"),
+        ("aime=no_such_module_for_preflight:score", "cannot import module 'no_such_module_for_preflight'"),
+        ("aime=http://", "remote reward model URL must look like"),
+    ):
         c = check_reward(_cfg("unused", "--reward-source", entry))
         assert c.status == FAIL and f"--reward-source {entry}: " in c.detail and why in c.detail, c.line
     c = check_reward(_cfg("unused", "--reward-fn", "no_such_module_for_preflight:score"))
@@ -232,8 +264,9 @@ def test_hf_weights_are_required_where_they_are_the_initial_weights(tmp_path, co
     assert c.status == FAIL and "no model.safetensors or model.safetensors.index.json" in c.detail, c.line
     c = check_hf_checkpoint(_cfg(bare, "--pretrained-checkpoint", td), arch, dry_run=False)
     assert c.status == OK and "come from --pretrained-checkpoint" in c.detail, c.line
-    (Path(bare) / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {}, "weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors"}}))
+    (Path(bare) / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors"}})
+    )
     c = check_hf_checkpoint(_cfg(bare), arch, dry_run=True)
     assert c.status == FAIL and "names 1 missing shard file(s) (model-00001-of-00002.safetensors)" in c.detail
     marked = _config_dir(tmp_path / "marked", marker=True, num_hidden_layers=2)
@@ -246,10 +279,13 @@ def test_torch_dist_paths_are_checked_against_the_model(tmp_path, converted):
     arch = parse_hf_config(hf)
     c = check_torch_dist(_cfg(hf), arch, "--pretrained-checkpoint", td)
     assert c.status == OK, c.line
-    assert c.detail.startswith("torch_dist, fp32, saved at TP 1 x PP 1") and "architecture matches the model" in c.detail
+    assert (
+        c.detail.startswith("torch_dist, fp32, saved at TP 1 x PP 1") and "architecture matches the model" in c.detail
+    )
     c = check_torch_dist(_cfg(hf), arch, "--pretrained-checkpoint", str(tmp_path / "typo"))
-    assert c.status == FAIL and c.line.startswith(f"[check] FAIL pretrained-checkpoint {tmp_path / 'typo'}: "
-                                                   "--pretrained-checkpoint: not found"), c.line
+    assert c.status == FAIL and c.line.startswith(
+        f"[check] FAIL pretrained-checkpoint {tmp_path / 'typo'}: --pretrained-checkpoint: not found"
+    ), c.line
     c = check_torch_dist(_cfg(hf), arch, "--ref-load", hf)  # the HF directory instead of its conversion
     assert c.status == FAIL and "convert it with tools/convert_hf_to_megatron.py" in c.detail, c.line
     other = _config_dir(tmp_path / "three", num_hidden_layers=3)
@@ -277,10 +313,23 @@ def test_load_reports_its_layout_and_refuses_changed_data(tmp_path, converted, t
     (save / "latest").write_text("step_000003\n")
 
     c = check_load(_cfg(hf, "--load", str(save), "--prompt-data", DAPO), arch, ds)
-    assert c.status == OK and "step_000003: torch_dist, architecture matches the model, saved at TP 1 x PP 1" \
-        in c.detail and "same layout" in c.detail and "step 3, the same prompt data" in c.detail, c.line
-    wider = _cfg(hf, "--load", str(save), "--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2",
-                 "--rollout-num-gpus-per-engine", "2")
+    assert (
+        c.status == OK
+        and "step_000003: torch_dist, architecture matches the model, saved at TP 1 x PP 1" in c.detail
+        and "same layout" in c.detail
+        and "step 3, the same prompt data" in c.detail
+    ), c.line
+    wider = _cfg(
+        hf,
+        "--load",
+        str(save),
+        "--actor-num-gpus-per-node",
+        "2",
+        "--tensor-model-parallel-size",
+        "2",
+        "--rollout-num-gpus-per-engine",
+        "2",
+    )
     c = check_load(wider, arch)
     if hasattr(dist_ckpt, "resume_note"):  # the checkpoint module's verdict on the layout change
         assert c.status == OK and "saved at TP 1 x PP 1" in c.detail and "same layout" not in c.detail, c.line
@@ -336,8 +385,10 @@ def test_disk_space_for_a_checkpoint(tmp_path):
     assert c.status == WARN and "do not fit; lower --keep-last" in c.detail, c.line
 
     # HF exports are never rotated: a warning when they add up past the free space
-    checks = check_disk(_cfg(huge, "--bf16", "--run-dir", str(tmp_path / "run"), "--save-hf-interval", "10",
-                             "--num-rollout", "30"), arch)
+    checks = check_disk(
+        _cfg(huge, "--bf16", "--run-dir", str(tmp_path / "run"), "--save-hf-interval", "10", "--num-rollout", "30"),
+        arch,
+    )
     (c,) = checks
     assert c.status == WARN and "3 HF export(s)" in c.detail and "they do not all fit" in c.detail, c.line
 
@@ -348,8 +399,9 @@ def test_disk_space_for_a_checkpoint(tmp_path):
 def _train(*args, timeout=300):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     env.pop("MEGATRON_DAPO_DEBUG", None)
-    return run_in_session([sys.executable, "-m", "megatron_dapo.train", "--wandb-mode", "disabled", *args], timeout,
-                          env=env, cwd=ROOT)
+    return run_in_session(
+        [sys.executable, "-m", "megatron_dapo.train", "--wandb-mode", "disabled", *args], timeout, env=env, cwd=ROOT
+    )
 
 
 def test_the_dry_run_reports_every_mistake_then_exits_2_with_one_line(tmp_path, tok_dir, converted):
@@ -357,21 +409,46 @@ def test_the_dry_run_reports_every_mistake_then_exits_2_with_one_line(tmp_path, 
     small = _config_dir(tmp_path / "small", qwen32b=True, vocab_size=151000)  # the tokenizer does not fit
     broken = _broken(tmp_path)
     (tmp_path / "file").write_text("x")
-    p = _train("--dry-run", "--hf-checkpoint", small, "--tokenizer", tok_dir, "--pretrained-checkpoint", td,
-               "--prompt-data", broken["columns"], "--eval-data", broken["truncated"], "--eval-interval", "5",
-               "--ref-load", hf, "--kl-coef", "0.01", "--run-dir", str(tmp_path / "run"),
-               "--save", str(tmp_path / "file" / "save"), "--rollout-batch-size", "4", "--global-batch-size", "64")
+    p = _train(
+        "--dry-run",
+        "--hf-checkpoint",
+        small,
+        "--tokenizer",
+        tok_dir,
+        "--pretrained-checkpoint",
+        td,
+        "--prompt-data",
+        broken["columns"],
+        "--eval-data",
+        broken["truncated"],
+        "--eval-interval",
+        "5",
+        "--ref-load",
+        hf,
+        "--kl-coef",
+        "0.01",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--save",
+        str(tmp_path / "file" / "save"),
+        "--rollout-batch-size",
+        "4",
+        "--global-batch-size",
+        "64",
+    )
     out, err = p.stdout, p.stderr
     assert p.returncode == 2 and "Traceback" not in out + err, err[-3000:]
     assert len(err.strip().splitlines()) == 1, err
     assert "error: dry run: 6 of 9 checks failed ([check] FAIL lines above)" in err, err
     fails = [x for x in out.splitlines() if x.startswith("[check] FAIL ")]
-    for needle in (f"[check] FAIL tokenizer {tok_dir}: --tokenizer has 151,936 tokens",
-                   f"[check] FAIL pretrained-checkpoint {td}: --pretrained-checkpoint: the checkpoint does not match",
-                   f"[check] FAIL prompt-data {broken['columns']}: --prompt-data: no 'prompt' column",
-                   f"[check] FAIL eval-data {broken['truncated']}: --eval-data: cannot be read as parquet",
-                   f"[check] FAIL ref-load {hf}: --ref-load: not a megatron-dapo torch_dist checkpoint",
-                   "[check] FAIL outputs: --save "):
+    for needle in (
+        f"[check] FAIL tokenizer {tok_dir}: --tokenizer has 151,936 tokens",
+        f"[check] FAIL pretrained-checkpoint {td}: --pretrained-checkpoint: the checkpoint does not match",
+        f"[check] FAIL prompt-data {broken['columns']}: --prompt-data: no 'prompt' column",
+        f"[check] FAIL eval-data {broken['truncated']}: --eval-data: cannot be read as parquet",
+        f"[check] FAIL ref-load {hf}: --ref-load: not a megatron-dapo torch_dist checkpoint",
+        "[check] FAIL outputs: --save ",
+    ):
         assert any(x.startswith(needle) for x in fails), (needle, fails)
     assert len(fails) == 6 and "--- placement" in out  # the plan is printed too
 
@@ -382,25 +459,60 @@ def qwen2_tiny(tmp_path_factory, tok):
     from tests.tiny import random_hf_model
 
     d = tmp_path_factory.mktemp("qwen2-tiny") / "hf"
-    cfg = tiny_qwen2_config(vocab_size=151936, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                            num_attention_heads=2, num_key_value_heads=1, eos_token_id=151643, bos_token_id=151643,
-                            max_position_embeddings=32768)
+    cfg = tiny_qwen2_config(
+        vocab_size=151936,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        eos_token_id=151643,
+        bos_token_id=151643,
+        max_position_embeddings=32768,
+    )
     random_hf_model(cfg).save_pretrained(d, safe_serialization=True)
     tok.save_pretrained(d)
     return str(d)
 
 
 def test_a_clean_dry_run_prints_one_line_per_check_and_exits_0(tmp_path, qwen2_tiny):
-    p = _train("--dry-run", "--hf-checkpoint", qwen2_tiny, "--prompt-data", DAPO, "--eval-data", AIME,
-               "--eval-interval", "5", "--reward-source", "math_dapo=math", "--run-dir", str(tmp_path / "run"),
-               "--save", str(tmp_path / "save"), "--rollout-batch-size", "4", "--global-batch-size", "64")
+    p = _train(
+        "--dry-run",
+        "--hf-checkpoint",
+        qwen2_tiny,
+        "--prompt-data",
+        DAPO,
+        "--eval-data",
+        AIME,
+        "--eval-interval",
+        "5",
+        "--reward-source",
+        "math_dapo=math",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--save",
+        str(tmp_path / "save"),
+        "--rollout-batch-size",
+        "4",
+        "--global-batch-size",
+        "64",
+    )
     assert p.returncode == 0 and "Traceback" not in p.stderr, (p.stdout + p.stderr)[-3000:]
     lines = [x for x in p.stdout.splitlines() if x.startswith("[check] ")]
     assert [x.split()[1].rstrip(":") for x in lines] == [
-        "tokenizer", "hf-checkpoint", "prompt-data", "eval-data", "reward", "disk", "outputs"], lines
+        "tokenizer",
+        "hf-checkpoint",
+        "prompt-data",
+        "eval-data",
+        "reward",
+        "disk",
+        "outputs",
+    ], lines
     assert "--- 7 checks: 7 ok, 0 warnings, 0 failed" in p.stdout
-    assert f"[check] prompt-data {DAPO}: parquet, 16 rows, columns ok, 16 prompts within --max-prompt-length 2048" \
+    assert (
+        f"[check] prompt-data {DAPO}: parquet, 16 rows, columns ok, 16 prompts within --max-prompt-length 2048"
         in p.stdout
+    )
     assert "data source 'math_dapo' (30 prompts) -> math (--reward-source)" in p.stdout
     assert f"[outputs] --run-dir {tmp_path / 'run'}: new" in p.stdout
     assert not (tmp_path / "run").exists() and not (tmp_path / "save").exists()  # a dry run writes nothing
@@ -408,8 +520,22 @@ def test_a_clean_dry_run_prints_one_line_per_check_and_exits_0(tmp_path, qwen2_t
 
 def test_the_real_run_stops_before_ray_on_what_would_fail_inside_it(tmp_path, tok_dir):
     small = _config_dir(tmp_path / "small", qwen32b=True, vocab_size=151000)
-    p = _train("--hf-checkpoint", small, "--tokenizer", tok_dir, "--prompt-data", DAPO, "--eval-data", AIME,
-               "--eval-interval", "5", "--run-dir", str(tmp_path / "run"), "--num-rollout", "1")
+    p = _train(
+        "--hf-checkpoint",
+        small,
+        "--tokenizer",
+        tok_dir,
+        "--prompt-data",
+        DAPO,
+        "--eval-data",
+        AIME,
+        "--eval-interval",
+        "5",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--num-rollout",
+        "1",
+    )
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
     assert len(p.stderr.strip().splitlines()) == 1 and "before launch: 2 of 4 checks failed" in p.stderr, p.stderr
     assert "tokenizer" in p.stderr and "no model.safetensors" in p.stderr
@@ -423,12 +549,20 @@ RUN = ROOT / "examples" / "run_qwen32b.sh"
 
 
 def _script_env(tmp_path, **extra):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("SLURM_") and k not in ("RAY_ADDRESS", "DRY_RUN", "HF_CKPT", "PROMPT_DATA", "EVAL_DATA",
-                                                       "TOKENIZER")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SLURM_")
+        and k not in ("RAY_ADDRESS", "DRY_RUN", "HF_CKPT", "PROMPT_DATA", "EVAL_DATA", "TOKENIZER")
+    }
     # a --save whose filesystem is not mounted here (the 32B checkpoint would not fit this machine's disk)
-    env.update(SAVE_DIR=str(tmp_path / "cluster" / "checkpoints" / "save"), RUN_DIR=str(tmp_path / "run"),
-               SHARED_DATA=str(DATA), PYTHON=sys.executable, **extra)
+    env.update(
+        SAVE_DIR=str(tmp_path / "cluster" / "checkpoints" / "save"),
+        RUN_DIR=str(tmp_path / "run"),
+        SHARED_DATA=str(DATA),
+        PYTHON=sys.executable,
+        **extra,
+    )
     return env
 
 
@@ -441,8 +575,9 @@ def test_run_qwen32b_never_substitutes_a_path_the_user_gave(tmp_path):
     errors = [x for x in p.stderr.splitlines() if not x.startswith("[run_qwen32b] ")]
     assert len(errors) == 1 and typo in errors[0] and "not found" in errors[0], p.stderr
     # a checkpoint path the user gave is not replaced by the public config either
-    p = run_in_session(["bash", str(RUN), "--dry-run"], 300, env=_script_env(tmp_path, HF_CKPT=str(tmp_path / "no")),
-                       cwd=ROOT)
+    p = run_in_session(
+        ["bash", str(RUN), "--dry-run"], 300, env=_script_env(tmp_path, HF_CKPT=str(tmp_path / "no")), cwd=ROOT
+    )
     assert p.returncode == 2 and "public config" not in p.stderr and str(tmp_path / "no") in p.stderr.splitlines()[-1]
 
 
@@ -451,8 +586,10 @@ def test_run_qwen32b_substitutes_samples_only_for_unset_variables_and_says_so(tm
     out, err = p.stdout, p.stderr
     assert p.returncode == 0, (out + err)[-3000:]
     sample = DATA / "train" / "dapo-math-17k-head16.parquet"
-    assert "[run_qwen32b] PROMPT_DATA not set and /data/dapo-math-17k.parquet not found: dry run with the 16-row " \
-           f"sample {sample}" in err
+    assert (
+        "[run_qwen32b] PROMPT_DATA not set and /data/dapo-math-17k.parquet not found: dry run with the 16-row "
+        f"sample {sample}" in err
+    )
     assert "HF_CKPT not set and /checkpoints/Qwen2.5-32B/config.json not found: dry run with the public config" in err
     assert "TOKENIZER not set" not in err and f"--tokenizer {tok_dir}" in err  # the user's tokenizer is kept
     assert f"[check] WARN prompt-data {sample}: parquet, 16 rows, columns ok, 16 prompts" in out  # 16 < 1536 a round

@@ -58,11 +58,35 @@ AIME = DATA / "eval" / "aime-2024.parquet"
 #: The variables of step 0 and what stands in for them here (see stand_in_env).
 STAND_IN_VARS = ("MEGATRON_DAPO", "HF_CKPT", "PROMPT_DATA", "EVAL_DATA", "SAVE_DIR", "RUN_DIR", "INIT_CKPT")
 #: Environment that would change what the scripts do (a Slurm job, a Ray cluster, earlier settings).
-DROPPED_ENV = ("RAY_ADDRESS", "DRY_RUN", "NUM_ROLLOUT", "NNODES", "GPUS_PER_NODE", "PYTHON", "REPO_ROOT",
-               "DRIVER_SCRIPT", "NODELIST", "SHARED_DATA", "MASTER_ADDR", "TOKENIZER")
+DROPPED_ENV = (
+    "RAY_ADDRESS",
+    "DRY_RUN",
+    "NUM_ROLLOUT",
+    "NNODES",
+    "GPUS_PER_NODE",
+    "PYTHON",
+    "REPO_ROOT",
+    "DRIVER_SCRIPT",
+    "NODELIST",
+    "SHARED_DATA",
+    "MASTER_ADDR",
+    "TOKENIZER",
+)
 #: Slurm options the page may use (no Slurm here to ask).
-SLURM_FLAGS = {"--time", "--parsable", "--dependency", "--nodes", "--gpus-per-task", "--gres", "--export", "--pty",
-               "--partition", "--account", "--ntasks", "--cpus-per-task"}
+SLURM_FLAGS = {
+    "--time",
+    "--parsable",
+    "--dependency",
+    "--nodes",
+    "--gpus-per-task",
+    "--gres",
+    "--export",
+    "--pty",
+    "--partition",
+    "--account",
+    "--ntasks",
+    "--cpus-per-task",
+}
 #: Scripts whose extra arguments go to the driver.
 DRIVER_SCRIPTS = ("examples/run_qwen32b.sh", "examples/slurm/submit_dapo.sbatch")
 REPO_DIRS = ("examples", "tools", "scripts", "docs", "tests", "benchmarks", "megatron_dapo")
@@ -73,6 +97,7 @@ BLOCK_TIMEOUT_S = 300
 
 
 # ---------------------------------------------------------------------------- the page
+
 
 @dataclasses.dataclass
 class Block:
@@ -111,7 +136,9 @@ def parse_doc(text: str) -> tuple[list, list]:
         prev = lines[start - 1] if start > 0 else ""
         mm = MARKER.match(prev)
         if not mm:
-            problems.append(f"line {start + 1}: a ```{lang} block without a <!-- quickstart-test: ... --> line before it")
+            problems.append(
+                f"line {start + 1}: a ```{lang} block without a <!-- quickstart-test: ... --> line before it"
+            )
             kind, options, arg = "", {}, ""
         else:
             words = shlex.split(mm.group(1))
@@ -220,6 +247,7 @@ def long_flags(words) -> list:
 
 # ---------------------------------------------------------------------------- what accepts which flags
 
+
 @functools.lru_cache(maxsize=None)
 def driver_flags() -> frozenset:
     from megatron_dapo.config.cli import REMOVED_FLAGS, build_parser
@@ -289,17 +317,30 @@ def classify(words: list):
 
 # ---------------------------------------------------------------------------- stand-ins
 
+
 def stand_in_env(tmp: Path, hf_ckpt: str, save_dir: str, run_dir: str) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("SLURM_") and k not in DROPPED_ENV and k not in STAND_IN_VARS}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SLURM_") and k not in DROPPED_ENV and k not in STAND_IN_VARS
+    }
     env.update(
-        MEGATRON_DAPO=str(ROOT), HF_CKPT=hf_ckpt, PROMPT_DATA=str(PROMPT_SAMPLE), EVAL_DATA=str(AIME),
-        SAVE_DIR=save_dir, RUN_DIR=run_dir, INIT_CKPT=str(tmp / "init-ckpt"),
+        MEGATRON_DAPO=str(ROOT),
+        HF_CKPT=hf_ckpt,
+        PROMPT_DATA=str(PROMPT_SAMPLE),
+        EVAL_DATA=str(AIME),
+        SAVE_DIR=save_dir,
+        RUN_DIR=run_dir,
+        INIT_CKPT=str(tmp / "init-ckpt"),
         # no fallback to ../shared/data: the stand-ins above must be what the scripts use
         SHARED_DATA=str(tmp / "no-shared-data"),
-        HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(tmp / "hf-home"),
-        WANDB_CONFIG_DIR=str(tmp / "wandb-config"), WANDB_CACHE_DIR=str(tmp / "wandb-cache"),
-        WANDB_DATA_DIR=str(tmp / "wandb-data"), WANDB_SILENT="true",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_HOME=str(tmp / "hf-home"),
+        WANDB_CONFIG_DIR=str(tmp / "wandb-config"),
+        WANDB_CACHE_DIR=str(tmp / "wandb-cache"),
+        WANDB_DATA_DIR=str(tmp / "wandb-data"),
+        WANDB_SILENT="true",
         PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
     )
     return env
@@ -335,26 +376,66 @@ def tiny_run(tmp_path_factory, tiny_hf):
     d = tmp_path_factory.mktemp("run")
     run_dir, save_dir = d / "run", d / "save"
     args = [
-        "--hf-checkpoint", tiny_hf, "--prompt-data", str(PROMPT_SAMPLE), "--rollout-engine", "hf",
-        "--num-rollout", "1", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-        "--global-batch-size", "4", "--micro-batch-size", "4", "--max-response-length", "8",
-        "--overlong-buffer-length", "2", "--overlong-filter", "false", "--max-prompt-length", "400",
-        "--prompt-overflow", "truncate-left", "--lr", "1e-4", "--seed", "3",
+        "--hf-checkpoint",
+        tiny_hf,
+        "--prompt-data",
+        str(PROMPT_SAMPLE),
+        "--rollout-engine",
+        "hf",
+        "--num-rollout",
+        "1",
+        "--rollout-batch-size",
+        "2",
+        "--n-samples-per-prompt",
+        "2",
+        "--global-batch-size",
+        "4",
+        "--micro-batch-size",
+        "4",
+        "--max-response-length",
+        "8",
+        "--overlong-buffer-length",
+        "2",
+        "--overlong-filter",
+        "false",
+        "--max-prompt-length",
+        "400",
+        "--prompt-overflow",
+        "truncate-left",
+        "--lr",
+        "1e-4",
+        "--seed",
+        "3",
         "--use-distributed-optimizer",  # as run_qwen32b.sh: the resume check compares the optimizer format
         # a random model never solves math: a reward with mixed groups (tests/e2e/fixtures.py)
-        "--reward-fn", "tests.e2e.fixtures:parity_reward", "--reward-num-workers", "1",
-        "--run-dir", str(run_dir), "--save", str(save_dir), "--save-interval", "1", "--save-hf-interval", "1",
-        "--tensorboard", "--wandb-mode", "offline", "--no-progress",
+        "--reward-fn",
+        "tests.e2e.fixtures:parity_reward",
+        "--reward-num-workers",
+        "1",
+        "--run-dir",
+        str(run_dir),
+        "--save",
+        str(save_dir),
+        "--save-interval",
+        "1",
+        "--save-hf-interval",
+        "1",
+        "--tensorboard",
+        "--wandb-mode",
+        "offline",
+        "--no-progress",
     ]
     env = stand_in_env(d, tiny_hf, str(save_dir), str(run_dir))
-    p = run_in_session([sys.executable, "-m", "megatron_dapo.train", *args], 420, grace_s=RAY_SHUTDOWN_GRACE_S,
-                       env=env, cwd=ROOT)
+    p = run_in_session(
+        [sys.executable, "-m", "megatron_dapo.train", *args], 420, grace_s=RAY_SHUTDOWN_GRACE_S, env=env, cwd=ROOT
+    )
     assert p.returncode == 0, f"the tiny CPU run failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}"
     assert not p.leftovers, f"the tiny run left processes behind: {p.leftovers}"
     return str(run_dir), str(save_dir)
 
 
 # ---------------------------------------------------------------------------- static checks
+
 
 def _slug(title: str) -> str:
     """GitHub's heading anchor."""
@@ -485,8 +566,9 @@ def check_flags(problems: list, notes: list) -> None:
 def check_driver_args(args: list, env: dict, where: str, problems: list) -> None:
     from megatron_dapo.config import parse_args
 
-    expanded = [re.sub(r"\$(\w+)|\$\{(\w+)\}", lambda m: env.get(m.group(1) or m.group(2), m.group(0)), a)
-                for a in args]
+    expanded = [
+        re.sub(r"\$(\w+)|\$\{(\w+)\}", lambda m: env.get(m.group(1) or m.group(2), m.group(0)), a) for a in args
+    ]
     bad = [f for f in long_flags(expanded) if f not in driver_flags()]
     if bad:
         problems.append(f"{where}: the driver has no {bad}")
@@ -556,6 +638,7 @@ def test_json_rows(tmp_path):
 
 
 # ---------------------------------------------------------------------------- the blocks
+
 
 def _join_continuations(script: str) -> list:
     out, cur = [], ""

@@ -70,8 +70,13 @@ def test_local_ray_comes_up_with_every_core_busy():
 def test_a_raylet_that_dies_is_retried_after_a_clean_shutdown():
     # Ray's fixed 30 s loop in the driver is the floor of a failed try; 5 s of the C++ wait on top
     with private_ray_tmpdir() as tmp:
-        r = run_in_session([*CHECK, "--kill-raylets", "1"], 400, grace_s=RAY_SHUTDOWN_GRACE_S,
-                           env=_env(tmp, RAY_raylet_start_wait_time_s="5"), cwd=ROOT)
+        r = run_in_session(
+            [*CHECK, "--kill-raylets", "1"],
+            400,
+            grace_s=RAY_SHUTDOWN_GRACE_S,
+            env=_env(tmp, RAY_raylet_start_wait_time_s="5"),
+            cwd=ROOT,
+        )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-5000:]
     assert "UP " in r.stdout and "killed=1" in r.stdout, r.stdout
@@ -87,8 +92,10 @@ class _FailingRay:
 
     def init(self, **kw):
         self.calls.append("init")
-        raise Exception("The current node timed out during startup. This could happen because some of the "
-                        "raylet failed to startup or the GCS has become overloaded.")
+        raise Exception(
+            "The current node timed out during startup. This could happen because some of the "
+            "raylet failed to startup or the GCS has become overloaded."
+        )
 
     def shutdown(self):
         self.calls.append("shutdown")
@@ -125,7 +132,8 @@ def test_the_cause_is_read_from_the_raylet_log(tmp_path):
         "[2026-12-06 14:14:07,587 I 5085 5085] (raylet) main.cc:283: Setting cluster ID to: adce\n"
         "[2026-12-06 14:14:26,539 C 5085 5085] (raylet) node_manager.cc:3576:  An unexpected system state has "
         "occurred. Check failed: statussetor3576.has_value() Timed out waiting for file "
-        "/tmp/ray/session_2026-12-06_14-12-58_153463_3987/metrics_agent_port_9632da84\n")
+        "/tmp/ray/session_2026-12-06_14-12-58_153463_3987/metrics_agent_port_9632da84\n"
+    )
     cause = placement._local_start_failure(Exception("The current node timed out during startup."), str(tmp_path))
     assert "dashboard agent did not report its ports within Ray's fixed 15 s" in cause, cause
     # no session, or a log without an abort: Ray's own message
@@ -138,9 +146,18 @@ def test_ray_waits_are_set_before_ray_is_imported_and_a_users_value_wins():
     assert got["RAY_raylet_start_wait_time_s"] == "600"  # the user's
     assert int(got["RAY_agent_register_timeout_ms"]) > 30_000  # above Ray's default
     assert got["RAY_worker_niceness"] == "0"  # the actors are the job (Ray's default: 15)
-    r = subprocess.run([sys.executable, "-c", "import os, sys; from megatron_dapo.launch.placement import start_ray; "
-                        "import megatron_dapo.train; assert 'ray' not in sys.modules; print('no ray yet')"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys; from megatron_dapo.launch.placement import start_ray; "
+            "import megatron_dapo.train; assert 'ray' not in sys.modules; print('no ray yet')",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert r.returncode == 0 and "no ray yet" in r.stdout, r.stderr[-3000:]
 
 

@@ -16,7 +16,9 @@ from tests.launch.procs import RAY_SHUTDOWN_GRACE_S, run_in_session
 
 HERE = Path(__file__).resolve().parent
 pytestmark = [pytest.mark.slow]
-DRIVER_TIMEOUT_S = 180  # the cluster is up in < 1 min on 2 loaded cores; with the rendezvous at the wrong address, never
+DRIVER_TIMEOUT_S = (
+    180  # the cluster is up in < 1 min on 2 loaded cores; with the rendezvous at the wrong address, never
+)
 
 
 def _namespaces():
@@ -27,8 +29,11 @@ def _namespaces():
         base[1:1] = ["--user", "--map-root-user"]
     if not shutil.which("unshare") or not shutil.which("nsenter") or not shutil.which("ip"):
         return None
-    probe = subprocess.run(base + ["sh", "-c", "ip link add br0 type bridge && mount -t tmpfs tmpfs /dev/shm"],
-                           capture_output=True, timeout=60)
+    probe = subprocess.run(
+        base + ["sh", "-c", "ip link add br0 type bridge && mount -t tmpfs tmpfs /dev/shm"],
+        capture_output=True,
+        timeout=60,
+    )
     return base if probe.returncode == 0 else None
 
 
@@ -40,16 +45,32 @@ def test_trainers_rendezvous_on_rank0s_node_not_the_drivers(tmp_path):
         pytest.skip("this machine does not allow PID/network/mount namespaces (unshare) or lacks ip/nsenter")
     make_tiny_qwen2_dir(str(tmp_path / "hf"))
     temp = f"/tmp/rt-{uuid.uuid4().hex[:8]}"  # Ray's socket paths must stay short
-    cmd = prefix + ["bash", "-c", 'python="$1"; shift; "$python" "$@"; rc=$?; exit $rc', "bash", sys.executable,
-                    str(HERE / "rendezvous_check.py"), "orchestrate", str(tmp_path), temp, str(DRIVER_TIMEOUT_S)]
+    cmd = prefix + [
+        "bash",
+        "-c",
+        'python="$1"; shift; "$python" "$@"; rc=$?; exit $rc',
+        "bash",
+        sys.executable,
+        str(HERE / "rendezvous_check.py"),
+        "orchestrate",
+        str(tmp_path),
+        temp,
+        str(DRIVER_TIMEOUT_S),
+    ]
     try:
-        done = run_in_session(cmd, timeout=DRIVER_TIMEOUT_S + 300, grace_s=RAY_SHUTDOWN_GRACE_S, pattern=temp,
-                              cwd=tmp_path)
+        done = run_in_session(
+            cmd, timeout=DRIVER_TIMEOUT_S + 300, grace_s=RAY_SHUTDOWN_GRACE_S, pattern=temp, cwd=tmp_path
+        )
     finally:
         shutil.rmtree(temp, ignore_errors=True)
     out = done.stdout + done.stderr
     assert not done.leftovers, f"processes left running: {done.leftovers}"
     assert done.returncode == 0, out[-6000:]
-    for line in ("OK three network namespaces", "OK Ray nodes up", "by address), the driver on 10.231.0.4",
-                 "OK all_reduce over the two nodes", "OK megatron TP 2 forward across the two nodes"):
+    for line in (
+        "OK three network namespaces",
+        "OK Ray nodes up",
+        "by address), the driver on 10.231.0.4",
+        "OK all_reduce over the two nodes",
+        "OK megatron TP 2 forward across the two nodes",
+    ):
         assert line in done.stdout, out[-6000:]

@@ -38,8 +38,8 @@ def _replay_env() -> dict:
 
 def _driver_argv(stderr: str) -> list:
     line = [x for x in stderr.splitlines() if x.startswith(TAG) and " -m megatron_dapo.train " in x][-1]
-    argv = shlex.split(line[len(TAG):])
-    return argv[argv.index("megatron_dapo.train") + 1:]
+    argv = shlex.split(line[len(TAG) :])
+    return argv[argv.index("megatron_dapo.train") + 1 :]
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +48,26 @@ def a3b_config_dir(tmp_path_factory):
     from transformers import Qwen3MoeConfig
 
     d = tmp_path_factory.mktemp("qwen3-30b-a3b-config")
-    Qwen3MoeConfig(vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
-                   num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
-                   num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1,
-                   mlp_only_layers=[], router_aux_loss_coef=0.001, max_position_embeddings=32768,
-                   rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False).save_pretrained(d)
+    Qwen3MoeConfig(
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=6144,
+        moe_intermediate_size=768,
+        num_hidden_layers=48,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        num_experts=128,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        router_aux_loss_coef=0.001,
+        max_position_embeddings=32768,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    ).save_pretrained(d)
     # the marker of a shape-only directory: the dry run warns about the missing weights instead of failing
     (d / "SHAPE_ONLY.md").write_text("Qwen3-30B-A3B shape only (test)\n")
     return d
@@ -61,7 +76,9 @@ def a3b_config_dir(tmp_path_factory):
 @pytest.fixture()
 def shim(tmp_path):
     p = tmp_path / "python-shim"
-    p.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(ROOT / "tests/launch/report_only.py"))} "$@"\n')
+    p.write_text(
+        f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(ROOT / "tests/launch/report_only.py"))} "$@"\n'
+    )
     p.chmod(0o755)
     return str(p)
 
@@ -70,12 +87,24 @@ def test_script_syntax_and_flags():
     text = RUN.read_text()
     assert subprocess.run(["bash", "-n", str(RUN)]).returncode == 0
     assert "--num-layers" not in text and "--hidden-size" not in text  # the shape comes from config.json
-    for flag in ("--routing-replay", "--expert-model-parallel-size 8", "--expert-tensor-parallel-size 1",
-                 "--tensor-model-parallel-size 2", "--sequence-parallel", "--rollout-num-gpus-per-engine 4"):
+    for flag in (
+        "--routing-replay",
+        "--expert-model-parallel-size 8",
+        "--expert-tensor-parallel-size 1",
+        "--tensor-model-parallel-size 2",
+        "--sequence-parallel",
+        "--rollout-num-gpus-per-engine 4",
+    ):
         assert flag in text, flag
     # the stand-in shape the script uses when HF_CKPT is not set parses as Qwen3-30B-A3B
     a = parse_hf_config(ROOT / "examples" / "qwen3-30b-a3b")
-    assert (a.num_layers, a.hidden_size, a.num_experts, a.moe_router_topk, a.moe_ffn_hidden_size) == (48, 2048, 128, 8, 768)
+    assert (a.num_layers, a.hidden_size, a.num_experts, a.moe_router_topk, a.moe_ffn_hidden_size) == (
+        48,
+        2048,
+        128,
+        8,
+        768,
+    )
     assert (ROOT / "examples" / "qwen3-30b-a3b" / "SHAPE_ONLY.md").exists()
 
 
@@ -83,8 +112,9 @@ def test_script_syntax_and_flags():
 def test_flags_and_node_count(tmp_path, shim, nnodes):
     """Every flag parses (the report-only stand-in for the driver), NNODES reaches the driver,
     the DAPO hyperparameters are the paper's, the expert layout is the one argued in docs/moe.md."""
-    p = run_in_session(["bash", str(RUN), "--dry-run"], 120, env=_env(tmp_path, shim, NNODES=str(nnodes),
-                                                                     **_replay_env()), cwd=ROOT)
+    p = run_in_session(
+        ["bash", str(RUN), "--dry-run"], 120, env=_env(tmp_path, shim, NNODES=str(nnodes), **_replay_env()), cwd=ROOT
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     assert "dry run with the public config in examples/qwen3-30b-a3b" in p.stderr
     argv = _driver_argv(p.stderr)

@@ -26,13 +26,19 @@ SBATCH = ROOT / "examples" / "slurm" / "submit_dapo.sbatch"
 def _env(tmp_path, python=None, **extra):
     # HF_CKPT, PROMPT_DATA, EVAL_DATA, TOKENIZER not set, and their defaults exist nowhere: the dry-run stand-ins kick
     # in (a path the user sets is never replaced: tests/launch/test_preflight.py)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in (
-        "RAY_ADDRESS", "DRY_RUN", "HF_CKPT", "PROMPT_DATA", "EVAL_DATA", "TOKENIZER")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SLURM_")
+        and k not in ("RAY_ADDRESS", "DRY_RUN", "HF_CKPT", "PROMPT_DATA", "EVAL_DATA", "TOKENIZER")
+    }
     # --save on a filesystem not mounted here (the dry run's disk check: a 32B checkpoint does not fit this machine)
-    env.update(SAVE_DIR=str(tmp_path / "cluster" / "checkpoints" / "save"),
-               RUN_DIR=str(tmp_path / "run"),
-               # the dry run's 16-row DAPO-Math sample: vendored, so a checkout without ../shared works
-               SHARED_DATA=str(ROOT / "tests" / "data"))
+    env.update(
+        SAVE_DIR=str(tmp_path / "cluster" / "checkpoints" / "save"),
+        RUN_DIR=str(tmp_path / "run"),
+        # the dry run's 16-row DAPO-Math sample: vendored, so a checkout without ../shared works
+        SHARED_DATA=str(ROOT / "tests" / "data"),
+    )
     if python:
         env["PYTHON"] = python
     env.update(extra)
@@ -43,7 +49,9 @@ def _env(tmp_path, python=None, **extra):
 def shim(tmp_path):
     """A PYTHON for the scripts that only parses the flags and prints the dry-run report."""
     p = tmp_path / "python-shim"
-    p.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(ROOT / "tests/launch/report_only.py"))} "$@"\n')
+    p.write_text(
+        f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(ROOT / "tests/launch/report_only.py"))} "$@"\n'
+    )
     p.chmod(0o755)
     return str(p)
 
@@ -54,8 +62,8 @@ def _run(cmd, env, timeout=120):
 
 def _driver_argv(stderr: str) -> list:
     line = [x for x in stderr.splitlines() if x.startswith("[run_qwen32b] ") and " -m megatron_dapo.train " in x][-1]
-    argv = shlex.split(line[len("[run_qwen32b] "):])
-    return argv[argv.index("megatron_dapo.train") + 1:]
+    argv = shlex.split(line[len("[run_qwen32b] ") :])
+    return argv[argv.index("megatron_dapo.train") + 1 :]
 
 
 def test_run_qwen32b_sections_and_syntax():
@@ -74,18 +82,45 @@ def test_run_qwen32b_passes_the_paper_hyperparameters(tmp_path, shim):
     cfg = parse_args(_driver_argv(p.stderr))  # every flag the script passes parses
     o, r, a, d, par = cfg.optim, cfg.rollout, cfg.algo, cfg.data, cfg.parallel
     assert cfg.model.hf_checkpoint == str(ROOT / "examples" / "qwen2.5-32b") and cfg.model.bf16
-    assert (o.lr, o.lr_warmup_rollout_steps, o.weight_decay, o.clip_grad, o.global_batch_size) == (1e-6, 10, 0.1, 1.0, 512)
-    assert (r.rollout_batch_size, r.n_samples_per_prompt, r.over_sampling_batch_size, r.max_num_gen_batches) == (512, 16, 1536, 10)
+    assert (o.lr, o.lr_warmup_rollout_steps, o.weight_decay, o.clip_grad, o.global_batch_size) == (
+        1e-6,
+        10,
+        0.1,
+        1.0,
+        512,
+    )
+    assert (r.rollout_batch_size, r.n_samples_per_prompt, r.over_sampling_batch_size, r.max_num_gen_batches) == (
+        512,
+        16,
+        1536,
+        10,
+    )
     assert (r.temperature, r.top_p, r.engine) == (1.0, 1.0, "sglang")
     assert (a.eps_clip_low, a.eps_clip_high, a.clip_ratio_c) == (0.2, 0.28, 10.0)
-    assert (a.max_response_length, a.overlong_buffer_length, a.loss_agg_mode, a.dynamic_sampling) == (20480, 4096, "token-mean", True)
+    assert (a.max_response_length, a.overlong_buffer_length, a.loss_agg_mode, a.dynamic_sampling) == (
+        20480,
+        4096,
+        "token-mean",
+        True,
+    )
     assert a.dynamic_sampling_metric == "acc" and a.kl_coef == 0 and a.entropy_coef == 0
     assert (d.max_prompt_length, d.prompt_overflow) == (2048, "truncate-left")
-    assert (par.nnodes, par.gpus_per_node, par.tensor_model_parallel_size, par.pipeline_model_parallel_size) == (16, 8, 8, 1)
+    assert (par.nnodes, par.gpus_per_node, par.tensor_model_parallel_size, par.pipeline_model_parallel_size) == (
+        16,
+        8,
+        8,
+        1,
+    )
     assert cfg.run.dry_run and o.max_tokens_per_gpu == 22528
     out = p.stdout
-    for needle in ("16 nodes x 8 GPUs = 128 GPUs", "TP 8 x PP 1 x CP 1 x DP 16", "32 engines",
-                   "10 rollout steps = 160 optimizer steps", "peak 63.3 GB of 80 GB: fits", "--- warnings: none ---"):
+    for needle in (
+        "16 nodes x 8 GPUs = 128 GPUs",
+        "TP 8 x PP 1 x CP 1 x DP 16",
+        "32 engines",
+        "10 rollout steps = 160 optimizer steps",
+        "peak 63.3 GB of 80 GB: fits",
+        "--- warnings: none ---",
+    ):
         assert needle in out, f"{needle!r} missing:\n{out}"
 
 
@@ -101,8 +136,10 @@ def test_run_qwen32b_uses_a_present_checkpoint_and_passes_extra_args(tmp_path, s
 
 
 def test_sbatch_dry_run_without_slurm(tmp_path, shim):
-    p = _run(["bash", str(SBATCH)], _env(tmp_path, shim, DRY_RUN="1", NODELIST="gpu-a,gpu-b", GPUS_PER_NODE="8",
-                                         NCCL_SOCKET_IFNAME="ib0"))
+    p = _run(
+        ["bash", str(SBATCH)],
+        _env(tmp_path, shim, DRY_RUN="1", NODELIST="gpu-a,gpu-b", GPUS_PER_NODE="8", NCCL_SOCKET_IFNAME="ib0"),
+    )
     out = p.stdout
     # 2 nodes x 8 = 16 GPUs: global batch 512 / DP 2 fine
     assert p.returncode == 0, out + p.stderr
@@ -137,12 +174,21 @@ def test_sbatch_refuses_to_run_outside_slurm(tmp_path, shim):
 def test_run_qwen32b_dry_run_with_the_driver(tmp_path):
     p = _run(["bash", str(RUN), "--dry-run"], _env(tmp_path, sys.executable), timeout=300)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
-    for needle in ("configuration valid", "TP 8 x PP 1 x CP 1 x DP 16", "per-GPU memory estimate",
-                   "10 rollout steps = 160 optimizer steps",
-                   "launch order: 1. engines (SGLang TP4 x 32) on free GPUs", "2. engines release weights/kv_cache/cuda_graph",
-                   "3. trainer builds model + optimizer", "4. first weight sync",
-                   "H100 80GB engine GPU at launch: free 79.0 GB", "H200 141GB engine GPU at launch: free 140.0 GB",
-                   "weights share 16.4 GB + KV cache budget 38.9 GB", "CUDA graphs 1.1 GB", "old order (trainer"):
+    for needle in (
+        "configuration valid",
+        "TP 8 x PP 1 x CP 1 x DP 16",
+        "per-GPU memory estimate",
+        "10 rollout steps = 160 optimizer steps",
+        "launch order: 1. engines (SGLang TP4 x 32) on free GPUs",
+        "2. engines release weights/kv_cache/cuda_graph",
+        "3. trainer builds model + optimizer",
+        "4. first weight sync",
+        "H100 80GB engine GPU at launch: free 79.0 GB",
+        "H200 141GB engine GPU at launch: free 140.0 GB",
+        "weights share 16.4 GB + KV cache budget 38.9 GB",
+        "CUDA graphs 1.1 GB",
+        "old order (trainer",
+    ):
         assert needle in p.stdout, p.stdout[-4000:]
 
 
@@ -173,11 +219,24 @@ def _run_fake_slurm_job(tmp_path, **extra):
                 taken.add(p)
                 return str(p)
 
-    env = _env(tmp_path, sys.executable, PATH=f"{stubs}:{os.environ['PATH']}", SLURM_JOB_ID="fake1",
-               SLURM_JOB_NODELIST="fakehead", GPUS_PER_NODE="1", CPUS_PER_NODE="1", RAY_PORT=port(),
-               RAY_NODE_MANAGER_PORT=port(), RAY_OBJECT_MANAGER_PORT=port(),
-               RAY_MIN_WORKER_PORT=str(base), RAY_MAX_WORKER_PORT=str(base + 200), RAY_TEMP_DIR=temp,
-               RAY_HEAD_START_S="1", RAY_WAIT_TIMEOUT="90", DRIVER_SCRIPT=str(stubs / "driver.sh"))
+    env = _env(
+        tmp_path,
+        sys.executable,
+        PATH=f"{stubs}:{os.environ['PATH']}",
+        SLURM_JOB_ID="fake1",
+        SLURM_JOB_NODELIST="fakehead",
+        GPUS_PER_NODE="1",
+        CPUS_PER_NODE="1",
+        RAY_PORT=port(),
+        RAY_NODE_MANAGER_PORT=port(),
+        RAY_OBJECT_MANAGER_PORT=port(),
+        RAY_MIN_WORKER_PORT=str(base),
+        RAY_MAX_WORKER_PORT=str(base + 200),
+        RAY_TEMP_DIR=temp,
+        RAY_HEAD_START_S="1",
+        RAY_WAIT_TIMEOUT="90",
+        DRIVER_SCRIPT=str(stubs / "driver.sh"),
+    )
     env.pop("RAY_AUTH_MODE", None)
     env.pop("RAY_AUTH_TOKEN", None)
     env.update(extra)
@@ -185,8 +244,14 @@ def _run_fake_slurm_job(tmp_path, **extra):
     # `ray start --block`, the wait-nodes client, the driver stub) can be ended as a group;
     # Ray daemons may start sessions of their own: whatever runs under our temp dir is ours too
     try:
-        done = run_in_session(["bash", str(SBATCH), "--foo", "1"], timeout=240, grace_s=RAY_SHUTDOWN_GRACE_S,
-                              pattern=temp, env=env, cwd=ROOT)
+        done = run_in_session(
+            ["bash", str(SBATCH), "--foo", "1"],
+            timeout=240,
+            grace_s=RAY_SHUTDOWN_GRACE_S,
+            pattern=temp,
+            env=env,
+            cwd=ROOT,
+        )
     finally:
         shutil.rmtree(temp, ignore_errors=True)  # Ray's session logs of this job
     return done.returncode, done.stdout, done.stderr, env["RAY_PORT"], done.leftovers
@@ -225,22 +290,29 @@ def test_sbatch_stops_at_once_when_ray_start_fails(tmp_path, client_ignores_term
     ready = tmp_path / "client-ignores-term"
     fake_ray = tmp_path / "ray"
     wait_first = f"for _ in $(seq 600); do [ -e {ready} ] && break; sleep 0.2; done\n" if client_ignores_term else ""
-    fake_ray.write_text("#!/usr/bin/env bash\n" + wait_first
-                        + "echo 'ray start failed: The current node timed out during startup' >&2\nexit 1\n")
+    fake_ray.write_text(
+        "#!/usr/bin/env bash\n"
+        + wait_first
+        + "echo 'ray start failed: The current node timed out during startup' >&2\nexit 1\n"
+    )
     fake_ray.chmod(0o755)
     extra = {}
     if client_ignores_term:
         stand_in = tmp_path / "python"
-        ignore = ("import pathlib, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                  f"pathlib.Path({str(ready)!r}).touch(); time.sleep(3600)")
+        ignore = (
+            "import pathlib, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            f"pathlib.Path({str(ready)!r}).touch(); time.sleep(3600)"
+        )
         stand_in.write_text(
             "#!/usr/bin/env bash\n"
             f'if [ "$1 $2 $3" = "-m megatron_dapo.launch.placement wait-nodes" ]; then exec {sys.executable} -c "{ignore}"; fi\n'
-            f'exec {sys.executable} "$@"\n')
+            f'exec {sys.executable} "$@"\n'
+        )
         stand_in.chmod(0o755)
         extra["PYTHON"] = str(stand_in)
-    rc, stdout, stderr, _, left = _run_fake_slurm_job(tmp_path / "job", RAY_BIN=str(fake_ray),
-                                                      RAY_WAIT_TIMEOUT="86400", **extra)
+    rc, stdout, stderr, _, left = _run_fake_slurm_job(
+        tmp_path / "job", RAY_BIN=str(fake_ray), RAY_WAIT_TIMEOUT="86400", **extra
+    )
     assert not left, f"processes left running by the script: {left}"
     assert "did not finish in 240 s" not in stderr, stderr[-3000:]
     assert rc == 1, (stdout + stderr)[-3000:]

@@ -24,13 +24,19 @@ def test_engines_are_launched_and_released_before_the_first_trainer_actor(tmp_pa
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
     env["RAY_TMPDIR"] = temp
     try:
-        done = run_in_session([sys.executable, str(HERE / "startup_order_check.py"), str(tmp_path)], timeout=420,
-                              grace_s=RAY_SHUTDOWN_GRACE_S, pattern=temp, env=env, cwd=tmp_path)
+        done = run_in_session(
+            [sys.executable, str(HERE / "startup_order_check.py"), str(tmp_path)],
+            timeout=420,
+            grace_s=RAY_SHUTDOWN_GRACE_S,
+            pattern=temp,
+            env=env,
+            cwd=tmp_path,
+        )
     finally:
         shutil.rmtree(temp, ignore_errors=True)
     out = done.stdout + done.stderr
     assert not done.leftovers, f"startup_order_check.py left processes running: {done.leftovers}"
     assert done.returncode == 0, out[-5000:]
-    result = json.loads([x for x in done.stdout.splitlines() if x.startswith("RESULT ")][0][len("RESULT "):])
+    result = json.loads([x for x in done.stdout.splitlines() if x.startswith("RESULT ")][0][len("RESULT ") :])
     # both engines were up, with all their memory released, when the first trainer actor was created
     assert result["engines_before_trainer"] == [list(MEMORY_TAGS)] * result["num_engines"], result

@@ -14,8 +14,18 @@ from megatron_dapo.models.hf_config import parse_hf_config
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN32B = ROOT / "examples" / "qwen2.5-32b"
-CLUSTER = ["--actor-num-nodes", "16", "--actor-num-gpus-per-node", "8", "--bf16", "--rollout-engine", "sglang",
-           "--use-distributed-optimizer", "--rollout-num-gpus-per-engine", "4"]
+CLUSTER = [
+    "--actor-num-nodes",
+    "16",
+    "--actor-num-gpus-per-node",
+    "8",
+    "--bf16",
+    "--rollout-engine",
+    "sglang",
+    "--use-distributed-optimizer",
+    "--rollout-num-gpus-per-engine",
+    "4",
+]
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +37,10 @@ def test_engines_fed_by_their_own_gpus_on_their_node(arch):
     sp = sync_plan(parse_args(CLUSTER + ["--tensor-model-parallel-size", "8"]), arch, "sglang")
     assert len(sp.feeds) == 32
     assert [(f.engine, f.node, list(f.feeders)) for f in sp.feeds[:3]] == [
-        (0, 0, [0, 1, 2, 3]), (1, 0, [4, 5, 6, 7]), (2, 1, [8, 9, 10, 11])]
+        (0, 0, [0, 1, 2, 3]),
+        (1, 0, [4, 5, 6, 7]),
+        (2, 1, [8, 9, 10, 11]),
+    ]
     assert sp.feeds[-1].node == 15 and list(sp.feeds[-1].feeders) == [124, 125, 126, 127]
     assert sp.bytes_per_feeder == arch.num_parameters * 2  # bf16: every feeder holds the whole model
     assert all(f.cross_node_bytes == 0 for f in sp.feeds)  # PP 1: nothing crosses nodes
@@ -47,10 +60,28 @@ def test_pp_stages_on_other_nodes_cross_the_network(arch):
 
 
 def test_engine_spanning_nodes_is_flagged(arch):
-    cfg = parse_args(["--actor-num-nodes", "2", "--actor-num-gpus-per-node", "6", "--bf16", "--rollout-engine",
-                      "sglang", "--rollout-num-gpus-per-engine", "4", "--tensor-model-parallel-size", "4",
-                      "--use-distributed-optimizer", "--global-batch-size", "12", "--rollout-batch-size", "6",
-                      "--n-samples-per-prompt", "2"])
+    cfg = parse_args(
+        [
+            "--actor-num-nodes",
+            "2",
+            "--actor-num-gpus-per-node",
+            "6",
+            "--bf16",
+            "--rollout-engine",
+            "sglang",
+            "--rollout-num-gpus-per-engine",
+            "4",
+            "--tensor-model-parallel-size",
+            "4",
+            "--use-distributed-optimizer",
+            "--global-batch-size",
+            "12",
+            "--rollout-batch-size",
+            "6",
+            "--n-samples-per-prompt",
+            "2",
+        ]
+    )
     sp = sync_plan(cfg, arch)
     assert [f.node for f in sp.feeds] == [0, None, 1]
     report = dry_run_report(cfg, arch, on_gpu=True)
@@ -58,8 +89,14 @@ def test_engine_spanning_nodes_is_flagged(arch):
 
 
 def test_qwen32b_dry_run_prints_the_sync_plan():
-    out = subprocess.run(["bash", str(ROOT / "examples" / "run_qwen32b.sh"), "--dry-run"], capture_output=True,
-                         text=True, timeout=300, cwd=ROOT, env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"})
+    out = subprocess.run(
+        ["bash", str(ROOT / "examples" / "run_qwen32b.sh"), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"},
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     text = out.stdout
     assert "--- weight sync plan" in text

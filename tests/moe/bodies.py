@@ -15,7 +15,9 @@ def build_from_hf(hf_cfg: dict, sd: dict, tp: int = 1, pp: int = 1, ep: int = 1,
     init_parallel(tp, pp, cp, seed=1234, expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
     opts = opts or ModelBuildOptions(context_parallel_size=cp)
     model, arch, _ = build_gpt_model(hf_cfg, opts)
-    load_hf_weights(model, arch, lambda n: sd[n], padded_vocab_size(arch.vocab_size, opts.make_vocab_size_divisible_by, tp))
+    load_hf_weights(
+        model, arch, lambda n: sd[n], padded_vocab_size(arch.vocab_size, opts.make_vocab_size_divisible_by, tp)
+    )
     return model, arch
 
 
@@ -129,8 +131,13 @@ def train_step_at(hf_cfg: dict, sd: dict, ep: int, distributed_optimizer: bool, 
 
     init_parallel(1, 1, seed=1234, expert_model_parallel_size=ep)
     # eps: tests/tolerances.py (weights are compared after the step)
-    opt = OptimizerOptions(lr=1e-3, weight_decay=0.1, clip_grad=1.0, use_distributed_optimizer=distributed_optimizer,
-                           adam_eps=COMPARE_ADAM_EPS)
+    opt = OptimizerOptions(
+        lr=1e-3,
+        weight_decay=0.1,
+        clip_grad=1.0,
+        use_distributed_optimizer=distributed_optimizer,
+        adam_eps=COMPARE_ADAM_EPS,
+    )
     policy = build_policy(hf_cfg, ModelBuildOptions(moe=MoEOptions(load_balancing_type=balancing)), opt)
     load_hf_weights(policy.model, policy.arch, lambda n: sd[n], policy.padded_vocab)
     policy.optimizer.reload_model_params()
@@ -143,9 +150,12 @@ def train_step_at(hf_cfg: dict, sd: dict, ep: int, distributed_optimizer: bool, 
     out = train_step(policy, mbs, _nll_loss_fn(policy.arch, float(mask[:, 1:].sum())))
     assert out["update_successful"]
     full = {n: t.clone() for n, t in gather_full_weights(policy.model, policy.arch)}
-    return {"params": full if dp_rank == 0 else None, "grad_norm": out["grad_norm"],
-            "aux_coeff": policy.config.moe_aux_loss_coeff,
-            "edp": ps.get_expert_data_parallel_world_size()}
+    return {
+        "params": full if dp_rank == 0 else None,
+        "grad_norm": out["grad_norm"],
+        "aux_coeff": policy.config.moe_aux_loss_coeff,
+        "edp": ps.get_expert_data_parallel_world_size(),
+    }
 
 
 def balancing_steps(hf_cfg: dict, sd: dict, types: list):
@@ -154,8 +164,11 @@ def balancing_steps(hf_cfg: dict, sd: dict, types: list):
     out = {}
     for t in types:
         r = train_step_at(hf_cfg, sd, 2, True, balancing=t)
-        out[t] = (r["grad_norm"], r["aux_coeff"],
-                  None if r["params"] is None else r["params"]["decoder.layers.0.mlp.router.weight"])
+        out[t] = (
+            r["grad_norm"],
+            r["aux_coeff"],
+            None if r["params"] is None else r["params"]["decoder.layers.0.mlp.router.weight"],
+        )
     return out
 
 

@@ -49,9 +49,12 @@ def main() -> int:
     hf = hf.to(dev)
     opts = ModelBuildOptions(use_te=False)
     model, arch, tcfg = build_gpt_model(cfg, opts)
-    print(f"built: experts {type(model.decoder.layers[0].mlp.experts).__name__}, dispatcher "
-          f"{tcfg.moe_token_dispatcher_type}, grouped_gemm {tcfg.moe_grouped_gemm}, params on "
-          f"{next(model.parameters()).device}", flush=True)
+    print(
+        f"built: experts {type(model.decoder.layers[0].mlp.experts).__name__}, dispatcher "
+        f"{tcfg.moe_token_dispatcher_type}, grouped_gemm {tcfg.moe_grouped_gemm}, params on "
+        f"{next(model.parameters()).device}",
+        flush=True,
+    )
     load_hf_weights(model, arch, lambda n: sd[n], padded_vocab_size(arch.vocab_size, 128, 1))
 
     # (1) logits
@@ -77,8 +80,11 @@ def main() -> int:
         bad = [n for n, t in params.items() if not torch.equal(engine.get_weight(n).cpu(), t)]
         missing = sorted(set(params) - set(engine.expected_weight_names()))
         ok = not bad and not missing
-        print(f"[{'ok' if ok else 'FAIL'}] sync into HFEngine ({bs} B buckets): {st.buckets} buckets, {st.tensors} "
-              f"tensors, {st.bytes} bytes; differing {bad[:3]} missing {missing[:3]}", flush=True)
+        print(
+            f"[{'ok' if ok else 'FAIL'}] sync into HFEngine ({bs} B buckets): {st.buckets} buckets, {st.tensors} "
+            f"tensors, {st.bytes} bytes; differing {bad[:3]} missing {missing[:3]}",
+            flush=True,
+        )
         failed += [] if ok else [f"sync {bs}"]
 
     # (3) one training step: DDP, distributed optimizer, aux loss
@@ -92,10 +98,13 @@ def main() -> int:
     out = train_step(policy, mbs, _nll_loss_fn(policy.arch, float(4 * 15)))
     moved = not torch.equal(before, policy.model.module.decoder.layers[0].mlp.router.weight.detach())
     ok = out["update_successful"] and out["grad_norm"] == out["grad_norm"] and moved
-    print(f"[{'ok' if ok else 'FAIL'}] train step: update {out['update_successful']}, grad norm {out['grad_norm']:.4g}, "
-          f"router moved {moved}, optimizer {type(policy.optimizer).__name__} x "
-          f"{len(getattr(policy.optimizer, 'chained_optimizers', [policy.optimizer]))}, aux coeff "
-          f"{policy.config.moe_aux_loss_coeff}", flush=True)
+    print(
+        f"[{'ok' if ok else 'FAIL'}] train step: update {out['update_successful']}, grad norm {out['grad_norm']:.4g}, "
+        f"router moved {moved}, optimizer {type(policy.optimizer).__name__} x "
+        f"{len(getattr(policy.optimizer, 'chained_optimizers', [policy.optimizer]))}, aux coeff "
+        f"{policy.config.moe_aux_loss_coeff}",
+        flush=True,
+    )
     failed += [] if ok else ["train"]
     print("FAILED: " + ", ".join(failed) if failed else "ALL OK", flush=True)
     return 1 if failed else 0

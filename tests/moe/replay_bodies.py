@@ -27,15 +27,18 @@ def replay_logprobs(hf_cfg: dict, sd: dict, samples: list, ep: int, packing: boo
     with torch.no_grad():
         for on in (False, True):
             rr.set_replay(model, on)
-            lps = ds.compute_logprobs(model, samples, arch.vocab_size, len(samples), 256 if packing else None, packing=packing)
+            lps = ds.compute_logprobs(
+                model, samples, arch.vocab_size, len(samples), 256 if packing else None, packing=packing
+            )
             if on and not packing:  # one micro-batch of all samples: the routers' last call saw all of it
                 want = rr.token_major(pk.pack_samples(samples)["routed_experts"])
                 equal = True
                 for r in rr.replay_routers(model):
                     t = want[:, r.layer].long()
                     have = (t >= 0).all(-1)
-                    equal &= bool(have.sum() > 0) and torch.equal(r.recorded_topk_idx[have].sort(-1).values,
-                                                                 t[have].sort(-1).values)
+                    equal &= bool(have.sum() > 0) and torch.equal(
+                        r.recorded_topk_idx[have].sort(-1).values, t[have].sort(-1).values
+                    )
             out[on] = (lps, rr.collect_stats(model)["stats"])
     if pp > 1:  # each stage checked its own layers; the last stage reports the logprobs
         flags = [None] * dist.get_world_size()
@@ -65,7 +68,7 @@ def replay_train_step(hf_cfg: dict, sd: dict, samples: list, recompute: bool, re
     policy.optimizer.reload_model_params()
     rr.install(policy.model)
     rr.set_replay(policy.model, replay)
-    mine = [replace(s, advantage=1.0 if i % 2 else -1.0) for i, s in enumerate(samples)][dist.get_rank()::2]
+    mine = [replace(s, advantage=1.0 if i % 2 else -1.0) for i, s in enumerate(samples)][dist.get_rank() :: 2]
     old = ds.compute_logprobs(policy, mine, policy.arch.vocab_size, 2)
     mine = [replace(s, old_logprobs=lp) for s, lp in zip(mine, old)]
     out = ds.train_on_minibatch(policy, mine, AlgorithmConfig(), policy.arch.vocab_size, 1)

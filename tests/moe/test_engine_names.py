@@ -49,10 +49,15 @@ def test_expert_stack_is_the_transformers_layout(models):
     full = dict(mapping.hf_to_megatron(arch, files.__getitem__))
     for layer in range(arch.num_layers):
         for which in ("linear_fc1", "linear_fc2"):
-            stack = torch.stack([full[f"decoder.layers.{layer}.mlp.experts.local_experts.{e}.{which}.weight"]
-                                 for e in range(arch.num_experts)])
-            (name, fused), = mapping.expert_stack_to_hf(arch, mapping.expert_stack_name(layer, which), stack,
-                                                        "transformers")
+            stack = torch.stack(
+                [
+                    full[f"decoder.layers.{layer}.mlp.experts.local_experts.{e}.{which}.weight"]
+                    for e in range(arch.num_experts)
+                ]
+            )
+            ((name, fused),) = mapping.expert_stack_to_hf(
+                arch, mapping.expert_stack_name(layer, which), stack, "transformers"
+            )
             assert fused is stack and torch.equal(params[name].detach(), stack), name
             per_expert = mapping.expert_stack_to_hf(arch, mapping.expert_stack_name(layer, which), stack)
             assert len(per_expert) == arch.num_experts * (2 if which == "linear_fc1" else 1)
@@ -66,8 +71,10 @@ def test_expert_stack_is_the_transformers_layout(models):
 
 
 # ------------------------------------------------------------------ SGLang's own renaming ----
-SGLANG = {"qwen3": ("sglang.srt.models.qwen3", "Qwen3ForCausalLM", ("qwen3", "qwen2")),
-          "qwen3_moe": ("sglang.srt.models.qwen3_moe", "Qwen3MoeForCausalLM", ("qwen3_moe", "qwen2_moe"))}
+SGLANG = {
+    "qwen3": ("sglang.srt.models.qwen3", "Qwen3ForCausalLM", ("qwen3", "qwen2")),
+    "qwen3_moe": ("sglang.srt.models.qwen3_moe", "Qwen3MoeForCausalLM", ("qwen3_moe", "qwen2_moe")),
+}
 
 
 def _load_weights_literal(src, module, cls, var):
@@ -85,7 +92,7 @@ def _attributes(src, modules) -> set:
         for node in ast.walk(src.tree(f"sglang.srt.models.{m}")):
             if isinstance(node, ast.Assign):
                 for t in node.targets:
-                    for x in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                    for x in t.elts if isinstance(t, ast.Tuple) else [t]:
                         if isinstance(x, ast.Attribute) and isinstance(x.value, ast.Name) and x.value.id == "self":
                             out.add(x.attr)
     return out
@@ -97,9 +104,13 @@ def _expert_mapping(src, num_experts):
     code = extract(src, "sglang.srt.layers.moe.fused_moe_triton.layer", ["make_expert_params_mapping"], cls="FusedMoE")
     ns = {"List": list, "Tuple": tuple}
     exec(compile(code, "make_expert_params_mapping", "exec"), ns)
-    return ns["make_expert_params_mapping"].__func__(None, ckpt_gate_proj_name="gate_proj",
-                                                    ckpt_down_proj_name="down_proj", ckpt_up_proj_name="up_proj",
-                                                    num_experts=num_experts)
+    return ns["make_expert_params_mapping"].__func__(
+        None,
+        ckpt_gate_proj_name="gate_proj",
+        ckpt_down_proj_name="down_proj",
+        ckpt_up_proj_name="up_proj",
+        num_experts=num_experts,
+    )
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -123,7 +134,7 @@ def test_sglang_load_weights_takes_every_name(name):
             hits = [(p, w, e, s) for p, w, e, s in experts if w in n]
             if hits:
                 assert len(hits) == 1, (n, hits)
-                (p, w, e, s), = hits
+                ((p, w, e, s),) = hits
                 assert f".experts.{e}." in n and s in ("w1", "w2", "w3")
                 seen_experts.add((n.split(".experts.")[0], e, s))
                 target = n.replace(w, p)

@@ -41,8 +41,11 @@ def test_checkpoint_logits_equal_hf(gloo, converted, name, tp, pp, ep, etp, worl
     hf_dir, ck = converted[name]
     tokens = torch.randint(0, CONFIGS[name]["vocab_size"], (2, 10), generator=torch.Generator().manual_seed(11))
     ref = hf_logits(hf_dir, tokens)
-    got = [g for g in gloo(world).run(bodies.checkpoint_logits, CONFIGS[name], ck, tokens, tp, pp, ep, etp)
-           if g is not None]
+    got = [
+        g
+        for g in gloo(world).run(bodies.checkpoint_logits, CONFIGS[name], ck, tokens, tp, pp, ep, etp)
+        if g is not None
+    ]
     assert len(got) == 1 and got[0].shape == ref.shape
     assert float((got[0] - ref).abs().max()) < 1e-5
 

@@ -29,8 +29,15 @@ def make_tiny_qwen3_moe_dir(out: str, moe: bool = True) -> str:
     eos = tok.convert_tokens_to_ids("<|endoftext|>")
     make = tiny_qwen3_moe_config if moe else tiny_qwen3_config
     extra = {"moe_intermediate_size": 16} if moe else {"intermediate_size": 32, "num_hidden_layers": 2}
-    cfg = make(vocab_size=151680, hidden_size=32, head_dim=8, max_position_embeddings=512, eos_token_id=eos,
-               bos_token_id=eos, **extra)
+    cfg = make(
+        vocab_size=151680,
+        hidden_size=32,
+        head_dim=8,
+        max_position_embeddings=512,
+        eos_token_id=eos,
+        bos_token_id=eos,
+        **extra,
+    )
     torch.manual_seed(0)
     conf = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
     conf.architectures = cfg["architectures"]
@@ -47,8 +54,19 @@ def test_ep2_dapo_steps(tmp_path):
     hf = make_tiny_qwen3_moe_dir(str(tmp_path / "hf"))
     prompts = make_prompts(str(tmp_path / "prompts.jsonl"))
     run = str(tmp_path / "run")
-    rc = main(base_args(hf, prompts, run, **{"--actor-num-gpus-per-node": "2", "--expert-model-parallel-size": "2",
-                                             "--use-distributed-optimizer": None, "--num-rollout": "2"}))
+    rc = main(
+        base_args(
+            hf,
+            prompts,
+            run,
+            **{
+                "--actor-num-gpus-per-node": "2",
+                "--expert-model-parallel-size": "2",
+                "--use-distributed-optimizer": None,
+                "--num-rollout": "2",
+            },
+        )
+    )
     assert rc == 0
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2]

@@ -28,8 +28,10 @@ def hf_model(name):
 
 def check_logits(gloo, name, world, *layout):
     cfg, model, sd = hf_model(name)
-    tokens = [torch.randint(0, cfg["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(7 + i))
-              for i in range(world)]
+    tokens = [
+        torch.randint(0, cfg["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(7 + i))
+        for i in range(world)
+    ]
     got = [g for g in gloo(world).run(bodies.logits, cfg, sd, tokens, *layout) if g is not None]
     assert got, "no rank reported logits"
     with torch.no_grad():
@@ -49,8 +51,9 @@ def test_qwen3_logits_equal_hf(gloo, tp):
 MOE_LAYOUTS = [(1, 1, 1, None, 2), (1, 1, 2, None, 2), (2, 1, 2, 1, 2), (1, 2, 1, None, 2)]
 
 
-@pytest.mark.parametrize("tp,pp,ep,etp,world", MOE_LAYOUTS,
-                         ids=[f"tp{t}pp{p}ep{e}etp{x or t}" for t, p, e, x, _ in MOE_LAYOUTS])
+@pytest.mark.parametrize(
+    "tp,pp,ep,etp,world", MOE_LAYOUTS, ids=[f"tp{t}pp{p}ep{e}etp{x or t}" for t, p, e, x, _ in MOE_LAYOUTS]
+)
 def test_qwen3_moe_logits_equal_hf(gloo, tp, pp, ep, etp, world):
     got = check_logits(gloo, "qwen3_moe", world, tp, pp, ep, etp)
     assert len({dp for dp, _ in got}) == world // (tp * pp)  # every DP rank's own tokens checked

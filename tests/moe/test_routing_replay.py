@@ -67,8 +67,15 @@ def test_hf_engine_routed_experts_blocking_and_streaming():
 def _sample(prompt):
     from megatron_dapo.driver.batch import Sample
 
-    return Sample(prompt_index=0, prompt_ids=list(prompt), response_ids=[], engine_logprobs=[], finish_reason="abort",
-                  ground_truth="1", token_versions=[])
+    return Sample(
+        prompt_index=0,
+        prompt_ids=list(prompt),
+        response_ids=[],
+        engine_logprobs=[],
+        finish_reason="abort",
+        ground_truth="1",
+        token_versions=[],
+    )
 
 
 def test_partial_rollout_carry_over_and_state_dict(tmp_path):
@@ -83,11 +90,14 @@ def test_partial_rollout_carry_over_and_state_dict(tmp_path):
     e2, m2 = _engine(seed=5)
     prompt = [5, 9, 11, 3]
     s = _sample(prompt)
-    first = e1.generate([prompt], SamplingParams(max_new_tokens=3, seed=1, ignore_eos=True, return_routed_experts=True))[0][0]
+    first = e1.generate(
+        [prompt], SamplingParams(max_new_tokens=3, seed=1, ignore_eos=True, return_routed_experts=True)
+    )[0][0]
     extend_sample(s, dataclasses_replace(first, finish_reason="abort"), step=1, max_len=8)
     assert tuple(s.routed_experts.shape) == (len(prompt) + 2, 2, 2)
-    cont = e2.generate([prompt + s.response_ids],
-                       SamplingParams(max_new_tokens=5, seed=2, ignore_eos=True, return_routed_experts=True))[0][0]
+    cont = e2.generate(
+        [prompt + s.response_ids], SamplingParams(max_new_tokens=5, seed=2, ignore_eos=True, return_routed_experts=True)
+    )[0][0]
     extend_sample(s, cont, step=2, max_len=8)
     assert len(s.response_ids) == 8 and s.finish_reason == "length"
     r = s.routed_experts
@@ -136,31 +146,45 @@ def _perturbed_engine_samples(n=4, new=10):
                 p.add_(0.04 * torch.randn(p.shape, generator=g))
     eng = HFEngine((engine.config, dict(engine.state_dict())), seed=1)
     prompts = [torch.randint(0, cfg["vocab_size"], (5 + i,), generator=g).tolist() for i in range(n)]
-    outs = eng.generate(prompts, SamplingParams(max_new_tokens=new, seed=5, ignore_eos=True, return_routed_experts=True))
+    outs = eng.generate(
+        prompts, SamplingParams(max_new_tokens=new, seed=5, ignore_eos=True, return_routed_experts=True)
+    )
     from megatron_dapo.training.item import TrainItem
 
-    samples = [TrainItem(tokens=o.prompt_ids + o.output_ids, prompt_len=len(o.prompt_ids), engine_logprobs=o.logprobs,
-                         routed_experts=o.routed_experts) for (o,) in outs]
+    samples = [
+        TrainItem(
+            tokens=o.prompt_ids + o.output_ids,
+            prompt_len=len(o.prompt_ids),
+            engine_logprobs=o.logprobs,
+            routed_experts=o.routed_experts,
+        )
+        for (o,) in outs
+    ]
     return samples, cfg, checkpoint_state_dict(trainer)
 
 
 def _gap(lps, samples):
     return sum(abs(a - b) for x, s in zip(lps, samples) for a, b in zip(x, s.engine_logprobs.tolist())) / sum(
-        len(s.engine_logprobs) for s in samples)
+        len(s.engine_logprobs) for s in samples
+    )
 
 
 import pytest  # noqa: E402
 
 
 @pytest.mark.gloo
-@pytest.mark.parametrize("ep,packing,cp,pp", [(1, False, 1, 1), (2, False, 1, 1), (2, True, 1, 1), (2, True, 2, 1),
-                                               (1, False, 1, 2)],
-                         ids=["ep1-padded", "ep2-padded", "ep2-packed", "cp2xep2-packed", "pp2-padded"])
+@pytest.mark.parametrize(
+    "ep,packing,cp,pp",
+    [(1, False, 1, 1), (2, False, 1, 1), (2, True, 1, 1), (2, True, 2, 1), (1, False, 1, 2)],
+    ids=["ep1-padded", "ep2-padded", "ep2-packed", "cp2xep2-packed", "pp2-padded"],
+)
 def test_replay_equals_recorded_routing_and_shrinks_gap(gloo, ep, packing, cp, pp):
     from tests.moe import replay_bodies
 
     samples, cfg, sd = _perturbed_engine_samples()
-    (out, equal), = [g for g in gloo(2).run(replay_bodies.replay_logprobs, cfg, sd, samples, ep, packing, cp, pp) if g]
+    ((out, equal),) = [
+        g for g in gloo(2).run(replay_bodies.replay_logprobs, cfg, sd, samples, ep, packing, cp, pp) if g
+    ]
     if not packing:
         assert equal  # every router used the engine's experts on every recorded position
     (lp_off, st_off), (lp_on, st_on) = out[False], out[True]
@@ -191,8 +215,19 @@ def test_ep2_dapo_run_with_routing_replay(tmp_path):
     hf = make_tiny_qwen3_moe_dir(str(tmp_path / "hf"))
     prompts = make_prompts(str(tmp_path / "prompts.jsonl"))
     run = str(tmp_path / "run")
-    rc = main(base_args(hf, prompts, run, **{"--actor-num-gpus-per-node": "2", "--expert-model-parallel-size": "2",
-                                             "--num-rollout": "2", "--routing-replay": None}))
+    rc = main(
+        base_args(
+            hf,
+            prompts,
+            run,
+            **{
+                "--actor-num-gpus-per-node": "2",
+                "--expert-model-parallel-size": "2",
+                "--num-rollout": "2",
+                "--routing-replay": None,
+            },
+        )
+    )
     assert rc == 0
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2]
@@ -219,18 +254,31 @@ def test_sglang_routed_experts_decoding_with_the_wheels_encoder():
     from tests.rollout import sglang_wheel as sw
 
     src = sw.wheel()
-    ns = sw.run(sw.extract(src, "sglang.srt.managers.detokenizer_manager", ["_b64_encode_per_request"],
-                           cls="DetokenizerManager"), dict(sw._typing_names(), pybase64=base64, torch=torch),
-                "sglang/srt/managers/detokenizer_manager.py")
-    ns = sw.run(sw.extract(src, "sglang.srt.state_capturer.routed_experts", ["extract_routed_experts_from_meta_info"]),
-                dict(ns, np=np), "sglang/srt/state_capturer/routed_experts.py")
+    ns = sw.run(
+        sw.extract(
+            src, "sglang.srt.managers.detokenizer_manager", ["_b64_encode_per_request"], cls="DetokenizerManager"
+        ),
+        dict(sw._typing_names(), pybase64=base64, torch=torch),
+        "sglang/srt/managers/detokenizer_manager.py",
+    )
+    ns = sw.run(
+        sw.extract(src, "sglang.srt.state_capturer.routed_experts", ["extract_routed_experts_from_meta_info"]),
+        dict(ns, np=np),
+        "sglang/srt/state_capturer/routed_experts.py",
+    )
     prompt, output = [1, 2, 3, 4], [5, 6, 7]
     n, L, k = len(prompt) + len(output) - 1, 2, 2
     rows = torch.randint(0, 8, (n, L, k), dtype=torch.int32)  # the host buffer's rows (int32)
     (enc,) = ns["_b64_encode_per_request"]([rows])
-    out = {"output_ids": output, "text": "",
-           "meta_info": {"finish_reason": {"type": "length"}, "routed_experts": enc,
-                         "output_token_logprobs": [(-0.5, t, None) for t in output]}}
+    out = {
+        "output_ids": output,
+        "text": "",
+        "meta_info": {
+            "finish_reason": {"type": "length"},
+            "routed_experts": enc,
+            "output_token_logprobs": [(-0.5, t, None) for t in output],
+        },
+    }
     assert np.array_equal(ns["extract_routed_experts_from_meta_info"](out), rows.reshape(-1).numpy())
     got = from_sglang_output(out, prompt, (L, k)).routed_experts
     assert got.dtype == torch.int16 and torch.equal(got, rows.to(torch.int16))  # expert count unknown
@@ -266,8 +314,16 @@ def test_diagnosis_places_routing_under_exploration_and_alerts_on_drift():
     from megatron_dapo.diagnostics.history import History
 
     def rows(agree, imbalance):
-        return [{"step": i + 1, "entropy": 0.5, "moe/routing_agreement_min": a, "moe/load_imbalance_max": imbalance,
-                 "moe/router_entropy": 1.5} for i, a in enumerate(agree)]
+        return [
+            {
+                "step": i + 1,
+                "entropy": 0.5,
+                "moe/routing_agreement_min": a,
+                "moe/load_imbalance_max": imbalance,
+                "moe/router_entropy": 1.5,
+            }
+            for i, a in enumerate(agree)
+        ]
 
     healthy = diagnose(History.from_records(rows([0.97] * 20, 1.5))).boundary("exploration")
     assert healthy.status == "ok" and "moe/routing_agreement_min" in healthy.metrics
@@ -305,7 +361,9 @@ def test_routing_replay_flag_refused_on_a_dense_model():
     from tests.moe.test_moe_config import CLUSTER, QWEN3_30B_A3B
     from tests.tiny import tiny_qwen3_config
 
-    with pytest.raises(ConfigError, match=r"^--routing-replay: the model \(qwen3, --hf-checkpoint config\) has no experts"):
+    with pytest.raises(
+        ConfigError, match=r"^--routing-replay: the model \(qwen3, --hf-checkpoint config\) has no experts"
+    ):
         validate(parse_args_(CLUSTER + ["--routing-replay"]), parse_hf_config(tiny_qwen3_config()), on_gpu=True)
     cfg = parse_args_(CLUSTER + ["--routing-replay", "--expert-model-parallel-size", "8"])
     assert cfg.moe.routing_replay
@@ -330,8 +388,14 @@ def test_routing_rows_follow_the_tokens_padded_packed_cp_and_sp():
     def sample(n, p):
         toks = list(range(10 * n, 10 * n + n))
         r = torch.tensor(toks[:-1], dtype=torch.int16).view(-1, 1, 1).expand(n - 1, 2, 2).clone()  # row t = token t
-        return TrainItem(tokens=toks, prompt_len=p, advantage=1.0, old_logprobs=[0.0] * (n - p),
-                         engine_logprobs=[0.0] * (n - p), routed_experts=r)
+        return TrainItem(
+            tokens=toks,
+            prompt_len=p,
+            advantage=1.0,
+            old_logprobs=[0.0] * (n - p),
+            engine_logprobs=[0.0] * (n - p),
+            routed_experts=r,
+        )
 
     def check(tokens, routed):
         have = routed[..., 0, 0] >= 0
@@ -344,7 +408,7 @@ def test_routing_rows_follow_the_tokens_padded_packed_cp_and_sp():
     mb = pk.packed_microbatch(samples, multiple=4)  # sequences padded to 8 and 8
     have = check(mb["tokens"], mb["routed_experts"])
     assert have.sum() == 6 + 4  # every position but each sample's last
-    assert mb["routed_experts"][0, 8 + 4, 0, 0] == -1 and bool((mb["routed_experts"][0, 8 + 5:] == -2).all())
+    assert mb["routed_experts"][0, 8 + 4, 0, 0] == -1 and bool((mb["routed_experts"][0, 8 + 5 :] == -2).all())
     flat = token_major(mb["routed_experts"], tp_size=2, tp_rank=1, sequence_parallel=True)
     assert torch.equal(flat[:, 0, 0], mb["routed_experts"][0, 8:, 0, 0])
     for cp_rank in (0, 1):

@@ -45,8 +45,15 @@ def misbehave(response: str, ground_truth: str, **extra) -> float:
     return exact(response, ground_truth)
 
 
-def echo_record(response: str, ground_truth: str, *, prompt: str = "", data_source: str = "",
-                extra_info: dict | None = None, **extra) -> dict:
+def echo_record(
+    response: str,
+    ground_truth: str,
+    *,
+    prompt: str = "",
+    data_source: str = "",
+    extra_info: dict | None = None,
+    **extra,
+) -> dict:
     """Needs no label; its pred shows every field of the record it was given."""
     return {"score": 1.0, "pred": f"{response}|{ground_truth}|{prompt}|{data_source}|{extra_info}"}
 

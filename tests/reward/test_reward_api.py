@@ -11,8 +11,16 @@ from megatron_dapo.reward.result import to_reward_result
 
 
 def test_public_names():
-    for name in ("is_equivalent", "compute_score", "RewardResult", "BatchScorer", "load_reward_fn", "RewardInput",
-                 "RewardRouter", "RemoteRewardModel"):
+    for name in (
+        "is_equivalent",
+        "compute_score",
+        "RewardResult",
+        "BatchScorer",
+        "load_reward_fn",
+        "RewardInput",
+        "RewardRouter",
+        "RemoteRewardModel",
+    ):
         assert hasattr(reward, name)
 
 
@@ -98,23 +106,34 @@ def test_reward_fn_gets_the_whole_record_as_keywords():
 def test_router_picks_the_reward_by_data_source():
     router = RewardRouter("math", None, ["code=reward_test_plugins:exact", "rm=http://127.0.0.1:9/score", "gsm8k=dapo"])
     assert [router.key(s) for s in ("code", "rm", "gsm8k", "other", "")] == [
-        "reward_test_plugins:exact", "http://127.0.0.1:9/score", "dapo", "math", "math"]
+        "reward_test_plugins:exact",
+        "http://127.0.0.1:9/score",
+        "dapo",
+        "math",
+        "math",
+    ]
     assert [router.needs_label(s) for s in ("code", "rm", "gsm8k", "other")] == [False, False, True, True]
     assert set(router.local_specs()) == {"reward_test_plugins:exact", "dapo", "math"}
     assert router.remote_specs() == {"http://127.0.0.1:9/score": "http://127.0.0.1:9/score"}
     # --reward-fn replaces the built-in checker as the default
     fn_router = RewardRouter("dapo", "reward_test_plugins:exact", {"gsm8k": "math"})
     assert (fn_router.key("x"), fn_router.needs_label("x"), fn_router.needs_label("gsm8k")) == (
-        "reward_test_plugins:exact", False, True)
+        "reward_test_plugins:exact",
+        False,
+        True,
+    )
 
 
-@pytest.mark.parametrize("entries,error,match", [
-    (["no-equals"], ValueError, "DATA_SOURCE=SPEC"),
-    (["=math"], ValueError, "DATA_SOURCE=SPEC"),
-    (["a=math", "a=dapo"], ValueError, "'a' is given twice"),
-    (["a=reward_test_plugins:missing"], AttributeError, "reward_test_plugins:missing"),
-    (["a=http://"], ValueError, "URL"),
-])
+@pytest.mark.parametrize(
+    "entries,error,match",
+    [
+        (["no-equals"], ValueError, "DATA_SOURCE=SPEC"),
+        (["=math"], ValueError, "DATA_SOURCE=SPEC"),
+        (["a=math", "a=dapo"], ValueError, "'a' is given twice"),
+        (["a=reward_test_plugins:missing"], AttributeError, "reward_test_plugins:missing"),
+        (["a=http://"], ValueError, "URL"),
+    ],
+)
 def test_router_errors_name_the_entry(entries, error, match):
     with pytest.raises(error, match=match):
         RewardRouter("dapo", None, entries)
@@ -129,12 +148,15 @@ def test_needs_label_from_a_run_config():
     assert (needs("judge"), needs("aime")) == (False, True)
 
 
-@pytest.mark.parametrize("item,match", [
-    (("r", None), "ground_truth must be a str"),
-    (("r",), "RewardInput or a"),
-    (RewardInput("r", "1", metadata=["x"]), "metadata must be a mapping"),
-    (RewardInput("r", "1", data_source=3), "data_source must be a str"),
-])
+@pytest.mark.parametrize(
+    "item,match",
+    [
+        (("r", None), "ground_truth must be a str"),
+        (("r",), "RewardInput or a"),
+        (RewardInput("r", "1", metadata=["x"]), "metadata must be a mapping"),
+        (RewardInput("r", "1", data_source=3), "data_source must be a str"),
+    ],
+)
 def test_bad_items_are_named(item, match):
     with pytest.raises(ValueError, match=match):
         as_reward_input(item, 0)

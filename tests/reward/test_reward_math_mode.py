@@ -156,9 +156,33 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 _PIECES = list("0123456789{}()[]^_\\$!+-*/=,.:;|<> xyzabcefpqrt%&\n") + [
-    "\\frac", "\\sqrt", "\\pm", "\\boxed{", "\\text{", "\\left(", "\\right)", "\\infty", "\\pi",
-    "\\cup", "\\le", "\\begin{pmatrix}", "\\end{pmatrix}", "\\\\", "\\sum_", "Answer:", "\\in",
-    "\\approx", "\\{", "\\}", "\\cdot", "\\log_", "\\sin", "f(", "\\mathrm{", "\\dfrac", "9^{9^{9^{9}}}",
+    "\\frac",
+    "\\sqrt",
+    "\\pm",
+    "\\boxed{",
+    "\\text{",
+    "\\left(",
+    "\\right)",
+    "\\infty",
+    "\\pi",
+    "\\cup",
+    "\\le",
+    "\\begin{pmatrix}",
+    "\\end{pmatrix}",
+    "\\\\",
+    "\\sum_",
+    "Answer:",
+    "\\in",
+    "\\approx",
+    "\\{",
+    "\\}",
+    "\\cdot",
+    "\\log_",
+    "\\sin",
+    "f(",
+    "\\mathrm{",
+    "\\dfrac",
+    "9^{9^{9^{9}}}",
 ]
 _latexish = st.lists(st.sampled_from(_PIECES), max_size=25).map("".join)
 

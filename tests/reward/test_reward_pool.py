@@ -106,14 +106,22 @@ ADVERSARIAL = [
     "Answer: \\left(" * 10_000,
 ]
 
-adversarial_text = st.sampled_from(ADVERSARIAL) | st.text(
-    alphabet=st.sampled_from(list("0123456789{}()[]^_\\$!+-*/=,.: xabcefrqtAnswer\n")), max_size=300
-) | st.text(max_size=200)
+adversarial_text = (
+    st.sampled_from(ADVERSARIAL)
+    | st.text(alphabet=st.sampled_from(list("0123456789{}()[]^_\\$!+-*/=,.: xabcefrqtAnswer\n")), max_size=300)
+    | st.text(max_size=200)
+)
 
 
 @pytest.mark.timeout(300)
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-@given(st.lists(st.tuples(adversarial_text, st.sampled_from(["540", "\\frac{1}{2}", "x^2", "(1, 2)", "9^{9^{9^{9}}}"])), min_size=1, max_size=6))
+@given(
+    st.lists(
+        st.tuples(adversarial_text, st.sampled_from(["540", "\\frac{1}{2}", "x^2", "(1, 2)", "9^{9^{9^{9}}}"])),
+        min_size=1,
+        max_size=6,
+    )
+)
 def test_fuzz_never_crashes_and_every_item_returns(math_pool, items):
     results = math_pool.score(items)
     assert len(results) == len(items)

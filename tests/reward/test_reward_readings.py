@@ -70,7 +70,8 @@ def test_readings_of_a_response(response, parts, source):
         "The answer is not 5.",  # a judgment, not an answer
         "So our answer is correct.",
         "So we need to find $x$ such that",  # a conclusion that states no value (a truncated response)
-        "Therefore, we are done. " + "More reasoning follows here without any result. " * 10,  # beyond the last 300 characters
+        "Therefore, we are done. "
+        + "More reasoning follows here without any result. " * 10,  # beyond the last 300 characters
         "We get $2\\pi+18$",  # bare math without an answer marker: no answer for a response
         "... x is 15, so the total is 2*pi + 18",
     ],

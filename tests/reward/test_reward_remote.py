@@ -89,7 +89,13 @@ def test_batches_carry_the_whole_record(server):
     assert [r.pred for r in results] == ["rm"] * 7
     assert sorted(len(b) for _, b in server.batches) == [1, 3, 3]
     sent = sorted((r for _, b in server.batches for r in b), key=lambda r: r["response"])
-    assert sent[1] == {"prompt": "prompt 1", "response": "r1", "label": "", "data_source": "rm", "metadata": {"want": "x"}}
+    assert sent[1] == {
+        "prompt": "prompt 1",
+        "response": "r1",
+        "label": "",
+        "data_source": "rm",
+        "metadata": {"want": "x"},
+    }
     assert model.requests == 3 and model.retries == 0
 
 
@@ -112,8 +118,9 @@ def test_timeout_is_retried_then_named(server):
     assert model.requests == 2
 
 
-@pytest.mark.parametrize("path,message", [("/short", "expected .* with 2 entries, got 1 rewards"),
-                                          ("/refuse", "1 attempt\\(s\\): HTTP 400")])
+@pytest.mark.parametrize(
+    "path,message", [("/short", "expected .* with 2 entries, got 1 rewards"), ("/refuse", "1 attempt\\(s\\): HTTP 400")]
+)
 def test_bad_answers_are_not_retried(server, path, message):
     model = RemoteRewardModel(server.url + path, max_retries=3, backoff_s=0.01)
     with pytest.raises(RemoteRewardError, match=message):
@@ -144,11 +151,17 @@ def test_scorer_routes_by_data_source(server):
         *_records(3),
         ("Answer: 4", "5"),  # a plain pair: data source "", the default checker
     ]
-    with BatchScorer(num_workers=1, timeout_s=30, sources={"rm": server.url + "/score"}, remote_batch_size=2,
-                     remote_max_retries=1) as pool:
+    with BatchScorer(
+        num_workers=1, timeout_s=30, sources={"rm": server.url + "/score"}, remote_batch_size=2, remote_max_retries=1
+    ) as pool:
         results = pool.score(items)
-        assert [(r.acc, r.pred) for r in results] == [(True, "5"), (True, "rm"), (False, "rm"), (False, "rm"),
-                                                      (False, "4")]
+        assert [(r.acc, r.pred) for r in results] == [
+            (True, "5"),
+            (True, "rm"),
+            (False, "rm"),
+            (False, "rm"),
+            (False, "4"),
+        ]
         assert sorted(len(b) for _, b in server.batches) == [1, 2]  # only the "rm" records went out
         with pytest.raises(ValueError, match=r"item 0 \(data_source 'gsm8k'\): ground_truth is empty"):
             pool.score([RewardInput("Answer: 5", "", "p", "gsm8k")])

@@ -12,10 +12,18 @@ def qwen2_config(tied=True, **kw):
     from transformers import Qwen2Config
 
     args = dict(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
         # a large init spreads the next-token distribution, so samples and greedy paths vary
-        initializer_range=0.5, tie_word_embeddings=tied, eos_token_id=EOS, pad_token_id=0,
+        initializer_range=0.5,
+        tie_word_embeddings=tied,
+        eos_token_id=EOS,
+        pad_token_id=0,
     )
     args.update(kw)
     return Qwen2Config(**args)
@@ -25,9 +33,17 @@ def llama_config(**kw):
     from transformers import LlamaConfig
 
     args = dict(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
-        initializer_range=0.5, tie_word_embeddings=False, eos_token_id=EOS, pad_token_id=0,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=512,
+        initializer_range=0.5,
+        tie_word_embeddings=False,
+        eos_token_id=EOS,
+        pad_token_id=0,
     )
     args.update(kw)
     return LlamaConfig(**args)
@@ -49,7 +65,6 @@ class CharTokenizer:
 
     def decode(self, ids, **_):
         return "".join(self.pieces[i] for i in ids)
-
 
 
 PROMPTS = [[1, 2, 3, 4, 9, 10], [7, 8], [11, 12, 13, 40, 41, 42, 43, 44, 45]]

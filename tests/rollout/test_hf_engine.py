@@ -24,15 +24,14 @@ def engine(ref):
 
 def hf_greedy(model, prompt, max_new_tokens, eos=None):
     ids = torch.tensor([prompt])
-    kw = dict(do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=0,
-              attention_mask=torch.ones_like(ids))
+    kw = dict(do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=0, attention_mask=torch.ones_like(ids))
     if eos is None:
         kw.update(min_new_tokens=max_new_tokens, eos_token_id=None)
     else:
         kw.update(eos_token_id=eos)
     with torch.no_grad():
         out = model.generate(ids, **kw)
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
 def direct_logprobs(model, seq):
@@ -73,8 +72,9 @@ def test_stop_token_ids_and_ignore_eos(ref, engine):
     first = path.output_ids.index(stop)
     assert out.output_ids == path.output_ids[: first + 1] and out.finish_reason == "stop"
     # ignore_eos keeps explicit stop_token_ids
-    out2 = engine.generate([PROMPTS[1]], SamplingParams(temperature=0, max_new_tokens=10, stop_token_ids=[stop],
-                                                         ignore_eos=True))[0][0]
+    out2 = engine.generate(
+        [PROMPTS[1]], SamplingParams(temperature=0, max_new_tokens=10, stop_token_ids=[stop], ignore_eos=True)
+    )[0][0]
     assert out2.output_ids == out.output_ids
 
 
@@ -155,8 +155,9 @@ def test_processed_logprobs_are_temperature_scaled(ref):
 def test_top_k_one_and_tiny_top_p_are_greedy(engine):
     greedy = engine.generate(PROMPTS, SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True))
     k1 = engine.generate(PROMPTS, SamplingParams(temperature=1.3, top_k=1, max_new_tokens=8, ignore_eos=True, seed=1))
-    p0 = engine.generate(PROMPTS, SamplingParams(temperature=1.3, top_p=1e-6, max_new_tokens=8, ignore_eos=True,
-                                                 seed=1))
+    p0 = engine.generate(
+        PROMPTS, SamplingParams(temperature=1.3, top_p=1e-6, max_new_tokens=8, ignore_eos=True, seed=1)
+    )
     for g, a, b in zip(greedy, k1, p0):
         assert g[0].output_ids == a[0].output_ids == b[0].output_ids
 
@@ -196,7 +197,7 @@ def test_stop_strings(ref):
     # a stop string made of the tail of token 3's piece and the head of token 4's piece
     pieces = [tok.pieces[t] for t in path.output_ids]
     start = sum(len(x) for x in pieces[:3]) + len(pieces[3]) - 1
-    stop = full[start:start + 2]
+    stop = full[start : start + 2]
     first = full.find(stop)
     out = eng.generate([PROMPTS[0]], SamplingParams(temperature=0, max_new_tokens=12, stop=[stop, "zzzzzzzzz"]))[0][0]
     assert out.finish_reason == "stop"
@@ -231,8 +232,11 @@ def test_abort_from_another_thread(engine):
     started = threading.Event()
     engine._step_hook = lambda step: started.set()
     result = {}
-    th = threading.Thread(target=lambda: result.setdefault(
-        "o", engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=100000, ignore_eos=True, seed=0))))
+    th = threading.Thread(
+        target=lambda: result.setdefault(
+            "o", engine.generate([PROMPTS[0]], SamplingParams(max_new_tokens=100000, ignore_eos=True, seed=0))
+        )
+    )
     th.start()
     assert started.wait(30)
     engine.abort()
@@ -321,8 +325,9 @@ def test_untied_llama_needs_lm_head(tmp_path):
 def test_update_errors_name_the_tensor(ref, engine):
     w = engine.get_weight("model.norm.weight").clone()
     with pytest.raises(WeightUpdateError, match="model.layers.0.bogus.weight"):
-        engine.update_weights([("model.norm.weight", torch.zeros_like(w)),
-                               ("model.layers.0.bogus.weight", torch.zeros(3))])
+        engine.update_weights(
+            [("model.norm.weight", torch.zeros_like(w)), ("model.layers.0.bogus.weight", torch.zeros(3))]
+        )
     # the bucket was validated before anything was copied
     assert torch.equal(engine.get_weight("model.norm.weight"), w)
     with pytest.raises(WeightUpdateError, match=r"model\.layers\.1\.self_attn\.q_proj\.weight.*\(32, 31\)"):
@@ -349,9 +354,11 @@ def test_release_frees_storage_and_blocks_use(ref, engine):
     assert engine.is_released("weights") and engine.is_released("kv_cache")
     assert engine.param_storage_bytes() == 0
     assert all(p.untyped_storage().nbytes() == 0 for p in engine.model.parameters())
-    for call in (lambda: engine.generate(PROMPTS, sp),
-                 lambda: engine.score([PROMPTS[0]], [1]),
-                 lambda: engine.update_weights(list(ref.state_dict().items()))):
+    for call in (
+        lambda: engine.generate(PROMPTS, sp),
+        lambda: engine.score([PROMPTS[0]], [1]),
+        lambda: engine.update_weights(list(ref.state_dict().items())),
+    ):
         with pytest.raises(RuntimeError, match="released"):
             call()
     assert issubclass(EngineReleasedError, RuntimeError)

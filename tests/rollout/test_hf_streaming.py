@@ -42,8 +42,12 @@ def test_greedy_stream_equals_blocking_generate_with_admissions_into_free_slots(
     eng = HFEngine(model.config, model.state_dict(), max_running=3)
     lens = [4, 12, 6, 3, 3, 12]
     block = [o[0] for o in eng.generate(MORE, SamplingParams(temperature=0.0, max_new_tokens=12, ignore_eos=True))]
-    eng.submit([Request(f"r{i}", p, SamplingParams(temperature=0.0, max_new_tokens=lens[i], ignore_eos=True))
-                for i, p in enumerate(MORE)])
+    eng.submit(
+        [
+            Request(f"r{i}", p, SamplingParams(temperature=0.0, max_new_tokens=lens[i], ignore_eos=True))
+            for i, p in enumerate(MORE)
+        ]
+    )
     got, order, _ = drain(eng, len(MORE))
     for i, b in enumerate(block):
         o = got[f"r{i}"]
@@ -58,9 +62,13 @@ def test_greedy_stream_equals_blocking_generate_with_admissions_into_free_slots(
 
 def test_each_request_returns_as_it_ends(ref):
     eng = engine(ref, max_running=2)
-    eng.submit([Request("long", MORE[0], SamplingParams(temperature=0.0, max_new_tokens=10, ignore_eos=True)),
-                Request("short", MORE[1], SamplingParams(temperature=0.0, max_new_tokens=2, ignore_eos=True)),
-                Request("waits", MORE[2], SamplingParams(temperature=0.0, max_new_tokens=3, ignore_eos=True))])
+    eng.submit(
+        [
+            Request("long", MORE[0], SamplingParams(temperature=0.0, max_new_tokens=10, ignore_eos=True)),
+            Request("short", MORE[1], SamplingParams(temperature=0.0, max_new_tokens=2, ignore_eos=True)),
+            Request("waits", MORE[2], SamplingParams(temperature=0.0, max_new_tokens=3, ignore_eos=True)),
+        ]
+    )
     first = eng.poll(30.0)
     assert [f.rid for f in first] == ["short"]
     assert len(eng._stream.rows) == 1 and len(eng._stream.waiting) == 1  # 'waits' gets the slot next step
@@ -78,8 +86,13 @@ def test_seeded_samples_equal_blocking_samples(ref):
     sp = SamplingParams(temperature=1.0, max_new_tokens=10, n=n, seed=seed)
     block = eng.generate(MORE, sp)
     # sample j of a blocking request seeded s = a streamed request seeded derive_seed(s, j)
-    eng.submit([Request(f"{i}.{j}", p, SamplingParams(temperature=1.0, max_new_tokens=10, seed=derive_seed(seed, j)))
-                for i, p in enumerate(MORE) for j in range(n)])
+    eng.submit(
+        [
+            Request(f"{i}.{j}", p, SamplingParams(temperature=1.0, max_new_tokens=10, seed=derive_seed(seed, j)))
+            for i, p in enumerate(MORE)
+            for j in range(n)
+        ]
+    )
     got, _, _ = drain(eng, len(MORE) * n)
     for i, outs in enumerate(block):
         for j, b in enumerate(outs):
@@ -119,9 +132,16 @@ def test_abort_returns_prefixes_and_a_continuation_equals_the_uninterrupted_gree
         o = cut[f"r{i}"]
         assert o.output_ids == full[i].output_ids[: len(o.output_ids)]
         assert len(o.logprobs) == len(o.output_ids)
-    eng.submit([Request(f"c{i}", p + cut[f"r{i}"].output_ids,
-                        SamplingParams(temperature=0.0, max_new_tokens=L - len(cut[f"r{i}"].output_ids),
-                                       ignore_eos=True)) for i, p in enumerate(MORE)])
+    eng.submit(
+        [
+            Request(
+                f"c{i}",
+                p + cut[f"r{i}"].output_ids,
+                SamplingParams(temperature=0.0, max_new_tokens=L - len(cut[f"r{i}"].output_ids), ignore_eos=True),
+            )
+            for i, p in enumerate(MORE)
+        ]
+    )
     tail, _, _ = drain(eng, len(MORE))
     for i, f in enumerate(full):
         assert cut[f"r{i}"].output_ids + tail[f"c{i}"].output_ids == f.output_ids
@@ -169,6 +189,8 @@ def test_rows_with_different_sampling_settings_share_the_batch(ref):
     hot = SamplingParams(temperature=1.3, max_new_tokens=9, ignore_eos=True, seed=99)
     want = {f"g{i}": eng.generate([p], greedy)[0][0].output_ids for i, p in enumerate(MORE[:3])}
     want.update({f"h{i}": eng.generate([p], hot)[0][0].output_ids for i, p in enumerate(MORE[:3])})
-    eng.submit([Request(f"{k}{i}", p, params) for i, p in enumerate(MORE[:3]) for k, params in (("g", greedy), ("h", hot))])
+    eng.submit(
+        [Request(f"{k}{i}", p, params) for i, p in enumerate(MORE[:3]) for k, params in (("g", greedy), ("h", hot))]
+    )
     got, _, _ = drain(eng, 6)
     assert {k: o.output_ids for k, o in got.items()} == want

@@ -45,9 +45,24 @@ def wheel_path() -> Path:
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     # Explicit target so any host (other Python, other OS) fetches the same Linux/CPython 3.11
     # wheel; the sources we read are the same in every wheel of a release.
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "--only-binary=:all:", "--platform", "manylinux_2_34_x86_64", "--python-version", "3.11",
-           "--implementation", "cp", f"sglang=={SGLANG_VERSION}", "-d", str(CACHE_DIR)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "--only-binary=:all:",
+        "--platform",
+        "manylinux_2_34_x86_64",
+        "--python-version",
+        "3.11",
+        "--implementation",
+        "cp",
+        f"sglang=={SGLANG_VERSION}",
+        "-d",
+        str(CACHE_DIR),
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         err = proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -166,7 +181,12 @@ def test_instance_attributes(src, module, cls, attr):
         targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AnnAssign) else []
         for t in targets:
             for e in ast.walk(t):
-                if isinstance(e, ast.Attribute) and e.attr == attr and isinstance(e.value, ast.Name) and e.value.id == "self":
+                if (
+                    isinstance(e, ast.Attribute)
+                    and e.attr == attr
+                    and isinstance(e.value, ast.Name)
+                    and e.value.id == "self"
+                ):
                     found = True
                 elif isinstance(e, ast.Name) and e.id == attr and n in node.body:
                     found = True
@@ -180,8 +200,10 @@ def test_imports(src, module, name):
 
 def test_engine_export_points_to_engine_class(src):
     text = ast.unparse(src.tree("sglang"))
-    assert 'LazyImport("sglang.srt.entrypoints.engine", "Engine")' in text.replace("'", '"') or \
-        "from sglang.srt.entrypoints.engine import Engine" in text
+    assert (
+        'LazyImport("sglang.srt.entrypoints.engine", "Engine")' in text.replace("'", '"')
+        or "from sglang.srt.entrypoints.engine import Engine" in text
+    )
     src.cls("sglang.srt.entrypoints.engine", "Engine")
 
 
@@ -213,9 +235,7 @@ def test_engine_init_takes_server_args_kwargs(src):
 
 
 def test_build_engine_kwargs_only_uses_listed_server_args():
-    kw = sglang_engine.build_engine_kwargs(
-        "/m", random_seed=1, context_length=8, port=1234, tokenizer_path="/t"
-    )
+    kw = sglang_engine.build_engine_kwargs("/m", random_seed=1, context_length=8, port=1234, tokenizer_path="/t")
     assert set(kw) <= set(USED_API["server_args"])
 
 
@@ -225,9 +245,7 @@ def test_sampling_param_names(src):
     assert not missing, f"SamplingParams has no {sorted(missing)} in sglang=={SGLANG_VERSION}"
     from megatron_dapo.rollout.base import SamplingParams
 
-    d = sglang_engine.to_sglang_sampling_params(
-        SamplingParams(stop=["x"], stop_token_ids=[1], seed=3), seed=3
-    )
+    d = sglang_engine.to_sglang_sampling_params(SamplingParams(stop=["x"], stop_token_ids=[1], seed=3), seed=3)
     assert set(d) <= set(USED_API["sampling_params"])
 
 
@@ -276,11 +294,18 @@ def test_env_vars(src, module, name):
 def test_flattened_bucket_metadata_is_unpicklable_by_sglang(src):
     # SGLang's SafeUnpickler admits an allow-list of globals; our payload pickles
     # FlattenedTensorMetadata and torch tensors/dtypes, which must be on it.
-    strings = {n.value for n in ast.walk(src.tree("sglang.srt.utils.common"))
-               if isinstance(n, ast.Constant) and isinstance(n.value, str)}
-    for needed in ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata",
-                   "torch.multiprocessing.reductions", "rebuild_cuda_tensor",
-                   "_rebuild_cuda_tensor_modified"):
+    strings = {
+        n.value
+        for n in ast.walk(src.tree("sglang.srt.utils.common"))
+        if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    }
+    for needed in (
+        "sglang.srt.weight_sync.tensor_bucket",
+        "FlattenedTensorMetadata",
+        "torch.multiprocessing.reductions",
+        "rebuild_cuda_tensor",
+        "_rebuild_cuda_tensor_modified",
+    ):
         assert needed in strings, needed
 
 
@@ -299,8 +324,7 @@ def _adapter_tree():
 
 def test_every_engine_call_is_listed():
     listed = {q.split(".")[-1]: set(kw) for m, q, kw in USED_API["callables"] if q.startswith("Engine.")}
-    tm_listed = {q.split(".")[-1]: set(kw) for m, q, kw in USED_API["callables"]
-                 if q.startswith("TokenizerManager.")}
+    tm_listed = {q.split(".")[-1]: set(kw) for m, q, kw in USED_API["callables"] if q.startswith("TokenizerManager.")}
     seen = set()
     for node in ast.walk(_adapter_tree()):
         # self._engine.<method>(...)

@@ -45,7 +45,9 @@ class RecordingEngine:
     launches: List[dict] = []
 
     def __init__(self, **kwargs):
-        RecordingEngine.launches.append({"kwargs": kwargs, "env": {se.GRAPH_SAVER_ENV: os.environ.get(se.GRAPH_SAVER_ENV)}})
+        RecordingEngine.launches.append(
+            {"kwargs": kwargs, "env": {se.GRAPH_SAVER_ENV: os.environ.get(se.GRAPH_SAVER_ENV)}}
+        )
 
 
 @pytest.fixture
@@ -58,7 +60,10 @@ def fake_sglang(monkeypatch):
     mod("sglang", Engine=RecordingEngine)
     for name in ("sglang.srt", "sglang.srt.utils", "sglang.srt.weight_sync"):
         mod(name)
-    mod("sglang.srt.utils.common", MultiprocessingSerializer=types.SimpleNamespace(serialize=lambda obj, output_str=False: obj))
+    mod(
+        "sglang.srt.utils.common",
+        MultiprocessingSerializer=types.SimpleNamespace(serialize=lambda obj, output_str=False: obj),
+    )
     mod("sglang.srt.utils.patch_torch", monkey_patch_torch_reductions=lambda: None)
     mod("sglang.srt.weight_sync.tensor_bucket", FlattenedTensorMetadata=object)
     monkeypatch.delenv(se.RAW_LOGPROB_ENV, raising=False)
@@ -91,9 +96,17 @@ def _backend_init(src, module: str, cls: str, env: Dict[str, Optional[str]], mon
             monkeypatch.delenv(k, raising=False)
         else:
             monkeypatch.setenv(k, v)
-    ns = {"os": os, "logger": logging.getLogger("sglang-wheel"), "_warned_bool_env_var_keys": set(),
-          "Dict": Dict, "Any": Any, "Optional": Optional, "TorchMemorySaverAdapter": _Adapter,
-          "get_parallel": lambda: types.SimpleNamespace(tp_group=None), "GraphPoolPrecarve": object}
+    ns = {
+        "os": os,
+        "logger": logging.getLogger("sglang-wheel"),
+        "_warned_bool_env_var_keys": set(),
+        "Dict": Dict,
+        "Any": Any,
+        "Optional": Optional,
+        "TorchMemorySaverAdapter": _Adapter,
+        "get_parallel": lambda: types.SimpleNamespace(tp_group=None),
+        "GraphPoolPrecarve": object,
+    }
     sw.run(sw.extract(src, "sglang.srt.utils.common", ["get_bool_env_var"]), ns, "sglang/srt/utils/common.py")
     sw.run(sw.extract(src, module, ["__init__"], cls=cls), ns, src.module_file(module))
     return ns["__init__"]
@@ -123,11 +136,26 @@ def _graph_field_defaults(src) -> dict:
 def resolved_graph_config(src, engine_kwargs: dict):
     """The wheel's ``parse_cuda_graph_config`` on ServerArgs made of ``engine_kwargs``; the
     prefill default is the one on CUDA (``default_prefill_backend``: breakable)."""
-    ns: Dict[str, Any] = {"dataclass": dataclass, "field": field, "replace": replace, "dataclasses": __import__("dataclasses"),
-                          "Optional": Optional, "List": List, "Dict": Dict, "Any": Any,
-                          "default_prefill_backend": lambda: "breakable"}
-    sw.run(sw.extract(src, GRAPH_CONFIG, ["Phase", "Backend", "PhaseConfig", "CudaGraphConfig", "default_cuda_graph_config",
-                                          "_diff_phase"]), ns, src.module_file(GRAPH_CONFIG))
+    ns: Dict[str, Any] = {
+        "dataclass": dataclass,
+        "field": field,
+        "replace": replace,
+        "dataclasses": __import__("dataclasses"),
+        "Optional": Optional,
+        "List": List,
+        "Dict": Dict,
+        "Any": Any,
+        "default_prefill_backend": lambda: "breakable",
+    }
+    sw.run(
+        sw.extract(
+            src,
+            GRAPH_CONFIG,
+            ["Phase", "Backend", "PhaseConfig", "CudaGraphConfig", "default_cuda_graph_config", "_diff_phase"],
+        ),
+        ns,
+        src.module_file(GRAPH_CONFIG),
+    )
     fields = _graph_field_defaults(src)
     args = types.SimpleNamespace(**{k: engine_kwargs.get(k, v) for k, v in fields.items()})
     declared = {}
@@ -163,7 +191,8 @@ def test_no_memory_saver_or_no_graphs_changes_nothing(src, fake_sglang):
         got = launch(**kw)
         assert got["env"] == {se.GRAPH_SAVER_ENV: None} and "cuda_graph_backend_prefill" not in got["kwargs"], kw
         assert resolved_graph_config(src, got["kwargs"]).prefill.backend == (
-            "disabled" if kw.get("disable_cuda_graph") else "breakable")
+            "disabled" if kw.get("disable_cuda_graph") else "breakable"
+        )
 
 
 def test_conflicting_graph_saver_env_is_refused(fake_sglang, monkeypatch):

@@ -62,8 +62,9 @@ def wheel_modules(src, monkeypatch):
     for cls in (mod.FlattenedTensorMetadata, mod.FlattenedTensorBucket):
         cls.__module__ = name
     consts = sw.exec_module(src, "sglang.srt.constants")
-    yield types.SimpleNamespace(tensor_bucket=mod, constants=consts, ser=sw.serializer_namespace(src),
-                                checks=sw.check_weights_io_namespace(src))
+    yield types.SimpleNamespace(
+        tensor_bucket=mod, constants=consts, ser=sw.serializer_namespace(src), checks=sw.check_weights_io_namespace(src)
+    )
     from multiprocessing import resource_sharer
 
     resource_sharer.stop()  # the fd-passing thread our in-process CPU payloads started
@@ -145,18 +146,21 @@ class WheelEngine:
         gather = _ThreadGather(tp)
         self.managers = []
         for rank in range(tp):
-            ns = sw.session_manager_namespace(src, rank, tp, w.constants, barrier=lambda r: None,
-                                              gather=gather, io_ns=w.checks)
+            ns = sw.session_manager_namespace(
+                src, rank, tp, w.constants, barrier=lambda r: None, gather=gather, io_ns=w.checks
+            )
             runner_wu = types.SimpleNamespace(
                 get_model=lambda: self.model,
                 _assert_weight_cache_inactive=lambda op: None,
                 begin_weight_update=lambda: self.calls.append(("runner.begin",)),
                 end_weight_update=lambda run_post_load: self.calls.append(("runner.end", run_post_load)),
             )
-            runner_wu._update_weights_from_flattened_bucket = (
-                lambda wu=runner_wu, **kw: fns["_update_weights_from_flattened_bucket"](wu, **kw))
-            runner_wu.update_weights_from_tensor = (
-                lambda wu=runner_wu, **kw: fns["update_weights_from_tensor"](wu, **kw))
+            runner_wu._update_weights_from_flattened_bucket = lambda wu=runner_wu, **kw: fns[
+                "_update_weights_from_flattened_bucket"
+            ](wu, **kw)
+            runner_wu.update_weights_from_tensor = lambda wu=runner_wu, **kw: fns["update_weights_from_tensor"](
+                wu, **kw
+            )
             own = sw.deserialize_own_rank_function(src, ser, rank, tp)
             # the model runner: its weight updater and its WeightChecker (the wheel's, on this rank)
             checker = sw.weight_checker_namespace(src, rank, tp)["WeightChecker"](get_model=lambda: self.hf.model)
@@ -167,17 +171,27 @@ class WheelEngine:
                 deserialize_own_rank=lambda payloads, own=own: own(None, payloads),
                 model_runner=types.SimpleNamespace(model=self.model),
             )
-            saver = types.SimpleNamespace(pause=lambda tag, r=rank: self._pause(r, tag),
-                                          resume=lambda tag, r=rank: self._resume(r, tag))
-            scheduler = types.SimpleNamespace(_engine_paused=False, disaggregation_mode="null",
-                                              record_weight_version_change=lambda new_version: None)
-            self.managers.append(ns["SchedulerWeightUpdaterManager"](
-                tp_worker=tp_worker, draft_worker=None, memory_saver_adapter=saver,
-                flush_cache=lambda empty_cache=True: True, is_fully_idle=lambda ignore_waiting=False: True,
-                scheduler=scheduler))
+            saver = types.SimpleNamespace(
+                pause=lambda tag, r=rank: self._pause(r, tag), resume=lambda tag, r=rank: self._resume(r, tag)
+            )
+            scheduler = types.SimpleNamespace(
+                _engine_paused=False, disaggregation_mode="null", record_weight_version_change=lambda new_version: None
+            )
+            self.managers.append(
+                ns["SchedulerWeightUpdaterManager"](
+                    tp_worker=tp_worker,
+                    draft_worker=None,
+                    memory_saver_adapter=saver,
+                    flush_cache=lambda empty_cache=True: True,
+                    is_fully_idle=lambda ignore_waiting=False: True,
+                    scheduler=scheduler,
+                )
+            )
         tm = types.SimpleNamespace(
             abort_request=lambda rid="", abort_all=False: self.calls.append(("abort", abort_all)),
-            auto_create_handle_loop=lambda: None, check_weights_communicator=self._check_weights_fan_out)
+            auto_create_handle_loop=lambda: None,
+            check_weights_communicator=self._check_weights_fan_out,
+        )
         tm_check = sw.tokenizer_check_weights(src)
         tm.check_weights = lambda obj, request=None: tm_check(tm, obj, request)
         self.tokenizer_manager = tm
@@ -240,9 +254,15 @@ class WheelEngine:
         self._tick()
         self.calls.append(("update_weights_from_tensor", load_format, flush_cache, len(named_tensors)))
         serialized = self._normalize(self._serialize_per_rank(self, named_tensors, load_format))
-        req = types.SimpleNamespace(serialized_named_tensors=serialized, load_format=load_format,
-                                    flush_cache=flush_cache, abort_all_requests=False, weight_version=None,
-                                    selector="all", torch_empty_cache=False)
+        req = types.SimpleNamespace(
+            serialized_named_tensors=serialized,
+            load_format=load_format,
+            flush_cache=flush_cache,
+            abort_all_requests=False,
+            weight_version=None,
+            selector="all",
+            torch_empty_cache=False,
+        )
         return self._merge([m.update_weights_from_tensor(req) for m in self.managers])
 
     def release_memory_occupation(self, tags=None):
@@ -272,18 +292,36 @@ class WheelEngine:
             if sp["max_new_tokens"] == 0:
                 start = logprob_start_len[k]
                 lps = self.hf.score([ids], [start + 1])[0]
-                entries = [(None, ids[start], None)] + [(lp, t, None) for lp, t in zip(lps, ids[start + 1:])]
-                outs.append({"output_ids": [], "meta_info": {"finish_reason": {"type": "length", "length": 0},
-                                                              "input_token_logprobs": entries}})
+                entries = [(None, ids[start], None)] + [(lp, t, None) for lp, t in zip(lps, ids[start + 1 :])]
+                outs.append(
+                    {
+                        "output_ids": [],
+                        "meta_info": {
+                            "finish_reason": {"type": "length", "length": 0},
+                            "input_token_logprobs": entries,
+                        },
+                    }
+                )
                 continue
-            ours = SamplingParams(temperature=sp["temperature"], top_p=sp["top_p"], top_k=sp["top_k"],
-                                  max_new_tokens=sp["max_new_tokens"], ignore_eos=sp["ignore_eos"],
-                                  seed=sp.get("sampling_seed"))
+            ours = SamplingParams(
+                temperature=sp["temperature"],
+                top_p=sp["top_p"],
+                top_k=sp["top_k"],
+                max_new_tokens=sp["max_new_tokens"],
+                ignore_eos=sp["ignore_eos"],
+                seed=sp.get("sampling_seed"),
+            )
             o = self.hf.generate([ids], ours)[0][0]
-            outs.append({"text": None, "output_ids": o.output_ids,
-                         "meta_info": {"finish_reason": {"type": o.finish_reason},
-                                       "output_token_logprobs": [(lp, t, None) for lp, t in
-                                                                 zip(o.logprobs, o.output_ids)]}})
+            outs.append(
+                {
+                    "text": None,
+                    "output_ids": o.output_ids,
+                    "meta_info": {
+                        "finish_reason": {"type": o.finish_reason},
+                        "output_token_logprobs": [(lp, t, None) for lp, t in zip(o.logprobs, o.output_ids)],
+                    },
+                }
+            )
         return outs
 
     def get_server_info(self):
@@ -340,14 +378,20 @@ def _wheel_serializer(ns):
     (``rollout.engines.codec_for("sglang")``)."""
     return ns.ser["MultiprocessingSerializer"].serialize
 
+
 def test_wheel_serializer_and_bucket_decode_our_payload(src, wheel_modules):
     tb, ser = wheel_modules.tensor_bucket, wheel_modules.ser
     g = torch.Generator().manual_seed(0)
-    tensors = [("a.bf16", torch.randn(3, 5, generator=g).to(torch.bfloat16)),
-               ("b.f32", torch.randn(7, generator=g)), ("c.i64", torch.arange(3)),
-               ("d.empty", torch.zeros(0, 4)), ("e.noncontig", torch.randn(4, 6, generator=g).t())]
-    payloads, flat = se.serialize_bucket(tensors, 2, metadata_cls=tb.FlattenedTensorMetadata,
-                                         serializer=ser["MultiprocessingSerializer"].serialize)
+    tensors = [
+        ("a.bf16", torch.randn(3, 5, generator=g).to(torch.bfloat16)),
+        ("b.f32", torch.randn(7, generator=g)),
+        ("c.i64", torch.arange(3)),
+        ("d.empty", torch.zeros(0, 4)),
+        ("e.noncontig", torch.randn(4, 6, generator=g).t()),
+    ]
+    payloads, flat = se.serialize_bucket(
+        tensors, 2, metadata_cls=tb.FlattenedTensorMetadata, serializer=ser["MultiprocessingSerializer"].serialize
+    )
     # our serializer writes a pickle of the same protocol (a CPU buffer of ours travels by file
     # name; the SGLang feeders use SGLang's serializer: rollout.engines.codec_for)
     ours, _ = se.serialize_bucket(tensors[:1], 1, metadata_cls=tb.FlattenedTensorMetadata)
@@ -357,8 +401,9 @@ def test_wheel_serializer_and_bucket_decode_our_payload(src, wheel_modules):
         own = sw.deserialize_own_rank_function(src, ser, rank, 2)(None, raw)
         assert set(own) == {"flattened_tensor", "metadata"}
         assert all(type(m) is tb.FlattenedTensorMetadata for m in own["metadata"])
-        back = tb.FlattenedTensorBucket(flattened_tensor=own["flattened_tensor"],
-                                        metadata=own["metadata"]).reconstruct_tensors()
+        back = tb.FlattenedTensorBucket(
+            flattened_tensor=own["flattened_tensor"], metadata=own["metadata"]
+        ).reconstruct_tensors()
         for (n, t), (m, r) in zip(tensors, back):
             assert n == m and r.dtype == t.dtype and r.shape == t.shape and torch.equal(r, t)
     del flat
@@ -367,8 +412,9 @@ def test_wheel_serializer_and_bucket_decode_our_payload(src, wheel_modules):
 def test_wheel_unpickler_refuses_a_metadata_class_of_ours(wheel_modules):
     # Why the adapter sends SGLang's FlattenedTensorMetadata and never our BucketEntry.
     ser = wheel_modules.ser
-    payloads, flat = se.serialize_bucket([("x", torch.ones(2))], 1, metadata_cls=se.BucketEntry,
-                                         serializer=ser["MultiprocessingSerializer"].serialize)
+    payloads, flat = se.serialize_bucket(
+        [("x", torch.ones(2))], 1, metadata_cls=se.BucketEntry, serializer=ser["MultiprocessingSerializer"].serialize
+    )
     with pytest.raises(RuntimeError, match="Blocked unsafe global.*BucketEntry"):
         ser["MultiprocessingSerializer"].deserialize(payloads[0])
     del flat
@@ -377,8 +423,12 @@ def test_wheel_unpickler_refuses_a_metadata_class_of_ours(wheel_modules):
 def test_wheel_session_rule_refuses_updates_outside_a_session(wheel_sglang, model_dir):
     fake = WheelEngine(model_path=str(model_dir), tp_size=1, load_format="dummy")
     _, sd = _new_weights()
-    payloads, flat = se.serialize_bucket(sd[:2], 1, metadata_cls=wheel_sglang.tensor_bucket.FlattenedTensorMetadata,
-                                         serializer=_wheel_serializer(wheel_sglang))
+    payloads, flat = se.serialize_bucket(
+        sd[:2],
+        1,
+        metadata_cls=wheel_sglang.tensor_bucket.FlattenedTensorMetadata,
+        serializer=_wheel_serializer(wheel_sglang),
+    )
     ok, msg = fake.update_weights_from_tensor(named_tensors=payloads, load_format="flattened_bucket", flush_cache=False)
     assert not ok and "begin_weight_update" in msg
     assert fake.end_weight_update()[0] is False
@@ -400,8 +450,12 @@ def test_adapter_runs_every_update_in_a_session(wheel_sglang, model_dir):
     names = [c[0] for c in fake.calls]
     i = names.index("begin_weight_update")
     assert [n for n in names[i:] if not n.startswith("runner.")] == [
-        "begin_weight_update", "update_weights_from_tensor", "update_weights_from_tensor",
-        "end_weight_update", "flush_cache"]
+        "begin_weight_update",
+        "update_weights_from_tensor",
+        "update_weights_from_tensor",
+        "end_weight_update",
+        "flush_cache",
+    ]
     ups = [c for c in fake.calls if c[0] == "update_weights_from_tensor"]
     assert ups == [("update_weights_from_tensor", "flattened_bucket", False, 2)] * 2  # one payload per TP rank
     assert fake.model.garbage_reads == 0
@@ -420,7 +474,7 @@ def test_adapter_keeps_buffers_until_sglang_loaded_them(wheel_sglang, model_dir,
     fake = WheelEngine.instances[0]
     new, sd = _new_weights()
     for k in range(0, len(sd), 3):  # several buckets: each copy runs during the next call
-        eng.update_weights(sd[k:k + 3])
+        eng.update_weights(sd[k : k + 3])
     assert released == []  # the allocator cache is emptied once per session, at its end
     eng.finish_weight_update()
     assert released == [{torch.device("cpu")}]
@@ -528,7 +582,7 @@ def test_update_from_ready_payloads(wheel_sglang, model_dir):
     bucket = functools.partial(se.serialize_bucket, metadata_cls=meta, serializer=_wheel_serializer(wheel_sglang))
     keep = []
     for k in range(0, len(sd), 4):
-        payloads, flat = bucket(sd[k:k + 4], 2)
+        payloads, flat = bucket(sd[k : k + 4], 2)
         keep.append(flat)  # the feeder owns its buffers
         eng.update_weights_from_payloads(payloads)  # names and shapes come from the metadata
     eng.finish_weight_update()
@@ -585,23 +639,29 @@ def test_seeds_distinct_per_prompt_and_sample():
         _, sps, index = se.build_generate_requests(prompts, params, default_seed=default)
         seeds = [sp["sampling_seed"] for sp in sps]
         assert len(set(seeds)) == len(seeds) == 9
-        assert all(0 <= s < 2 ** 63 for s in seeds)  # SGLang's SamplingParams range
+        assert all(0 <= s < 2**63 for s in seeds)  # SGLang's SamplingParams range
         again = [sp["sampling_seed"] for sp in se.build_generate_requests(prompts, params, default_seed=default)[1]]
         assert again == seeds
-    with_seed = [sp["sampling_seed"] for sp in se.build_generate_requests(prompts, SamplingParams(n=3, seed=5),
-                                                                           default_seed=1)[1]]
-    assert with_seed == [sp["sampling_seed"] for sp in se.build_generate_requests(
-        prompts, SamplingParams(n=3, seed=5), default_seed=2)[1]]  # the request's seed wins
+    with_seed = [
+        sp["sampling_seed"]
+        for sp in se.build_generate_requests(prompts, SamplingParams(n=3, seed=5), default_seed=1)[1]
+    ]
+    assert with_seed == [
+        sp["sampling_seed"]
+        for sp in se.build_generate_requests(prompts, SamplingParams(n=3, seed=5), default_seed=2)[1]
+    ]  # the request's seed wins
 
 
 def test_wheel_sampling_params_accept_our_requests(src):
     SglSamplingParams = sw.sampling_params_class(src)
     top_k_all = 1 << 30
-    cases = [SamplingParams(temperature=1.0, n=4, seed=2 ** 62 + 5, max_new_tokens=8),
-             SamplingParams(temperature=0.7, top_p=0.9, top_k=5, stop=["\n"], stop_token_ids=[3], n=2),
-             SamplingParams(temperature=0.0, max_new_tokens=0, ignore_eos=True)]
+    cases = [
+        SamplingParams(temperature=1.0, n=4, seed=2**62 + 5, max_new_tokens=8),
+        SamplingParams(temperature=0.7, top_p=0.9, top_k=5, stop=["\n"], stop_token_ids=[3], n=2),
+        SamplingParams(temperature=0.0, max_new_tokens=0, ignore_eos=True),
+    ]
     for params in cases:
-        _, sps, _ = se.build_generate_requests([[1, 2], [3]], params, default_seed=2 ** 63 - 1)
+        _, sps, _ = se.build_generate_requests([[1, 2], [3]], params, default_seed=2**63 - 1)
         for d in sps:
             sp = SglSamplingParams(**d)
             sp.verify(vocab_size=97)  # raises on anything SGLang refuses (e.g. a seed out of range)
@@ -621,9 +681,12 @@ def test_adapter_seeds_every_request_and_passes_deterministic_flag(wheel_sglang,
     assert fake.kwargs["enable_deterministic_inference"] is True and fake.kwargs["random_seed"] == 7
     seen = []
     fake.generate = lambda input_ids=None, sampling_params=None, **kw: (
-        seen.extend(sp["sampling_seed"] for sp in sampling_params) or
-        [{"output_ids": [], "meta_info": {"finish_reason": {"type": "length"}, "output_token_logprobs": []}}
-         for _ in input_ids])
+        seen.extend(sp["sampling_seed"] for sp in sampling_params)
+        or [
+            {"output_ids": [], "meta_info": {"finish_reason": {"type": "length"}, "output_token_logprobs": []}}
+            for _ in input_ids
+        ]
+    )
     _, sd = _new_weights()
     eng.update_weights(sd)
     eng.finish_weight_update()
@@ -649,8 +712,9 @@ def test_score_tolerates_ids_clipped_at_the_end_of_the_vocabulary(src):
     start = prompt_len - 1
     raw = [-0.1 * (k + 1) for k in range(len(seq) - start)]  # per position, last one is the sampled token's
     req = types.SimpleNamespace(origin_input_ids=seq, logprob_start_len=start, logprob=types.SimpleNamespace())
-    me = types.SimpleNamespace(model_config=types.SimpleNamespace(vocab_size=vocab),
-                               _uses_scoring_positions=lambda r: False)
+    me = types.SimpleNamespace(
+        model_config=types.SimpleNamespace(vocab_size=vocab), _uses_scoring_positions=lambda r: False
+    )
     process(me, req, raw)
     entries = detok(None, req.logprob.input_token_logprobs_val, req.logprob.input_token_logprobs_idx, False)
     # [None] + lp[:-1]; the last id of the vocabulary comes back as 0

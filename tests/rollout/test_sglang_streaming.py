@@ -29,11 +29,15 @@ from tests.rollout.test_sglang_protocol import WheelEngine, model_dir, src, whee
 def wheel_abort_request(src):
     """The wheel's TokenizerManager.abort_request, unmodified."""
     module = "sglang.srt.managers.tokenizer_manager"
-    ns = dict(logger=logging.getLogger("wheel"), get_serving=lambda: SimpleNamespace(tokenizer_worker_num=1),
-              AbortReq=lambda rid="", abort_all=False: SimpleNamespace(rid=rid, abort_all=abort_all),
-              __name__=module)
-    return sw.run(sw.extract(src, module, ["abort_request"], cls="TokenizerManager"), ns,
-                  module.replace(".", "/") + ".py")["abort_request"]
+    ns = dict(
+        logger=logging.getLogger("wheel"),
+        get_serving=lambda: SimpleNamespace(tokenizer_worker_num=1),
+        AbortReq=lambda rid="", abort_all=False: SimpleNamespace(rid=rid, abort_all=abort_all),
+        __name__=module,
+    )
+    return sw.run(
+        sw.extract(src, module, ["abort_request"], cls="TokenizerManager"), ns, module.replace(".", "/") + ".py"
+    )["abort_request"]
 
 
 class StreamingEngine(WheelEngine):
@@ -60,9 +64,14 @@ class StreamingEngine(WheelEngine):
         state = SimpleNamespace(dispatched=False, abort_sent=False)
         self.tokenizer_manager.rid_to_state[rid] = state
         sp = sampling_params
-        ours = SamplingParams(temperature=sp["temperature"], top_p=sp["top_p"], top_k=sp["top_k"],
-                              max_new_tokens=sp["max_new_tokens"], ignore_eos=sp["ignore_eos"],
-                              seed=sp.get("sampling_seed"))
+        ours = SamplingParams(
+            temperature=sp["temperature"],
+            top_p=sp["top_p"],
+            top_k=sp["top_k"],
+            max_new_tokens=sp["max_new_tokens"],
+            ignore_eos=sp["ignore_eos"],
+            seed=sp.get("sampling_seed"),
+        )
         full = self.hf.generate([input_ids], ours)[0][0]
         await asyncio.sleep(0)  # tokenizing
         state.dispatched = True
@@ -74,10 +83,15 @@ class StreamingEngine(WheelEngine):
         finish = {"type": "abort", "message": "Abort"} if job["aborted"] else {"type": full.finish_reason}
         del self.tokenizer_manager.rid_to_state[rid], self.jobs[rid]
         self.finished.append(rid)
-        return {"text": None, "output_ids": full.output_ids[:n],
-                "meta_info": {"id": rid, "finish_reason": finish,
-                              "output_token_logprobs": [(lp, t, None) for lp, t in
-                                                        zip(full.logprobs[:n], full.output_ids[:n])]}}
+        return {
+            "text": None,
+            "output_ids": full.output_ids[:n],
+            "meta_info": {
+                "id": rid,
+                "finish_reason": finish,
+                "output_token_logprobs": [(lp, t, None) for lp, t in zip(full.logprobs[:n], full.output_ids[:n])],
+            },
+        }
 
 
 @pytest.fixture
@@ -109,7 +123,7 @@ def test_requests_stream_back_as_they_end(engine):
         assert o.logprobs == pytest.approx(b[0].logprobs[: lens[i]], abs=1e-4)
     assert got["r1"].finished_at <= got["r2"].finished_at <= got["r0"].finished_at
     # the rids SGLang saw: one adapter prefix, each ended by RID_END
-    assert {r[len(eng._rid_prefix):] for r in fake.finished} == {"r0#", "r1#", "r2#"}
+    assert {r[len(eng._rid_prefix) :] for r in fake.finished} == {"r0#", "r1#", "r2#"}
     assert eng.poll(0.1) == []
 
 
@@ -170,7 +184,10 @@ def test_build_stream_request_seeds_like_sample_zero_of_a_blocking_call():
 
 def test_the_wheels_scheduler_aborts_by_rid_prefix(src):  # noqa: F811
     """Why RID_END: Scheduler.abort_request matches queued and running requests by prefix."""
-    fn = next(n for n in ast.walk(src.cls("sglang.srt.managers.scheduler", "Scheduler"))
-              if isinstance(n, ast.FunctionDef) and n.name == "abort_request")
+    fn = next(
+        n
+        for n in ast.walk(src.cls("sglang.srt.managers.scheduler", "Scheduler"))
+        if isinstance(n, ast.FunctionDef) and n.name == "abort_request"
+    )
     text = ast.unparse(fn)
     assert "req.rid.startswith(recv_req.rid)" in text and "FINISH_ABORT()" in text

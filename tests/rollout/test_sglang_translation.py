@@ -25,10 +25,29 @@ from tests.rollout.helpers import PROMPTS, qwen2_config, random_model
 # ------------------------------------------------------------------ pure functions ----
 def test_sampling_params_translation():
     d = se.to_sglang_sampling_params(
-        SamplingParams(temperature=0.7, top_p=0.9, top_k=-1, max_new_tokens=33, n=4,
-                       stop_token_ids=[3, 4], stop=["</s>"], ignore_eos=True), seed=11)
-    assert d == {"temperature": 0.7, "top_p": 0.9, "top_k": -1, "max_new_tokens": 33, "n": 1,
-                 "ignore_eos": True, "stop_token_ids": [3, 4], "stop": ["</s>"], "sampling_seed": 11}
+        SamplingParams(
+            temperature=0.7,
+            top_p=0.9,
+            top_k=-1,
+            max_new_tokens=33,
+            n=4,
+            stop_token_ids=[3, 4],
+            stop=["</s>"],
+            ignore_eos=True,
+        ),
+        seed=11,
+    )
+    assert d == {
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": -1,
+        "max_new_tokens": 33,
+        "n": 1,
+        "ignore_eos": True,
+        "stop_token_ids": [3, 4],
+        "stop": ["</s>"],
+        "sampling_seed": 11,
+    }
     g = se.to_sglang_sampling_params(SamplingParams(temperature=0.0, top_k=5))
     assert g["temperature"] == 0.0 and g["top_k"] == 5
     assert "sampling_seed" not in g and "stop" not in g and "stop_token_ids" not in g
@@ -50,15 +69,24 @@ def test_generate_requests_expand_n_prompt_major_with_seeds():
 
 
 def _sgl_out(ids, lps, finish):
-    return {"text": "x", "output_ids": ids,
-            "meta_info": {"id": "r", "finish_reason": finish, "prompt_tokens": 2, "completion_tokens": len(ids),
-                          "output_token_logprobs": [(lp, t, None) for lp, t in zip(lps, ids)]}}
+    return {
+        "text": "x",
+        "output_ids": ids,
+        "meta_info": {
+            "id": "r",
+            "finish_reason": finish,
+            "prompt_tokens": 2,
+            "completion_tokens": len(ids),
+            "output_token_logprobs": [(lp, t, None) for lp, t in zip(lps, ids)],
+        },
+    }
 
 
 def test_from_sglang_output_and_finish_reasons():
     o = se.from_sglang_output(_sgl_out([5, 6], [-0.5, -1.5], {"type": "stop", "matched": 6}), [1, 2])
-    assert o == GenerationOutput(prompt_ids=[1, 2], output_ids=[5, 6], logprobs=[-0.5, -1.5],
-                                 finish_reason="stop", text="x")
+    assert o == GenerationOutput(
+        prompt_ids=[1, 2], output_ids=[5, 6], logprobs=[-0.5, -1.5], finish_reason="stop", text="x"
+    )
     assert se.from_sglang_output(_sgl_out([5], [-1.0], {"type": "length", "length": 1}), [1]).finish_reason == "length"
     assert se.from_sglang_output(_sgl_out([], [], {"type": "abort", "message": "x"}), [1]).finish_reason == "abort"
     assert se.parse_finish_reason("stop") == "stop"
@@ -200,19 +228,39 @@ class FakeSGLEngine:
             if sp["max_new_tokens"] == 0:
                 start = logprob_start_len[k]
                 lps = self.hf.score([ids], [start + 1])[0]
-                entries = [(None, ids[start], None)] + [(lp, t, None) for lp, t in zip(lps, ids[start + 1:])]
-                outs.append({"output_ids": [], "meta_info": {"finish_reason": {"type": "length", "length": 0},
-                                                              "input_token_logprobs": entries}})
+                entries = [(None, ids[start], None)] + [(lp, t, None) for lp, t in zip(lps, ids[start + 1 :])]
+                outs.append(
+                    {
+                        "output_ids": [],
+                        "meta_info": {
+                            "finish_reason": {"type": "length", "length": 0},
+                            "input_token_logprobs": entries,
+                        },
+                    }
+                )
                 continue
             assert sp["n"] == 1
-            ours = SamplingParams(temperature=sp["temperature"], top_p=sp["top_p"], top_k=sp["top_k"],
-                                  max_new_tokens=sp["max_new_tokens"], ignore_eos=sp["ignore_eos"],
-                                  stop_token_ids=sp.get("stop_token_ids", []), seed=sp.get("sampling_seed"))
+            ours = SamplingParams(
+                temperature=sp["temperature"],
+                top_p=sp["top_p"],
+                top_k=sp["top_k"],
+                max_new_tokens=sp["max_new_tokens"],
+                ignore_eos=sp["ignore_eos"],
+                stop_token_ids=sp.get("stop_token_ids", []),
+                seed=sp.get("sampling_seed"),
+            )
             o = self.hf.generate([ids], ours)[0][0]
             fr = {"type": o.finish_reason}
-            outs.append({"text": None, "output_ids": o.output_ids,
-                         "meta_info": {"finish_reason": fr,
-                                       "output_token_logprobs": [(lp, t, None) for lp, t in zip(o.logprobs, o.output_ids)]}})
+            outs.append(
+                {
+                    "text": None,
+                    "output_ids": o.output_ids,
+                    "meta_info": {
+                        "finish_reason": fr,
+                        "output_token_logprobs": [(lp, t, None) for lp, t in zip(o.logprobs, o.output_ids)],
+                    },
+                }
+            )
         return outs
 
     def begin_weight_update(self):
@@ -282,8 +330,9 @@ def model_dir(tmp_path):
 
 
 def test_adapter_start_generate_score(fake_sglang, model_dir):
-    eng = se.SGLangEngine(str(model_dir), tp_size=1, mem_fraction_static=0.3, base_gpu_id=2, random_seed=4,
-                          load_format="auto")  # the checkpoint's weights: generate at once
+    eng = se.SGLangEngine(
+        str(model_dir), tp_size=1, mem_fraction_static=0.3, base_gpu_id=2, random_seed=4, load_format="auto"
+    )  # the checkpoint's weights: generate at once
     fake = FakeSGLEngine.instances[0]
     assert fake.kwargs["enable_memory_saver"] is True and fake.kwargs["base_gpu_id"] == 2
     assert fake.kwargs["mem_fraction_static"] == 0.3 and fake.kwargs["random_seed"] == 4
@@ -330,8 +379,13 @@ def test_adapter_weight_update_and_memory_order(fake_sglang, model_dir):
     eng.finish_weight_update()
     ups = [c for c in fake.calls if c[0] == "update_weights_from_tensor"]
     assert ups == [("update_weights_from_tensor", "flattened_bucket", False, 1)] * 2
-    assert [c[0] for c in fake.calls[-5:]] == ["begin_weight_update", "update_weights_from_tensor",
-                                               "update_weights_from_tensor", "end_weight_update", "flush_cache"]
+    assert [c[0] for c in fake.calls[-5:]] == [
+        "begin_weight_update",
+        "update_weights_from_tensor",
+        "update_weights_from_tensor",
+        "end_weight_update",
+        "flush_cache",
+    ]
     eng.resume_memory(["kv_cache", "cuda_graph"])
     ref = HFEngine(new.config, new.state_dict())
     assert [g[0].output_ids for g in eng.generate(PROMPTS, sp)] == [g[0].output_ids for g in ref.generate(PROMPTS, sp)]

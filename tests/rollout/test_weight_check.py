@@ -123,18 +123,36 @@ def test_sglang_check_needs_weights_and_known_actions(wheel_sglang, ckpt):
 # ----------------------------------------------------------------- pure functions ----
 def test_sglang_names_map_to_the_hf_tensors_written_into_them():
     assert se.hf_sources("model.layers.3.self_attn.qkv_proj.weight") == [
-        "model.layers.3.self_attn.q_proj.weight", "model.layers.3.self_attn.k_proj.weight",
-        "model.layers.3.self_attn.v_proj.weight"]
+        "model.layers.3.self_attn.q_proj.weight",
+        "model.layers.3.self_attn.k_proj.weight",
+        "model.layers.3.self_attn.v_proj.weight",
+    ]
     assert se.hf_sources("model.layers.0.mlp.gate_up_proj.weight") == [
-        "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"]
+        "model.layers.0.mlp.gate_proj.weight",
+        "model.layers.0.mlp.up_proj.weight",
+    ]
     assert se.hf_sources("model.norm.weight") == ["model.norm.weight"]
 
 
 def test_rank_checksums_diff():
     def info(tp_rank, sums, dp=(0, 1)):
-        return {"checksums": sums, "per_gpu_checksum": "x",
-                "parallelism_info": [{"role": "target", "tp_rank": tp_rank, "tp_size": 2, "dp_rank": dp[0],
-                                      "dp_size": dp[1], "pp_rank": 0, "pp_size": 1, "rank": tp_rank, "size": 2}]}
+        return {
+            "checksums": sums,
+            "per_gpu_checksum": "x",
+            "parallelism_info": [
+                {
+                    "role": "target",
+                    "tp_rank": tp_rank,
+                    "tp_size": 2,
+                    "dp_rank": dp[0],
+                    "dp_size": dp[1],
+                    "pp_rank": 0,
+                    "pp_size": 1,
+                    "rank": tp_rank,
+                    "size": 2,
+                }
+            ],
+        }
 
     qkv = "model.layers.0.self_attn.qkv_proj.weight"
     before = se.rank_checksums([info(0, {qkv: "a", "n": "b"}), info(1, {qkv: "c", "n": "b"})])
@@ -143,7 +161,8 @@ def test_rank_checksums_diff():
     assert se.diff_rank_checksums(before, after) == [
         f"{qkv}: hash differs on tp rank 1; written from HF model.layers.0.self_attn.q_proj.weight, "
         "model.layers.0.self_attn.k_proj.weight, model.layers.0.self_attn.v_proj.weight",
-        "n (tp rank 1): reported only before the sync"]
+        "n (tp rank 1): reported only before the sync",
+    ]
     assert list(se.rank_checksums([info(0, {}, dp=(1, 2))])) == ["tp rank 0 dp rank 1"]
     with pytest.raises(se.WeightUpdateError, match="two answers for tp rank 0"):
         se.rank_checksums([info(0, {}), info(0, {})])
@@ -218,8 +237,16 @@ def _engines(kind, model_dir):
 def test_hybrid_first_sync_restores_the_checkpoint(wheel_sglang, ckpt, kind):
     model_dir, sd = ckpt
     events = _first_sync(_engines(kind, model_dir)(), sd)
-    assert events == ["init_check_snapshot", "engine_launch_release", "trainer_build", "engine_resume_weights",
-                      "init_check_reset_tensors", "sync_weights", "init_check_compare", "engine_resume_kv_cache"]
+    assert events == [
+        "init_check_snapshot",
+        "engine_launch_release",
+        "trainer_build",
+        "engine_resume_weights",
+        "init_check_reset_tensors",
+        "sync_weights",
+        "init_check_compare",
+        "engine_resume_kv_cache",
+    ]
 
 
 @pytest.mark.parametrize("kind", ["hf", "sglang"])
@@ -232,8 +259,10 @@ def test_hybrid_first_sync_names_a_tensor_not_written(wheel_sglang, ckpt, kind, 
         fake = WheelEngine.instances[-1]
         load = fake.model.load_weights
         monkeypatch.setattr(fake.model, "load_weights", lambda named: load([(n, t) for n, t in named if n != SKIPPED]))
-    with pytest.raises(WeightSyncError, match=r"--check-weight-sync-init.*engine 0: " + SKIPPED.replace(".", r"\.")
-                       + r".*not written by the sync") as e:
+    with pytest.raises(
+        WeightSyncError,
+        match=r"--check-weight-sync-init.*engine 0: " + SKIPPED.replace(".", r"\.") + r".*not written by the sync",
+    ) as e:
         _first_sync(engine, sd)
     assert Q0 not in str(e.value)
 
@@ -284,5 +313,10 @@ def test_without_launch_the_reset_exposes_a_tensor_not_written(wheel_sglang, ckp
     hybrid = HybridStep(CheckpointTrainer(sd), offload=False, check_weight_sync_every=0, check_init_sync=True)
     with pytest.raises(WeightSyncError, match=SKIPPED.replace(".", r"\.")):
         hybrid.to_rollout(LocalEngines([engine]))
-    assert hybrid.events == ["init_check_snapshot", "engine_resume_weights", "init_check_reset_tensors",
-                             "sync_weights", "init_check_compare"]
+    assert hybrid.events == [
+        "init_check_snapshot",
+        "engine_resume_weights",
+        "init_check_reset_tensors",
+        "sync_weights",
+        "init_check_compare",
+    ]

@@ -78,5 +78,9 @@ def export_hf_roundtrip(hf_cfg: dict, tp: int, pp: int, out_dir: str, max_shard_
     ref = hf.state_dict()
     got = back.state_dict()
     diffs = {n: float((got[n] - t).abs().max()) for n, t in ref.items() if n in got}
-    return {"written": written, "missing": sorted(set(ref) - set(got)), "max_diff": max(diffs.values()),
-            "n": len(diffs)}
+    return {
+        "written": written,
+        "missing": sorted(set(ref) - set(got)),
+        "max_diff": max(diffs.values()),
+        "n": len(diffs),
+    }

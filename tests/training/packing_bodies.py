@@ -16,8 +16,9 @@ def _samples(vocab: int, n: int = 5, seed: int = 5):
     out = []
     for i, L in enumerate(lens):
         toks = torch.randint(3, vocab, (L,), generator=g).tolist()
-        out.append(TrainItem(tokens=toks, prompt_len=2 + i % 3, advantage=float(torch.randn(1, generator=g)),
-                             train=i != 2))
+        out.append(
+            TrainItem(tokens=toks, prompt_len=2 + i % 3, advantage=float(torch.randn(1, generator=g)), train=i != 2)
+        )
     return out
 
 
@@ -33,7 +34,9 @@ def _build(hf_cfg: dict, tp: int, pp: int, cp: int):
     model, arch, cfg = build_gpt_model(hf_cfg, opts)
     cfg.calculate_per_token_loss = True  # micro-batch losses summed as given, as the trainer runs (no DDP here)
     sd = hf.state_dict()
-    load_hf_weights(model, arch, lambda n: sd[n], padded_vocab_size(arch.vocab_size, opts.make_vocab_size_divisible_by, tp))
+    load_hf_weights(
+        model, arch, lambda n: sd[n], padded_vocab_size(arch.vocab_size, opts.make_vocab_size_divisible_by, tp)
+    )
     return model, arch
 
 
@@ -52,7 +55,9 @@ def _logprobs_and_grads(model, arch, samples, packing: bool, max_tokens):
     mbs, _ = ds.make_microbatches(model, samples, 2, max_tokens, packing)
     model.zero_grad(set_to_none=True)
     forward_backward(model, mbs, ds.dapo_loss_fn(algo, arch.vocab_size, g_tok, g_seq), forward_only=False)
-    grads = {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()}
+    grads = {
+        n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()
+    }
     if ps.get_context_parallel_world_size() > 1:  # each CP rank holds its share of the gradient
         for t in grads.values():
             torch.distributed.all_reduce(t, group=ps.get_context_parallel_group())
@@ -61,8 +66,10 @@ def _logprobs_and_grads(model, arch, samples, packing: bool, max_tokens):
 
 def _with_old(samples, lps, seed=9):
     g = torch.Generator().manual_seed(seed)
-    return [replace(s, old_logprobs=torch.tensor(lp) + 0.05 * torch.randn(len(lp), generator=g))
-            for s, lp in zip(samples, lps)]
+    return [
+        replace(s, old_logprobs=torch.tensor(lp) + 0.05 * torch.randn(len(lp), generator=g))
+        for s, lp in zip(samples, lps)
+    ]
 
 
 def _diff(a, b) -> float:
@@ -80,8 +87,12 @@ def packed_vs_padded(hf_cfg: dict, tp: int, pp: int):
     samples = _with_old(samples, lp0)
     lp_pad, g_pad, n_pad = _logprobs_and_grads(model, arch, samples, False, None)
     lp_pack, g_pack, n_pack = _logprobs_and_grads(model, arch, samples, True, 40)
-    out = {"grad": _diff(g_pad, g_pack), "grad_scale": max(float(t.abs().max()) for t in g_pad.values()),
-           "n_mb": (n_pad, n_pack), "lp": None}
+    out = {
+        "grad": _diff(g_pad, g_pack),
+        "grad_scale": max(float(t.abs().max()) for t in g_pad.values()),
+        "n_mb": (n_pad, n_pack),
+        "lp": None,
+    }
     if ps.is_pipeline_last_stage():
         assert [len(x) for x in lp_pad] == [s.response_len for s in samples]
         out["lp"] = max(max(abs(a - b) for a, b in zip(x, y)) for x, y in zip(lp_pad, lp_pack))
@@ -119,8 +130,13 @@ def cp_vs_no_cp(hf_cfg: dict, tp: int, cp: int):
     lp = max(max(abs(a - b) for a, b in zip(x, y)) for x, y in zip(lp_ref, lp_cp))
     gn_ref = float(torch.sqrt(sum((t.double() ** 2).sum() for t in g_ref.values())))
     gn_cp = float(torch.sqrt(sum((t.double() ** 2).sum() for t in g_cp.values())))
-    return {"lp": lp, "grad": _diff(g_ref, g_cp), "grad_norm": (gn_ref, gn_cp), "n_mb": n_mb,
-            "lens": [len(x) for x in lp_cp] == [s.response_len for s in samples]}
+    return {
+        "lp": lp,
+        "grad": _diff(g_ref, g_cp),
+        "grad_norm": (gn_ref, gn_cp),
+        "n_mb": n_mb,
+        "lens": [len(x) for x in lp_cp] == [s.response_len for s in samples],
+    }
 
 
 def chunked_logprobs_tp(seed: int = 0):
@@ -146,8 +162,11 @@ def chunked_logprobs_tp(seed: int = 0):
     ref_ent = -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
     ((ref_lp * w1).sum() + (ref_ent * w2).sum()).backward()
     ref_g = ref_x.grad[..., r * 32 : (r + 1) * 32]
-    return {"lp": float((lp.double() - ref_lp).abs().max()), "ent": float((ent.double() - ref_ent).abs().max()),
-            "grad": float((shard.grad.double() - ref_g).abs().max())}
+    return {
+        "lp": float((lp.double() - ref_lp).abs().max()),
+        "ent": float((ent.double() - ref_ent).abs().max()),
+        "grad": float((shard.grad.double() - ref_g).abs().max()),
+    }
 
 
 def minibatch_step(hf_cfg: dict, cp: int, packing: bool, shard: bool):
@@ -170,8 +189,11 @@ def minibatch_step(hf_cfg: dict, cp: int, packing: bool, shard: bool):
     hf = random_hf_model(hf_cfg, seed=0)
     sd = hf.state_dict()
     # eps: tests/tolerances.py (weights are compared after the step)
-    policy = build_policy(hf_cfg, ModelBuildOptions(context_parallel_size=cp),
-                          OptimizerOptions(lr=1e-4, clip_grad=1.0, adam_eps=COMPARE_ADAM_EPS))
+    policy = build_policy(
+        hf_cfg,
+        ModelBuildOptions(context_parallel_size=cp),
+        OptimizerOptions(lr=1e-4, clip_grad=1.0, adam_eps=COMPARE_ADAM_EPS),
+    )
     load_hf_weights(policy.model, policy.arch, lambda n: sd[n], policy.padded_vocab)
     policy.optimizer.reload_model_params()
     samples = _samples(policy.arch.vocab_size, n=6)
@@ -179,12 +201,18 @@ def minibatch_step(hf_cfg: dict, cp: int, packing: bool, shard: bool):
     samples = [replace(s, old_logprobs=-3.0 + 0.3 * torch.randn(s.response_len, generator=g)) for s in samples]
     if shard:
         samples = dp_shards(samples, ps.get_data_parallel_world_size())[ps.get_data_parallel_rank()]
-    out = train_on_minibatch(policy, samples, AlgorithmConfig(entropy_coef=0.01), policy.arch.vocab_size, 2, 48,
-                             packing=packing)
+    out = train_on_minibatch(
+        policy, samples, AlgorithmConfig(entropy_coef=0.01), policy.arch.vocab_size, 2, 48, packing=packing
+    )
     assert out.update_successful
     full = {n: t.clone() for n, t in gather_full_weights(policy.model, policy.arch)}
-    return {"params": full, "sums": loss_sums(out), "grad_norm": out.grad_norm, "imbalance": out.dp_token_imbalance,
-            "tokens": out.global_tokens}
+    return {
+        "params": full,
+        "sums": loss_sums(out),
+        "grad_norm": out.grad_norm,
+        "imbalance": out.dp_token_imbalance,
+        "tokens": out.global_tokens,
+    }
 
 
 def _pin_samples(vocab: int):
@@ -195,8 +223,14 @@ def _pin_samples(vocab: int):
     out = []
     for i, s in enumerate(samples):
         n = s.response_len
-        out.append(replace(s, engine_logprobs=-3.0 + 0.3 * torch.randn(n, generator=g),
-                           ref_logprobs=-3.0 + 0.3 * torch.randn(n, generator=g), stale_len=3 if i == 1 else 0))
+        out.append(
+            replace(
+                s,
+                engine_logprobs=-3.0 + 0.3 * torch.randn(n, generator=g),
+                ref_logprobs=-3.0 + 0.3 * torch.randn(n, generator=g),
+                stale_len=3 if i == 1 else 0,
+            )
+        )
     return out
 
 
@@ -223,14 +257,20 @@ def pinned_step(hf_cfg: dict, packing: bool):
     budget = 40 if packing else None
     lps = compute_logprobs(policy, samples, V, 2, budget, temperature=0.9, packing=packing)
     g = torch.Generator().manual_seed(9)
-    samples = [replace(s, old_logprobs=torch.tensor(lp) + 0.05 * torch.randn(len(lp), generator=g))
-               for s, lp in zip(samples, lps)]
+    samples = [
+        replace(s, old_logprobs=torch.tensor(lp) + 0.05 * torch.randn(len(lp), generator=g))
+        for s, lp in zip(samples, lps)
+    ]
     algo = AlgorithmConfig(entropy_coef=0.01, kl_coef=0.05, tis_mode="token-truncate", tis_cap=1.5)
-    out = train_on_minibatch(policy, samples, algo, V, 2, budget, temperature=0.9, packing=packing,
-                             offpolicy="correct")
+    out = train_on_minibatch(policy, samples, algo, V, 2, budget, temperature=0.9, packing=packing, offpolicy="correct")
     assert out.update_successful
-    return {"lps": lps, "means": {k: s / c for k, (s, c) in loss_sums(out).items() if c}, "grad_norm": out.grad_norm,
-            "num_microbatches": out.num_microbatches, "tokens": out.global_tokens}
+    return {
+        "lps": lps,
+        "means": {k: s / c for k, (s, c) in loss_sums(out).items() if c},
+        "grad_norm": out.grad_norm,
+        "num_microbatches": out.num_microbatches,
+        "tokens": out.global_tokens,
+    }
 
 
 def loss_sums(out) -> dict:

@@ -35,9 +35,13 @@ def _policy(hf_cfg: dict, layout: dict):
     tp, pp, cp, dist_opt = _layout(layout)
     init_parallel(tp, pp, cp, seed=1234)
     # warm-up 3 optimizer steps: the LR schedule's position is part of what must resume
-    return build_policy(hf_cfg, ModelBuildOptions(context_parallel_size=cp),
-                        OptimizerOptions(lr=1e-3, weight_decay=0.1, clip_grad=1.0, use_distributed_optimizer=dist_opt,
-                                         lr_warmup_iters=3))
+    return build_policy(
+        hf_cfg,
+        ModelBuildOptions(context_parallel_size=cp),
+        OptimizerOptions(
+            lr=1e-3, weight_decay=0.1, clip_grad=1.0, use_distributed_optimizer=dist_opt, lr_warmup_iters=3
+        ),
+    )
 
 
 def _minibatch(vocab: int, step: int) -> list:
@@ -55,10 +59,18 @@ def _train_step(policy, step: int) -> dict:
     from megatron_dapo.training.dapo_step import train_on_minibatch
 
     shard = dp_shards(_minibatch(policy.arch.vocab_size, step), ps.get_data_parallel_world_size())[
-        ps.get_data_parallel_rank()]
+        ps.get_data_parallel_rank()
+    ]
     cp = ps.get_context_parallel_world_size() > 1  # CP: packed micro-batches, which need a token budget
-    out = train_on_minibatch(policy, shard, AlgorithmConfig(entropy_coef=0.01), policy.arch.vocab_size, MBS,
-                             MAX_TOKENS if cp else None, packing=cp)
+    out = train_on_minibatch(
+        policy,
+        shard,
+        AlgorithmConfig(entropy_coef=0.01),
+        policy.arch.vocab_size,
+        MBS,
+        MAX_TOKENS if cp else None,
+        packing=cp,
+    )
     assert out.update_successful, out
     return out
 
@@ -67,8 +79,9 @@ def _is_reporter() -> bool:
     """Last PP stage, TP rank 0, CP rank 0 of each DP rank (what the driver sums)."""
     from megatron.core import parallel_state as ps
 
-    return (ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0
-            and ps.get_context_parallel_rank() == 0)
+    return (
+        ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0 and ps.get_context_parallel_rank() == 0
+    )
 
 
 def save_trained(hf_cfg: dict, layout: dict, ckpt_dir: str, steps: int = 2) -> None:
@@ -109,12 +122,22 @@ def resume_and_step(hf_cfg: dict, layout: dict, ckpt_dir: str, step: int = 2, lo
         policy.optimizer.reload_model_params()
     out = _train_step(policy, step)
     # the vocabulary rows without the padding (which differs between TP sizes)
-    weights = {n: (t[: policy.arch.vocab_size] if n in VOCAB_TENSORS else t).clone()
-               for n, t in gather_full_weights(policy.model, policy.arch)}
-    keep = ps.get_data_parallel_rank() == 0 and ps.get_tensor_model_parallel_rank() == 0 \
+    weights = {
+        n: (t[: policy.arch.vocab_size] if n in VOCAB_TENSORS else t).clone()
+        for n, t in gather_full_weights(policy.model, policy.arch)
+    }
+    keep = (
+        ps.get_data_parallel_rank() == 0
+        and ps.get_tensor_model_parallel_rank() == 0
         and ps.get_context_parallel_rank() == 0
-    return {"reporter": _is_reporter(), "sums": loss_sums(out), "grad_norm": out.grad_norm, "lr": out.lr,
-            "weights": weights if keep else None}
+    )
+    return {
+        "reporter": _is_reporter(),
+        "sums": loss_sums(out),
+        "grad_norm": out.grad_norm,
+        "lr": out.lr,
+        "weights": weights if keep else None,
+    }
 
 
 def load_error(hf_cfg: dict, layout: dict, ckpt_dir: str):
@@ -143,9 +166,19 @@ def train_straight(hf_cfg: dict, layout: dict, steps: int = 3) -> dict:
     policy.optimizer.reload_model_params()
     for k in range(steps):
         out = _train_step(policy, k)
-    weights = {n: (t[: policy.arch.vocab_size] if n in VOCAB_TENSORS else t).clone()
-               for n, t in gather_full_weights(policy.model, policy.arch)}
-    keep = ps.get_data_parallel_rank() == 0 and ps.get_tensor_model_parallel_rank() == 0 \
+    weights = {
+        n: (t[: policy.arch.vocab_size] if n in VOCAB_TENSORS else t).clone()
+        for n, t in gather_full_weights(policy.model, policy.arch)
+    }
+    keep = (
+        ps.get_data_parallel_rank() == 0
+        and ps.get_tensor_model_parallel_rank() == 0
         and ps.get_context_parallel_rank() == 0
-    return {"reporter": _is_reporter(), "sums": loss_sums(out), "grad_norm": out.grad_norm, "lr": out.lr,
-            "weights": weights if keep else None}
+    )
+    return {
+        "reporter": _is_reporter(),
+        "sums": loss_sums(out),
+        "grad_norm": out.grad_norm,
+        "lr": out.lr,
+        "weights": weights if keep else None,
+    }

@@ -9,8 +9,9 @@ from tests.tiny import tiny_llama_config, tiny_qwen2_config
 pytestmark = [pytest.mark.gloo]
 
 
-@pytest.mark.parametrize("tp,pp,world,cfg_fn", [(2, 1, 2, tiny_qwen2_config), (1, 2, 2, tiny_qwen2_config),
-                                                (2, 2, 4, tiny_llama_config)])
+@pytest.mark.parametrize(
+    "tp,pp,world,cfg_fn", [(2, 1, 2, tiny_qwen2_config), (1, 2, 2, tiny_qwen2_config), (2, 2, 4, tiny_llama_config)]
+)
 def test_export_equals_the_trained_weights(gloo, tmp_path, tp, pp, world, cfg_fn):
     from tests.training import bodies
 

@@ -10,9 +10,19 @@ from megatron_dapo.training.item import TrainItem
 
 
 def test_sample_to_item_carries_the_loss_fields_as_tensors():
-    s = Sample(prompt_index=0, prompt_ids=[1, 2], response_ids=[5, 6, 7], engine_logprobs=[-0.5, -1.0, -1.5],
-               finish_reason="stop", ground_truth="x", advantage=0.25, train=False, old_logprobs=[-0.4, -0.9, -1.4],
-               stale_len=1, routed_experts=torch.zeros(4, 2, 2, dtype=torch.int16))
+    s = Sample(
+        prompt_index=0,
+        prompt_ids=[1, 2],
+        response_ids=[5, 6, 7],
+        engine_logprobs=[-0.5, -1.0, -1.5],
+        finish_reason="stop",
+        ground_truth="x",
+        advantage=0.25,
+        train=False,
+        old_logprobs=[-0.4, -0.9, -1.4],
+        stale_len=1,
+        routed_experts=torch.zeros(4, 2, 2, dtype=torch.int16),
+    )
     x = s.to_item()
     assert x.tokens.dtype == torch.long and x.tokens.tolist() == [1, 2, 5, 6, 7]
     assert (x.prompt_len, x.n_tokens, x.response_len) == (2, 5, 3)

@@ -21,8 +21,11 @@ V = 7
 @pytest.fixture(autouse=True)
 def _no_tp(monkeypatch):
     # the real chunked logprob/entropy kernel, single shard (no megatron parallel state)
-    monkeypatch.setattr(dapo_step, "chunked_logprobs_entropy",
-                        functools.partial(logprobs.chunked_logprobs_entropy, tp_group=None, tp_rank=0))
+    monkeypatch.setattr(
+        dapo_step,
+        "chunked_logprobs_entropy",
+        functools.partial(logprobs.chunked_logprobs_entropy, tp_group=None, tp_rank=0),
+    )
 
 
 def _logits(shape):

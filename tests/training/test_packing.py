@@ -45,8 +45,14 @@ def test_karmarkar_karp_equal_size_and_determinism():
     assert parts == pk.karmarkar_karp(list(w), 4, equal_size=True)
     with pytest.raises(ValueError, match="equal size"):
         pk.karmarkar_karp(w[:47], 4, equal_size=True)
-    assert pk.karmarkar_karp([5, 4, 3, 3, 3], 2) in ([[1, 2, 3], [0, 4]], [[0, 4], [1, 2, 3]], [[0, 2], [1, 3, 4]],
-                                                     [[1, 3, 4], [0, 2]], [[0, 3], [1, 2, 4]], [[1, 2, 4], [0, 3]])
+    assert pk.karmarkar_karp([5, 4, 3, 3, 3], 2) in (
+        [[1, 2, 3], [0, 4]],
+        [[0, 4], [1, 2, 3]],
+        [[0, 2], [1, 3, 4]],
+        [[1, 3, 4], [0, 2]],
+        [[0, 3], [1, 2, 4]],
+        [[1, 2, 4], [0, 3]],
+    )
 
 
 def test_pack_microbatches_respects_budget_and_is_near_minimal():
@@ -63,8 +69,10 @@ def test_pack_microbatches_respects_budget_and_is_near_minimal():
 
 
 def test_pack_samples_layout():
-    samples = [TrainItem(tokens=[5, 6, 7, 8, 9], prompt_len=2, advantage=1.5, old_logprobs=[-1.0, -2.0, -3.0]),
-               TrainItem(tokens=[11, 12, 13], prompt_len=1, advantage=-0.5, train=False, old_logprobs=[-4.0, -5.0])]
+    samples = [
+        TrainItem(tokens=[5, 6, 7, 8, 9], prompt_len=2, advantage=1.5, old_logprobs=[-1.0, -2.0, -3.0]),
+        TrainItem(tokens=[11, 12, 13], prompt_len=1, advantage=-0.5, train=False, old_logprobs=[-4.0, -5.0]),
+    ]
     b = pk.pack_samples(samples, multiple=4)
     assert b["seqlens_padded"] == [8, 4] and b["cu_seqlens"].tolist() == [0, 8, 12]
     assert b["tokens"][0].tolist() == [5, 6, 7, 8, 9, 0, 0, 0, 11, 12, 13, 0]
@@ -73,7 +81,10 @@ def test_pack_samples_layout():
     # position t scores token t+1: response tokens 7, 8, 9 at positions 1, 2, 3
     assert b["resp_mask"][0].tolist() == [0, 1, 1, 1, 0, 0, 0, 0, 1, 1, 0, 0]
     assert b["loss_mask"][0].tolist() == [0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0]
-    assert b["old_logprobs"][0, 1:4].tolist() == [-1.0, -2.0, -3.0] and b["old_logprobs"][0, 8:10].tolist() == [-4.0, -5.0]
+    assert b["old_logprobs"][0, 1:4].tolist() == [-1.0, -2.0, -3.0] and b["old_logprobs"][0, 8:10].tolist() == [
+        -4.0,
+        -5.0,
+    ]
     assert b["advantages"][0, 0] == 1.5 and b["advantages"][0, 9] == -0.5
     with pytest.raises(ValueError, match="prompt_len"):
         TrainItem(tokens=[1, 2], prompt_len=3)
@@ -101,8 +112,10 @@ def test_zigzag_split_matches_transformer_engine_order_and_inverts():
 
 
 def test_packed_microbatch_counts_and_grid():
-    samples = [TrainItem(tokens=list(range(1, 10)), prompt_len=3), TrainItem(tokens=list(range(1, 6)), prompt_len=2,
-                                                                            train=False)]
+    samples = [
+        TrainItem(tokens=list(range(1, 10)), prompt_len=3),
+        TrainItem(tokens=list(range(1, 6)), prompt_len=2, train=False),
+    ]
     mb = pk.packed_microbatch(samples, multiple=4, cp_size=2, cp_rank=1)
     assert mb["tokens"].shape == (1, (12 + 8) // 2)
     assert mb["n_loss_tokens"] == 6 and mb["n_loss_seqs"] == 1  # whole sequences, not this rank's share
@@ -116,14 +129,18 @@ def test_packed_attention_equals_per_sequence_causal_attention():
     torch.manual_seed(0)
     lens = [5, 3, 8]
     q, k, v = torch.randn(16, 4, 8), torch.randn(16, 2, 8), torch.randn(16, 2, 8)
-    got = packed_attention(q, k, v, [0, 5, 8, 16], 8 ** -0.5)
+    got = packed_attention(q, k, v, [0, 5, 8, 16], 8**-0.5)
     off = 0
     for L in lens:
         kk = k[off : off + L].repeat_interleave(2, 1)
         vv = v[off : off + L].repeat_interleave(2, 1)
-        ref = torch.nn.functional.scaled_dot_product_attention(
-            q[off : off + L].transpose(0, 1), kk.transpose(0, 1), vv.transpose(0, 1), is_causal=True
-        ).transpose(0, 1).reshape(L, 32)
+        ref = (
+            torch.nn.functional.scaled_dot_product_attention(
+                q[off : off + L].transpose(0, 1), kk.transpose(0, 1), vv.transpose(0, 1), is_causal=True
+            )
+            .transpose(0, 1)
+            .reshape(L, 32)
+        )
         assert torch.allclose(got[off : off + L], ref, atol=1e-6)
         off += L
 
@@ -152,9 +169,16 @@ def test_chunked_logprobs_entropy_match_reference_and_chunking():
         chunked_logprobs_entropy(x, y, 45, 0.0, tp_rank=0)
 
 
-@pytest.mark.parametrize("dtype,T,vocab", [(torch.float32, 1.0, 50), (torch.float32, 1.0, 45),
-                                           (torch.float32, 0.6, 50), (torch.bfloat16, 1.0, 50),
-                                           (torch.bfloat16, 0.8, 45)])
+@pytest.mark.parametrize(
+    "dtype,T,vocab",
+    [
+        (torch.float32, 1.0, 50),
+        (torch.float32, 1.0, 45),
+        (torch.float32, 0.6, 50),
+        (torch.bfloat16, 1.0, 50),
+        (torch.bfloat16, 0.8, 45),
+    ],
+)
 def test_chunked_logprobs_paths_leave_logits_alone(dtype, T, vocab):
     """Each scratch-buffer path (a view of fp32 logits at T=1 with no padding: the gradient
     written in place; copies otherwise) against the float64 reference; the logits are never
@@ -169,8 +193,8 @@ def test_chunked_logprobs_paths_leave_logits_alone(dtype, T, vocab):
     z = xr[..., :vocab] / T
     ref_lp = torch.log_softmax(z, -1).gather(-1, y[..., None]).squeeze(-1)
     ref_ent = -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
-    ref_g, = torch.autograd.grad((ref_lp * w1).sum() + (ref_ent * w2).sum(), xr, retain_graph=True)
-    ref_g_lp, = torch.autograd.grad((ref_lp * w1).sum(), xr)
+    (ref_g,) = torch.autograd.grad((ref_lp * w1).sum() + (ref_ent * w2).sum(), xr, retain_graph=True)
+    (ref_g_lp,) = torch.autograd.grad((ref_lp * w1).sum(), xr)
     tol = 1e-4 if dtype == torch.float32 else 2e-2  # bf16 gradients are rounded to bf16
     for with_entropy in (True, False):
         x = x0.clone().requires_grad_(True)
@@ -178,11 +202,11 @@ def test_chunked_logprobs_paths_leave_logits_alone(dtype, T, vocab):
         assert (lp.double() - ref_lp).abs().max() < 1e-4
         if with_entropy:
             assert (ent.double() - ref_ent).abs().max() < 1e-4
-            g, = torch.autograd.grad((lp * w1).sum() + (ent * w2).sum(), x)
+            (g,) = torch.autograd.grad((lp * w1).sum() + (ent * w2).sum(), x)
             want = ref_g
         else:
             assert torch.count_nonzero(ent) == 0
-            g, = torch.autograd.grad((lp * w1).sum() + (ent * w2).sum(), x)  # ent is a constant
+            (g,) = torch.autograd.grad((lp * w1).sum() + (ent * w2).sum(), x)  # ent is a constant
             want = ref_g_lp
         assert g.dtype == dtype and (g.double() - want).abs().max() < tol
         assert torch.equal(x.detach(), x0), "the logits were written"

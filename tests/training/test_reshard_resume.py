@@ -84,11 +84,25 @@ def saved(gloo, tmp_path_factory):
 
 def test_layout_is_recorded(saved):
     assert dist_ckpt.read_metadata(saved["plain"][0])["layout"] == {
-        "tp": 1, "pp": 1, "cp": 1, "dp": 2, "world_size": 2, "nodes": 1, "distributed_optimizer": False,
-        "optimizer_format": "per_parameter"}
+        "tp": 1,
+        "pp": 1,
+        "cp": 1,
+        "dp": 2,
+        "world_size": 2,
+        "nodes": 1,
+        "distributed_optimizer": False,
+        "optimizer_format": "per_parameter",
+    }
     assert dist_ckpt.read_metadata(saved["distributed"][0])["layout"] == {
-        "tp": 2, "pp": 1, "cp": 1, "dp": 1, "world_size": 2, "nodes": 1, "distributed_optimizer": True,
-        "optimizer_format": "fully_reshardable"}
+        "tp": 2,
+        "pp": 1,
+        "cp": 1,
+        "dp": 1,
+        "world_size": 2,
+        "nodes": 1,
+        "distributed_optimizer": True,
+        "optimizer_format": "fully_reshardable",
+    }
 
 
 @pytest.mark.parametrize("optimizer,target", CASES, ids=[f"{o}-{t}" for o, t in CASES])
@@ -141,6 +155,7 @@ def test_switching_the_distributed_optimizer_is_refused(gloo, saved):
 
 
 # ---------------------------------------------------------------- incomplete checkpoints
+
 
 def _copy(src, dst) -> str:
     shutil.copytree(src, dst)

@@ -20,10 +20,18 @@ pytestmark = [pytest.mark.gloo]
 
 LP_SUM = -332.8816933631897  # sum of every response token's old logprob (60 tokens, 6 samples)
 MEANS = {  # the step's token-weighted metric means
-    "pg_loss": 0.05913766653373324, "entropy": 5.5303892771403, "approx_kl": 0.020951467855223293,
-    "ratio_mean": 0.9803927849079, "kl": 9.585837923247238, "tis_weight_mean": 0.09157488562844017,
-    "mismatch_kl": 1.5648040424693714, "offpolicy_token_frac": 0.05172413793103448,
-    "clip_frac_low": 0.0, "clip_frac_high": 0.0, "dual_clip_frac": 0.0, "tis_clip_frac": 0.0,
+    "pg_loss": 0.05913766653373324,
+    "entropy": 5.5303892771403,
+    "approx_kl": 0.020951467855223293,
+    "ratio_mean": 0.9803927849079,
+    "kl": 9.585837923247238,
+    "tis_weight_mean": 0.09157488562844017,
+    "mismatch_kl": 1.5648040424693714,
+    "offpolicy_token_frac": 0.05172413793103448,
+    "clip_frac_low": 0.0,
+    "clip_frac_high": 0.0,
+    "dual_clip_frac": 0.0,
+    "tis_clip_frac": 0.0,
 }
 GRAD_NORM = 1.2263830746178896
 TOKENS = 58.0  # the step's loss tokens (the overlong-filtered sample's 2 are not)

@@ -33,8 +33,12 @@ class _DeviceCheckingChunk(torch.nn.Module):
 
 def test_forward_step_moves_batch_to_parameter_device():
     chunk = _DeviceCheckingChunk()
-    batch = {"tokens": torch.ones(2, 5, dtype=torch.long), "loss_mask": torch.ones(2, 5), "advantages": torch.ones(2),
-             "resp_start": 2}
+    batch = {
+        "tokens": torch.ones(2, 5, dtype=torch.long),
+        "loss_mask": torch.ones(2, 5),
+        "advantages": torch.ones(2),
+        "resp_start": 2,
+    }
     seen_by_loss = {}
 
     def loss_fn(b, logits):
@@ -46,8 +50,12 @@ def test_forward_step_moves_batch_to_parameter_device():
     assert set(chunk.seen) == {torch.device("meta")}
     assert out.device.type == "meta"
     loss_closure(out)
-    assert seen_by_loss == {"tokens": torch.device("meta"), "loss_mask": torch.device("meta"),
-                            "advantages": torch.device("meta"), "resp_start": 2}
+    assert seen_by_loss == {
+        "tokens": torch.device("meta"),
+        "loss_mask": torch.device("meta"),
+        "advantages": torch.device("meta"),
+        "resp_start": 2,
+    }
     assert batch["tokens"].device.type == "cpu"  # the caller's batch is not modified
 
 
@@ -74,8 +82,9 @@ def test_dp_token_counts_are_created_on_the_collective_device(monkeypatch):
 
 @pytest.mark.gloo
 def test_sequence_parallel_micro_batches_are_padded_to_tp(gloo):
-    outs = gloo(2).run(__import__("tests.training.bodies", fromlist=["x"]).sequence_parallel_padding,
-                       tiny_qwen2_config(), 2)
+    outs = gloo(2).run(
+        __import__("tests.training.bodies", fromlist=["x"]).sequence_parallel_padding, tiny_qwen2_config(), 2
+    )
     for o in outs:
         assert o["plain"] == 1 and o["sp"] == 2
         assert o["lens"] == [[6, 8], [10]]  # 2 sequences per micro-batch, each padded to a multiple of TP
@@ -96,8 +105,19 @@ def test_logprobs_and_entropy_use_the_rollout_temperature(gloo, tp):
 
 
 def _cfg(*extra):
-    cfg = parse_args(["--actor-num-gpus-per-node", "2", "--global-batch-size", "16", "--rollout-batch-size", "8",
-                         "--n-samples-per-prompt", "2", *extra])
+    cfg = parse_args(
+        [
+            "--actor-num-gpus-per-node",
+            "2",
+            "--global-batch-size",
+            "16",
+            "--rollout-batch-size",
+            "8",
+            "--n-samples-per-prompt",
+            "2",
+            *extra,
+        ]
+    )
     return cfg
 
 
@@ -108,8 +128,12 @@ def test_context_parallel_needs_packing_budget(on_gpu):
         validate(_cfg("--context-parallel-size", "2"), on_gpu=on_gpu)
     validate(_cfg("--context-parallel-size", "2", "--max-tokens-per-gpu", "4096"), on_gpu=on_gpu)
     with pytest.raises(ConfigError, match="seq-mean-token-mean"):
-        validate(_cfg("--context-parallel-size", "2", "--max-tokens-per-gpu", "4096", "--loss-agg-mode",
-                      "seq-mean-token-mean"), on_gpu=on_gpu)
+        validate(
+            _cfg(
+                "--context-parallel-size", "2", "--max-tokens-per-gpu", "4096", "--loss-agg-mode", "seq-mean-token-mean"
+            ),
+            on_gpu=on_gpu,
+        )
 
 
 @pytest.mark.parametrize("flags", [("--rollout-top-p", "0.7"), ("--rollout-top-k", "20")])

@@ -64,8 +64,13 @@ def convert(items: list[dict], excluded: set[str]) -> tuple[list[dict], dict]:
         split = "dev" if item["id"] % 2 == 0 else "heldout"
         for pred, expected in ((item["fn_output"], 1), (item["tn_output"], 0)):
             pairs.append(
-                {"gold": item["ground_truth"], "pred": pred, "expected": expected,
-                 "split": split, "source": f"HardVerify-Math#{item['id']} ({item['source']})"}
+                {
+                    "gold": item["ground_truth"],
+                    "pred": pred,
+                    "expected": expected,
+                    "split": split,
+                    "source": f"HardVerify-Math#{item['id']} ({item['source']})",
+                }
             )
     return pairs, dropped
 
