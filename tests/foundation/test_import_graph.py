@@ -198,12 +198,14 @@ def test_packages_keep_the_layers_of_docs_design():
 MAX_LINES = 800
 
 
+#: Where production code lives: the package, the command-line tools, the benchmarks, the examples.
+PRODUCTION_DIRS = ("megatron_dapo", "tools", "benchmarks", "examples", "scripts")
+
+
 def test_no_production_file_past_800_lines():
-    long = {
-        str(p.relative_to(ROOT)): n
-        for p in sorted(PKG.rglob("*.py"))
-        if (n := len(p.read_text().splitlines())) > MAX_LINES
-    }
+    files = sorted(p for d in PRODUCTION_DIRS for p in (ROOT / d).rglob("*.py"))
+    assert any(p.is_relative_to(PKG) for p in files) and any(p.parent.name == "benchmarks" for p in files)
+    long = {str(p.relative_to(ROOT)): n for p in files if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"files past {MAX_LINES} lines (split them by concern): {long}"
 
 

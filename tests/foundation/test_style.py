@@ -1,7 +1,7 @@
-"""The house style holds (issue #39): ``ruff check`` with the rules of ruff.toml on the whole tree,
-and ``mypy`` on the typed core named in mypy.ini (algo/, config/, driver/, hybrid/phases.py,
-errors.py). Each runs as a subprocess from the repository root; its output is the failure
-message. (``ruff format --check`` joins once the tree is formatted: see ruff.toml.)"""
+"""The house style holds (issue #39): ``ruff check`` and ``ruff format --check`` with the rules of
+ruff.toml on the whole tree, and ``mypy`` on the typed core named in mypy.ini (algo/, config/,
+driver/, hybrid/phases.py, errors.py). Each runs as a subprocess from the repository root; its
+output is the failure message."""
 
 from __future__ import annotations
 
@@ -32,6 +32,11 @@ def _run(cmd: list, timeout: float = 600) -> subprocess.CompletedProcess:
 def test_ruff_lint():
     r = _run([_tool("ruff"), "check", "--no-cache", "--output-format", "concise", "."])
     assert r.returncode == 0, f"ruff check (fix with `ruff check --fix .`):\n{r.stdout[-6000:]}{r.stderr[-2000:]}"
+
+
+def test_ruff_format():
+    r = _run([_tool("ruff"), "format", "--check", "--no-cache", "."])
+    assert r.returncode == 0, f"ruff format --check (fix with `ruff format .`):\n{r.stdout[-6000:]}{r.stderr[-2000:]}"
 
 
 def test_mypy_on_the_typed_core(tmp_path):
