@@ -18,6 +18,9 @@ WORKERS=${TEST_WORKERS:-2}
 # its 26k lines again (about 1.9 s of CPU per process, measured; docs/benchmarks-log.md, "Suite time
 # on an AMD EPYC"). __pycache__ is git-ignored; Python recompiles a file whose source changed.
 "$VENV/bin/python" -m compileall -q -j 0 megatron_dapo tests tools benchmarks >/dev/null || true
+# PyTorch's CPU tensors of 2 MiB or more on transparent huge pages, read once per process at its
+# first allocation: exported here for the pytest processes (tests/conftest.py, "Page faults").
+export THP_MEM_ALLOC_ENABLE="${THP_MEM_ALLOC_ENABLE:-1}"
 case "$WORKERS" in ''|*[!0-9]*) echo "[tests] TEST_WORKERS must be a whole number (0: no workers), got '$WORKERS'" >&2; exit 2;; esac
 xdist=()
 if [ "$WORKERS" -gt 0 ] && [[ " $* " != *" -n "* && " $* " != *" -n="* && " $* " != *"no:xdist"* ]]; then

@@ -26,6 +26,13 @@ os.environ.setdefault("MEGATRON_DAPO_STRICT_COLLECTIVES", "1")
 # oversubscribed machine (docs/benchmarks.md, "Test suite: time"). OMP_NUM_THREADS set by the caller wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# PyTorch's CPU allocations of 2 MiB or more on transparent huge pages, as the driver's Ray start
+# gives its actors (launch/placement.RAY_START_ENV): for the gloo ranks and subprocesses the tests
+# start themselves. A tiny model's vocab-sized logits otherwise cost millions of page faults per
+# process (docs/benchmarks-log.md, "Page faults"). scripts/run_tests.sh exports it before pytest
+# starts, for the pytest processes themselves (PyTorch reads it at its first allocation).
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
 
 class _Pools:
     def __init__(self):

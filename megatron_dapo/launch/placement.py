@@ -83,10 +83,11 @@ def start_ray(address: Optional[str] = None, num_cpus: Optional[float] = None, *
     return {"address": _gcs_address(), "reused": False, "resources": ray.cluster_resources()}
 
 
-#: Ray's waits for a local node, raised from its defaults so that a busy machine (a shared login
-#: node, a loaded CI runner) still starts it. Ray's C++ side reads them from the environment once
-#: per process, so :func:`start_ray` sets them before Ray is imported here; the GCS, the raylet and
-#: the workers inherit them. A value already in the environment wins.
+#: The environment of a local Ray start: Ray's waits for the node, raised from its defaults so that
+#: a busy machine (a shared login node, a loaded CI runner) still starts it; its workers' priority;
+#: their CPU allocator. Ray's C++ side reads them from the environment once per process, so
+#: :func:`start_ray` sets them before Ray is imported here; the GCS, the raylet and the workers
+#: inherit them. A value already in the environment wins.
 RAY_START_ENV = {
     # the driver's wait for its raylet to register with the GCS (Ray: 30 s)
     "RAY_raylet_start_wait_time_s": "120",
@@ -98,6 +99,12 @@ RAY_START_ENV = {
     # (kernel weights 36 vs 1024), and a one-step tiny run with 4 busy loops on 2 cores did not
     # finish in 15 minutes (docs/benchmarks-log.md, "Suite time on an AMD EPYC")
     "RAY_worker_niceness": "0",
+    # PyTorch's CPU allocator backs every allocation of 2 MiB or more with transparent huge pages
+    # (madvise), read once per process: the trainer and engine actors inherit it from the raylet.
+    # A tiny CPU run's trainer otherwise takes ~3M page faults on its vocab-sized logits
+    # (8.4 s of system time of 21 s; with it 234k and 3.2 s; docs/benchmarks-log.md, "Page faults").
+    # A machine without THP ignores it; GPU memory and pinned host memory do not use this allocator.
+    "THP_MEM_ALLOC_ENABLE": "1",
 }
 #: Attempts at a local start; the second comes after a clean shutdown of the first.
 RAY_START_ATTEMPTS = 2

@@ -52,9 +52,10 @@ def main() -> int:
 
         assert ray.get(ray.remote(lambda: 41 + 1).remote(), timeout=300) == 42
         nice = ray.get(ray.remote(lambda: os.nice(0)).remote(), timeout=300)
+        thp = ray.get(ray.remote(lambda: os.environ.get("THP_MEM_ALLOC_ENABLE", "unset")).remote(), timeout=300)
         print(
             f"UP {time.monotonic() - t:.1f} killed={len(killed)} cpus={info['resources'].get('CPU')} "
-            f"worker_nice={nice} driver_nice={os.nice(0)}",
+            f"worker_nice={nice} driver_nice={os.nice(0)} worker_thp={thp}",
             flush=True,
         )
     finally:
