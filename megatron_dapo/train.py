@@ -53,13 +53,16 @@ class TrainingError(RuntimeError):
 
 
 class Trainer:
-    def __init__(self, cfg):
+    def __init__(self, cfg, checks=None):
         self.cfg = cfg
         self.hf_dir = hf_config_source(cfg)
         self.arch = parse_hf_config(self.hf_dir)
         self.run_dir = cfg.logging.run_dir  # written only once the checks of run() passed (outputs/run_dir.py)
         tok_dir = cfg.model.tokenizer or self.hf_dir
-        self.tokenizer = load_tokenizer(tok_dir, "--tokenizer" if cfg.model.tokenizer else "--hf-checkpoint")
+        if checks is not None and checks.tokenizer is not None and checks.tokenizer_dir == tok_dir:
+            self.tokenizer = checks.tokenizer  # the one the preflight loaded and checked (~1 s of CPU)
+        else:
+            self.tokenizer = load_tokenizer(tok_dir, "--tokenizer" if cfg.model.tokenizer else "--hf-checkpoint")
         self.tokenizer_dir = tok_dir
         if not cfg.data.prompt_data:
             raise ConfigError("--prompt-data is required")
@@ -320,8 +323,8 @@ def main(argv=None) -> int:
             return 0
         for w in validate(cfg, arch):
             print(f"[config] warning: {w}", file=sys.stderr)
-        check_before_launch(cfg, arch)  # tokenizer vs vocab, weights, checkpoints, eval data, disk: before Ray
-        trainer = Trainer(cfg)
+        checks = check_before_launch(cfg, arch)  # tokenizer vs vocab, weights, checkpoints, eval data, disk: before Ray
+        trainer = Trainer(cfg, checks)
         trainer.run()
     except Exception as e:
         if _SIGTERM.is_set():  # whatever a library made of the interruption

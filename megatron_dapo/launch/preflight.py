@@ -63,6 +63,8 @@ def run_checks(cfg, arch, dry_run: bool = True) -> Checks:
     add = checks.append
     tok_check, tok = load_tokenizer(cfg, arch, dry_run)
     add(tok_check)
+    if tok is not None and tok_check.status != FAIL:
+        checks.tokenizer, checks.tokenizer_dir = tok, cfg.model.tokenizer or cfg.model.hf_checkpoint
     add(check_hf_checkpoint(cfg, arch, dry_run))
     reward = check_reward(cfg)
     try:

@@ -9,7 +9,7 @@ the statuses, :data:`SHAPE_ONLY_FILE` and the message helper the check modules s
 from __future__ import annotations
 
 import dataclasses
-from typing import List
+from typing import List, Optional
 
 from ..config import ConfigError
 
@@ -40,10 +40,14 @@ class Checks(list):
     """The checks of one preflight, in order."""
 
     outputs_lines: List[str]
+    #: the tokenizer the tokenizer check loaded, and from where (the driver reuses it)
+    tokenizer: object
+    tokenizer_dir: Optional[str]
 
     def __init__(self, items=()):
         super().__init__(items)
         self.outputs_lines = []
+        self.tokenizer, self.tokenizer_dir = None, None
 
     @property
     def failed(self) -> List[Check]:

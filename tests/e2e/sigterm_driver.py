@@ -26,7 +26,7 @@ class _Cluster:
 
 
 class BlockingTrainer:
-    def __init__(self, cfg):
+    def __init__(self, cfg, checks=None):
         self.cluster = None
 
     def run(self):

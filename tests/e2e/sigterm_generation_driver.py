@@ -54,7 +54,7 @@ class _Cluster:
 
 
 class GeneratingTrainer:
-    def __init__(self, cfg):
+    def __init__(self, cfg, checks=None):
         self.cfg = cfg
         self.cluster = None
         self.engines = None

@@ -141,7 +141,7 @@ def test_tp2_three_steps_probe_keys_and_replay(tiny, tmp_path):
                 # the bound below come from tests/tolerances.py
                 "--lr": "1e-4",
                 "--adam-eps": str(COMPARE_ADAM_EPS),
-                "--eval-data": prompts,
+                "--eval-data": make_prompts(str(tmp_path / "prompts.jsonl"), 8),  # 8 problems
                 "--eval-interval": "3",
                 "--eval-k": "2",
                 "--apply-chat-template": "false",

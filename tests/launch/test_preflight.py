@@ -596,3 +596,27 @@ def test_run_qwen32b_substitutes_samples_only_for_unset_variables_and_says_so(tm
     assert "[check] tokenizer " in out and "tokens <= vocab_size 152,064" in out
     assert "[check] WARN hf-checkpoint " in out and "a model shape only (SHAPE_ONLY.md)" in out
     assert "(--save and its parent do not exist yet): a checkpoint would not fit there" in out or "[check] disk" in out
+
+
+def test_the_driver_reuses_the_tokenizer_the_preflight_checked(tmp_path, qwen2_tiny, tok_dir):
+    """The real run loads its tokenizer once (~1 s of CPU): the trainer takes the one the
+    tokenizer check loaded, when it comes from the same directory; another --tokenizer is loaded."""
+    from megatron_dapo.launch.preflight import check_before_launch
+    from megatron_dapo.train import Trainer
+
+    def trainer(*extra):
+        cfg = parse_args(
+            ["--hf-checkpoint", qwen2_tiny, "--prompt-data", DAPO, "--run-dir", str(tmp_path / "r"), *extra]
+        )
+        checks = check_before_launch(cfg, parse_hf_config(qwen2_tiny))
+        return checks, Trainer(cfg, checks)
+
+    checks, t = trainer()
+    assert checks.tokenizer is not None and checks.tokenizer_dir == qwen2_tiny
+    assert t.tokenizer is checks.tokenizer and len(t.dataset) == 16
+    other = shutil.copytree(tok_dir, tmp_path / "tok")
+    checks, t = trainer("--tokenizer", str(other))
+    assert checks.tokenizer_dir == str(other) and t.tokenizer is checks.tokenizer
+    _, fresh = trainer()
+    checks.tokenizer_dir = "/elsewhere"  # a tokenizer from another directory is not taken
+    assert Trainer(fresh.cfg, checks).tokenizer is not checks.tokenizer

@@ -2,7 +2,10 @@
 main: HFEngine on Ray, two gloo ranks) with ``--expert-model-parallel-size 2``: each rank holds
 4 of the 8 experts; after every step the experts are all-gathered into the engine's fused
 names and the weight-sync probe passes; the trainer's old logprobs agree with the engine's;
-the optimizer steps (a chained dense + expert distributed optimizer) are finite."""
+the optimizer steps (a chained dense + expert distributed optimizer) are finite; with
+``--routing-replay`` the engine's routing reaches the trainer (per-layer agreement, loads and
+entropy in metrics.jsonl). One run for both (each driver run costs about a minute of the suite's
+two cores); the router without replay: tests/moe/test_moe_train.py, tests/checkpoint/test_moe_resume.py."""
 
 from __future__ import annotations
 
@@ -64,6 +67,7 @@ def test_ep2_dapo_steps(tmp_path):
                 "--expert-model-parallel-size": "2",
                 "--use-distributed-optimizer": None,
                 "--num-rollout": "2",
+                "--routing-replay": None,
             },
         )
     )
@@ -74,3 +78,10 @@ def test_ep2_dapo_steps(tmp_path):
         assert r["weight_sync_probe_diff"] is not None and r["weight_sync_probe_diff"] < 1e-5
         assert r["train_infer_logprob_diff"] < 1e-4
         assert math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0
+        # routing replay: the engine's routing reaches the trainer. Same weights in engine and
+        # trainer (old-logprob pass): the trainer's own routing is the engine's but for near-ties
+        # of the random router (HF vs megatron numerics)
+        assert 0.9 < r["moe/routing_agreement_min"] <= r["moe/routing_agreement"] <= 1.0
+        for layer in (0, 1):
+            assert 1.0 <= r[f"moe/load_imbalance/layer_{layer}"] <= 8.0
+            assert 0.0 < r[f"moe/router_entropy/layer_{layer}"] <= math.log(8) + 1e-6
