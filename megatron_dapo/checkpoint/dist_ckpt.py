@@ -1,7 +1,9 @@
 """megatron-core ``dist_checkpointing`` (torch_dist) checkpoints of the model, plus our metadata.
 
 A checkpoint directory holds what ``megatron.core.dist_checkpointing.save`` writes (``.metadata``,
-``__*.distcp``, ``common.pt``, ``metadata.json``) and :data:`METADATA_FILE`, a JSON file with:
+``__*.distcp``, ``metadata.json``, and up to megatron-core 0.18 ``common.pt``: from 0.19 the
+non-tensor state is a sharded object inside the ``.distcp`` files, :data:`INLINE_COMMON_STATE_KEY`)
+and :data:`METADATA_FILE`, a JSON file with:
 
 * ``format`` / ``format_version``: this layout (:data:`FORMAT`, :data:`FORMAT_VERSION`);
 * ``arch``: ``ModelArch.to_dict()`` of the model; ``hf_config_hash``: ``hf_config_hash`` of the
@@ -9,6 +11,8 @@ A checkpoint directory holds what ``megatron.core.dist_checkpointing.save`` writ
 * ``dtype``: ``"fp32"`` or ``"bf16"``; ``padded_vocab_size``; ``saved_with`` (TP/PP/world);
 * ``layout``: the layout that wrote it (:func:`current_layout`: TP, PP, CP, DP, world size,
   nodes; the trainer adds whether the distributed optimizer was on and its state's format);
+* ``megatron_core_version``: the megatron-core release that wrote it (a checkpoint in 0.19's
+  layout is refused in one line by an older release, :func:`verify_checkpoint_files`);
 * ``extra``: anything the caller adds (the trainer's iteration, ...).
 
 Tensors are stored under megatron-core's global sharded keys, so a checkpoint written at one
@@ -32,6 +36,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 from typing import Callable, Optional, Union
 
 import torch
@@ -45,6 +50,12 @@ FORMAT = "megatron_dapo/torch_dist"
 FORMAT_VERSION = 1
 METADATA_FILE = "megatron_dapo_checkpoint.json"
 MODEL_KEY = "model"
+#: Where megatron-core >= 0.19 keeps the common (non-tensor) state: one sharded object
+#: ``common_state`` in the ``.distcp`` files, listed in ``.metadata``, instead of ``common.pt``.
+INLINE_COMMON_STATE_KEY = "common_state/shard_0_1"
+#: The first release that writes and reads that layout (0.17 and 0.18 still write ``common.pt``;
+#: 0.19 reads both).
+INLINE_COMMON_STATE_SINCE = (0, 19)
 #: what a trainer checkpoint stores beside the model (``training.train_checkpoint``): loading the
 #: model alone from it leaves these unread, which is not a mismatch
 TRAINER_STATE_PREFIXES = ("optimizer.", "scheduler")
@@ -120,8 +131,24 @@ def checkpoint_metadata(hf_config, dtype="fp32", extra: Optional[dict] = None) -
         "hf_config_hash": hf_config_hash(cfg),
         "hf_config": cfg,
         "dtype": dtype_name(dtype),
+        "megatron_core_version": megatron_core_version(),
         "extra": dict(extra or {}),
     }
+
+
+def megatron_core_version() -> str:
+    """The installed megatron-core release (its package metadata; megatron itself not imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("megatron-core")
+    except PackageNotFoundError:  # pragma: no cover - megatron-core is a dependency
+        return "unknown"
+
+
+def _release(v: str) -> tuple:
+    m = re.match(r"(\d+)\.(\d+)", v or "")
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
 def read_metadata(directory) -> dict:
@@ -294,7 +321,6 @@ def verify_checkpoint_files(directory) -> None:
     for name, what in (
         (".metadata", "the tensor index of torch.distributed.checkpoint"),
         ("metadata.json", "megatron-core's dist_checkpointing config"),
-        ("common.pt", "the non-tensor state"),
     ):
         if not os.path.exists(os.path.join(directory, name)):
             raise CheckpointError(f"{directory}: incomplete checkpoint, {name} ({what}) is missing; {_FIX}")
@@ -304,6 +330,13 @@ def verify_checkpoint_files(directory) -> None:
         md = FileSystemReader(directory).read_metadata()
     except Exception as e:  # a truncated or overwritten index
         raise CheckpointError(f"{directory}: .metadata does not read ({type(e).__name__}: {e}); {_FIX}") from None
+    if common_state_layout(directory, md) == "inline" and _release(megatron_core_version()) < INLINE_COMMON_STATE_SINCE:
+        raise CheckpointError(
+            f"{directory}: written by megatron-core {_written_by(directory)}, which keeps the non-tensor state "
+            f"inside the .distcp files (no common.pt); megatron-core {megatron_core_version()} here reads only "
+            f"checkpoints with common.pt: load it with megatron-core >= "
+            f"{'.'.join(map(str, INLINE_COMMON_STATE_SINCE))} (README, the primary stack)"
+        )
     need: dict[str, int] = {}
     for info in (getattr(md, "storage_data", None) or {}).values():
         path = getattr(info, "relative_path", None)
@@ -320,6 +353,34 @@ def verify_checkpoint_files(directory) -> None:
     if bad:
         shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
         raise CheckpointError(f"{directory}: incomplete checkpoint, {shown}; {_FIX}")
+
+
+def common_state_layout(directory, md=None) -> str:
+    """Where a checkpoint keeps its common (non-tensor) state: ``"common.pt"`` (megatron-core up
+    to 0.18) or ``"inline"`` (0.19: a sharded object in the ``.distcp`` files, found in
+    ``.metadata``); neither is an incomplete checkpoint (one :class:`CheckpointError`)."""
+    directory = os.fspath(directory)
+    if os.path.exists(os.path.join(directory, "common.pt")):
+        return "common.pt"
+    if md is None:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        md = FileSystemReader(directory).read_metadata()
+    if INLINE_COMMON_STATE_KEY in (getattr(md, "state_dict_metadata", None) or {}):
+        return "inline"
+    raise CheckpointError(
+        f"{directory}: incomplete checkpoint, common.pt (the non-tensor state) is missing and .metadata lists "
+        f"no {INLINE_COMMON_STATE_KEY.split('/')[0]} (megatron-core 0.19's place for it); {_FIX}"
+    )
+
+
+def _written_by(directory) -> str:
+    try:
+        with open(os.path.join(os.fspath(directory), METADATA_FILE)) as f:
+            v = json.load(f).get("megatron_core_version")
+    except (OSError, ValueError, AttributeError):
+        v = None
+    return str(v) if v else ">= " + ".".join(map(str, INLINE_COMMON_STATE_SINCE))
 
 
 # ---------------------------------------------------------------- save / load
@@ -611,6 +672,8 @@ __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
     "FULLY_RESHARDABLE",
+    "INLINE_COMMON_STATE_KEY",
+    "INLINE_COMMON_STATE_SINCE",
     "LAYOUT_KEYS",
     "METADATA_FILE",
     "PER_PARAMETER",
@@ -619,10 +682,12 @@ __all__ = [
     "checkpoint_layout",
     "checkpoint_metadata",
     "checkpoint_tensor_shapes",
+    "common_state_layout",
     "current_layout",
     "dtype_name",
     "is_checkpoint",
     "load_checkpoint",
+    "megatron_core_version",
     "metadata_arch",
     "read_metadata",
     "resume_note",

@@ -183,3 +183,84 @@ def test_missing_metadata_is_one_checkpoint_error(gloo, saved, tmp_path):
     errs = gloo(2).run(bodies.load_error, CFG, {}, ck)
     for e in errs:
         assert e and e.startswith(f"{ck}: incomplete checkpoint, .metadata") and "is missing" in e and "--load" in e, e
+
+
+# ---------------------------------------------------------------- megatron-core versions
+
+
+def _installed_release() -> tuple:
+    return dist_ckpt._release(dist_ckpt.megatron_core_version())
+
+
+def test_a_checkpoint_records_the_megatron_core_version_that_wrote_it(saved):
+    from importlib.metadata import version
+
+    meta = dist_ckpt.read_metadata(saved["plain"][0])
+    assert meta["megatron_core_version"] == version("megatron-core")
+    want = "inline" if _installed_release() >= dist_ckpt.INLINE_COMMON_STATE_SINCE else "common.pt"
+    assert dist_ckpt.common_state_layout(saved["plain"][0]) == want
+
+
+def test_missing_common_state_is_one_checkpoint_error(saved, tmp_path):
+    ck = _copy(saved["plain"][0], tmp_path / "nocommon")
+    if dist_ckpt.common_state_layout(ck) != "common.pt":
+        pytest.skip("the installed megatron-core keeps the common state inside the .distcp files")
+    os.remove(os.path.join(ck, "common.pt"))
+    with pytest.raises(dist_ckpt.CheckpointError) as e:
+        dist_ckpt.verify_checkpoint_files(ck)
+    msg = str(e.value)
+    assert msg.startswith(f"{ck}: incomplete checkpoint, common.pt (the non-tensor state) is missing"), msg
+    assert "--load" in msg and "\n" not in msg
+
+
+def _in_the_019_layout(src: str, dst: str, written_by: str) -> str:
+    """``src`` rewritten the way megatron-core 0.19 lays a checkpoint out: every entry of its
+    ``.metadata`` index plus the common state as one ``common_state`` sharded object in the
+    ``.distcp`` files (0.19's ``load_common_state_dict`` reads ``torch.load(bytes)[0]``), no
+    ``common.pt``; our metadata names ``written_by``."""
+    import io
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    md = dcp.FileSystemReader(src).read_metadata()
+    sd = {
+        k: io.BytesIO() if isinstance(m, BytesStorageMetadata) else torch.empty(m.size, dtype=m.properties.dtype)
+        for k, m in md.state_dict_metadata.items()
+    }
+    dcp.load(sd, storage_reader=dcp.FileSystemReader(src), no_dist=True)
+    buf = io.BytesIO()
+    torch.save([torch.load(os.path.join(src, "common.pt"), weights_only=False)], buf)
+    sd[dist_ckpt.INLINE_COMMON_STATE_KEY] = buf
+    os.makedirs(dst)
+    dcp.save(sd, storage_writer=dcp.FileSystemWriter(dst), no_dist=True)
+    shutil.copy(os.path.join(src, "metadata.json"), dst)
+    with open(os.path.join(src, dist_ckpt.METADATA_FILE)) as f:
+        meta = json.load(f)
+    with open(os.path.join(dst, dist_ckpt.METADATA_FILE), "w") as f:
+        json.dump({**meta, "megatron_core_version": written_by}, f)
+    return dst
+
+
+def test_a_checkpoint_in_megatron_core_019s_layout(gloo, saved, tmp_path):
+    """Read by the layout's own index: found as "inline"; on a megatron-core before 0.19 (which
+    reads only common.pt) one line naming both releases, the same on every rank of the
+    trainer's load, instead of a FileNotFoundError from inside megatron-core."""
+    src = saved["plain"][0]
+    if not os.path.exists(os.path.join(src, "common.pt")):
+        pytest.skip("the installed megatron-core writes the 0.19 layout itself")
+    ck = _in_the_019_layout(src, str(tmp_path / "mc019"), "0.19.2")
+    assert not os.path.exists(os.path.join(ck, "common.pt"))
+    assert dist_ckpt.common_state_layout(ck) == "inline"
+    if _installed_release() >= dist_ckpt.INLINE_COMMON_STATE_SINCE:
+        dist_ckpt.verify_checkpoint_files(ck)  # readable here
+        return
+    with pytest.raises(dist_ckpt.CheckpointError) as e:
+        dist_ckpt.verify_checkpoint_files(ck)
+    msg = str(e.value)
+    here = dist_ckpt.megatron_core_version()
+    assert msg.startswith(f"{ck}: written by megatron-core 0.19.2") and f"megatron-core {here} here" in msg, msg
+    assert "megatron-core >= 0.19" in msg and "\n" not in msg
+    errs = gloo(2).run(bodies.load_error, CFG, {}, ck)  # the trainer's load: the same line on every rank
+    assert errs == [msg, msg], errs
