@@ -54,6 +54,10 @@ class ReplayRouter(RouterReplay):
         self.recorded_topk_idx = None
         self.router_replay_action = None
         self.replay_backward_list: list = []
+        # what megatron-core 0.19's RouterReplay.__init__ sets as well (its CUDA-graph buffer, unused
+        # here; the router's 1-based layer number)
+        self.static_buffer: Optional[torch.Tensor] = None
+        self.layer_number: Optional[int] = int(layer) + 1
         self.layer, self.num_experts, self.pre_softmax = int(layer), int(num_experts), bool(pre_softmax)
         self.replay = True
         self.reset_stats()

@@ -376,3 +376,20 @@ def test_routing_rows_follow_the_tokens_padded_packed_cp_and_sp():
     samples[1].routed_experts = None  # a sample without routing routes freely
     mb = pk.packed_microbatch(samples)
     assert bool((mb["routed_experts"][0, 7:12] == -1).all())
+
+
+def test_the_replay_router_sets_what_megatron_cores_router_replay_sets():
+    """ReplayRouter skips RouterReplay.__init__ (no global registration): every attribute the
+    installed megatron-core's own __init__ sets (0.19 added static_buffer and layer_number) must
+    be set on ours too, or megatron's methods that read them fail."""
+    from megatron.core.transformer.moe.router_replay import RouterReplay
+
+    from megatron_dapo.training.routing_replay import ReplayRouter
+
+    theirs = RouterReplay()
+    RouterReplay.global_router_replay_instances.remove(theirs)
+    ours = ReplayRouter(layer=2, num_experts=8, pre_softmax=False)
+    missing = sorted(set(vars(theirs)) - set(vars(ours)))
+    assert not missing, f"RouterReplay.__init__ sets {missing}, ReplayRouter does not"
+    assert ours not in RouterReplay.global_router_replay_instances
+    assert ours.layer_number == 3  # megatron's 1-based layer number of the router's layer
