@@ -101,7 +101,8 @@ class Trainer:
         resume_dir, state = outs.resume_dir, outs.state
         # placement only: the trainer actors come after the engines (HybridStep.launch)
         self.cluster = Cluster(cfg, self.hf_dir, self.tokenizer_dir, build_trainers=False)
-        stop_on_sigterm()  # after ray.init, which replaced it
+        stop_on_sigterm()  # in case anything replaced it during the start
+        check_not_terminated()  # a SIGTERM during ray.init that a library swallowed
         self.hybrid = HybridStep(
             self.cluster,
             offload=self.offload_train,

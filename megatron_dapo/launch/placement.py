@@ -27,12 +27,15 @@ Tested with Ray 2.60 (see docs/slurm.md for the pin); Ray is imported inside fun
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import ipaddress
 import math
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 from typing import Dict, Iterable, List, Optional, Sequence
 
@@ -64,7 +67,8 @@ def start_ray(address: Optional[str] = None, num_cpus: Optional[float] = None, *
     kw.update(init_kwargs)
     if address and address != "local":
         try:
-            ray.init(address=address, **kw)
+            with keep_sigterm_handler(ray):
+                ray.init(address=address, **kw)
         except Exception as e:
             token = os.path.expanduser("~/.ray/auth_token")
             if os.environ.get("RAY_AUTH_MODE") is None and os.path.exists(token):
@@ -117,6 +121,32 @@ def set_ray_start_env(environ=os.environ) -> Dict[str, str]:
     return {k: environ[k] for k in RAY_START_ENV}
 
 
+@contextlib.contextmanager
+def keep_sigterm_handler(ray):
+    """Keep the caller's SIGTERM handler in force while ``ray.init`` runs.
+
+    ``ray.init`` (2.60, ``worker.py``) first installs a handler of its own that raises
+    ``SystemExit`` wherever the main thread happens to be, and a SIGTERM in its 5-10 s start can
+    land where such an exception is only printed and dropped (seen: in ``logging``'s fork hook,
+    "Exception ignored in ... _releaseLock"): the signal is lost and the run goes on to finish a
+    step. With the caller's handler in force the caller at least learns of it (the driver's sets a
+    flag that it checks right after the start, ``driver/signals.py``). A default or ignored
+    disposition, or a call outside the main thread, leaves Ray's behaviour as it is."""
+    utils = getattr(getattr(ray, "_private", None), "utils", None)
+    ours = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+    if not callable(ours) or utils is None or not hasattr(utils, "set_sigterm_handler"):
+        yield
+        return
+    ray_setter = utils.set_sigterm_handler
+    utils.set_sigterm_handler = lambda handler: None  # Ray's own is not installed; ``ours`` stays
+    try:
+        yield
+    finally:
+        utils.set_sigterm_handler = ray_setter
+        if signal.getsignal(signal.SIGTERM) is not ours:  # anything else that replaced it meanwhile
+            signal.signal(signal.SIGTERM, ours)
+
+
 def _init_local(ray, kw: dict, attempts: int = RAY_START_ATTEMPTS, pause_s: float = 5.0) -> None:
     """``ray.init(address="local")``, tried ``attempts`` times with a clean ``ray.shutdown()``
     between tries; a node that never comes up is one :class:`StartupError` line."""
@@ -124,17 +154,16 @@ def _init_local(ray, kw: dict, attempts: int = RAY_START_ATTEMPTS, pause_s: floa
     for attempt in range(1, attempts + 1):
         before = _child_pids()
         try:
-            ray.init(address="local", **kw)  # never join a stray cluster by accident
+            with keep_sigterm_handler(ray):
+                ray.init(address="local", **kw)  # never join a stray cluster by accident
             return
         except (TypeError, ValueError):
             raise  # our own arguments: a bug, not the machine
-        except Exception as e:  # Ray raises a bare Exception when the node times out during startup
+        except BaseException as e:  # Ray raises a bare Exception when the node times out during startup
+            _end_half_started(ray, before)
+            if not isinstance(e, Exception):
+                raise  # SIGTERM / Ctrl-C during the start: nothing of it left running, then the caller's cleanup
             cause = _local_start_failure(e)
-            try:
-                ray.shutdown()
-            except Exception:  # pragma: no cover - best effort on a half-started node
-                pass
-            _end_processes(_child_pids() - before)  # ray.shutdown() knows no node that failed to start
             if attempt < attempts:
                 print(
                     f"[ray] the local Ray node did not start ({cause}); retrying after a clean shutdown "
@@ -149,6 +178,19 @@ def _init_local(ray, kw: dict, attempts: int = RAY_START_ATTEMPTS, pause_s: floa
                 f"{cause}; {_machine_load()}): run again when the machine is less busy, or start Ray "
                 f"yourself (`ray start --head`) and pass its address in RAY_ADDRESS"
             ) from e
+
+
+def _end_half_started(ray, before: set) -> None:
+    """End what a failed or interrupted ``ray.init`` left running: ``ray.shutdown()``, then the
+    processes it started that are still alive (its GCS, dashboard, agents, monitors): Ray's
+    shutdown knows no node that failed to start. They are listed before the shutdown ends the
+    raylet, whose agents then leave this process's tree."""
+    started = _child_pids() - before
+    try:
+        ray.shutdown()
+    except Exception:  # pragma: no cover - best effort on a half-started node
+        pass
+    _end_processes(started | (_child_pids() - before))
 
 
 def _child_pids() -> set:

@@ -4,11 +4,17 @@ shut it down; print ``UP <seconds> <attempts>``. Run by tests/launch/test_ray_st
 ``--kill-raylets N``: a thread SIGKILLs the first N raylets this process starts (a node that
 never registers, as on a machine too busy for Ray's fixed waits), so the retry is exercised.
 A StartupError ends the script with the driver's one line (errors.report_user_error), exit 2.
+
+``--sigterm-during-start``: the script installs a SIGTERM handler as the driver does (it records
+the signal and raises), and a thread sends SIGTERM to this process once its raylet exists, i.e.
+inside ``ray.init``; it prints ``SIGTERM seen=<bool> outcome=<what the start did>`` (exit 143).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 import threading
 import time
@@ -30,10 +36,50 @@ def _kill_raylets(n: int, killed: list) -> None:
         time.sleep(0.05)
 
 
+def _sigterm_once_raylet_exists() -> None:
+    me = psutil.Process()
+    while True:
+        for c in me.children(recursive=True):
+            try:
+                if c.exe().endswith("/raylet"):
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
+            except psutil.Error:
+                pass
+        time.sleep(0.05)
+
+
+def _sigterm_during_start() -> int:
+    seen = threading.Event()
+
+    def on_sigterm(signum, frame):  # as megatron_dapo/driver/signals.py: record, then raise
+        seen.set()
+        raise KeyboardInterrupt()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    threading.Thread(target=_sigterm_once_raylet_exists, daemon=True).start()
+    from megatron_dapo.launch.placement import start_ray
+
+    outcome = "start returned"
+    try:
+        start_ray(num_cpus=1)
+    except BaseException as e:  # noqa: BLE001 - what the start made of the signal is the result
+        outcome = f"start raised {type(e).__name__}"
+    finally:
+        import ray
+
+        ray.shutdown()
+    print(f"SIGTERM seen={seen.is_set()} outcome={outcome}", flush=True)
+    return 128 + signal.SIGTERM
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kill-raylets", type=int, default=0)
+    ap.add_argument("--sigterm-during-start", action="store_true")
     args = ap.parse_args()
+    if args.sigterm_during_start:
+        return _sigterm_during_start()
     killed: list = []
     if args.kill_raylets:
         threading.Thread(target=_kill_raylets, args=(args.kill_raylets, killed), daemon=True).start()
@@ -48,8 +94,6 @@ def main() -> int:
     import ray
 
     try:
-        import os
-
         assert ray.get(ray.remote(lambda: 41 + 1).remote(), timeout=300) == 42
         nice = ray.get(ray.remote(lambda: os.nice(0)).remote(), timeout=300)
         thp = ray.get(ray.remote(lambda: os.environ.get("THP_MEM_ALLOC_ENABLE", "unset")).remote(), timeout=300)

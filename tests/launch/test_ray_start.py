@@ -12,12 +12,15 @@ raises one StartupError line naming the cause and what to try.
   process of the failed try is left.
 * Two failed tries: one line, exit 2, no traceback (a stand-in for Ray; the real failure takes
   Ray's fixed 30 s per try).
+* A SIGTERM during the start reaches the caller's handler, not Ray's (which raises SystemExit
+  wherever the main thread is, where it can be dropped: the run then went on to finish a step).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -42,8 +45,10 @@ def _env(tmp: str, **extra) -> dict:
 
 @contextlib.contextmanager
 def cpu_burners(n: int):
-    """``n`` busy-looping processes at normal priority, ended (with their session) on exit."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(n)]
+    """``n`` busy-looping processes at normal priority, ended on exit; each also dies with the
+    test's process (PR_SET_PDEATHSIG), should pytest itself be killed."""
+    burn = "import ctypes, signal; ctypes.CDLL(None).prctl(1, signal.SIGKILL)\nwhile True: pass"
+    procs = [subprocess.Popen([sys.executable, "-c", burn], start_new_session=True) for _ in range(n)]
     try:
         yield procs
     finally:
@@ -84,6 +89,46 @@ def test_a_raylet_that_dies_is_retried_after_a_clean_shutdown():
     assert "UP " in r.stdout and "killed=1" in r.stdout, r.stdout
     assert "[ray] the local Ray node did not start" in r.stderr and "attempt 2 of 2" in r.stderr, r.stderr[-3000:]
     assert not r.leftovers, r.leftovers  # the failed try's GCS, dashboard and monitors were ended too
+
+
+@pytest.mark.slow
+def test_a_sigterm_during_the_start_reaches_the_callers_handler():
+    with private_ray_tmpdir() as tmp:
+        r = run_in_session(
+            [*CHECK, "--sigterm-during-start"], 400, grace_s=RAY_SHUTDOWN_GRACE_S, env=_env(tmp), cwd=ROOT
+        )
+    out = r.stdout + r.stderr
+    assert r.returncode == 128 + signal.SIGTERM, out[-5000:]
+    assert "SIGTERM seen=True" in r.stdout, out[-5000:]  # before the fix: Ray's handler took it
+    assert not r.leftovers, r.leftovers
+
+
+def test_keep_sigterm_handler_keeps_the_callers_and_puts_rays_setter_back():
+    import types
+
+    def rays_handler(signum, frame):  # what ray.init installs: SystemExit wherever the main thread is
+        raise SystemExit(signum)
+
+    utils = types.SimpleNamespace(set_sigterm_handler=lambda h: signal.signal(signal.SIGTERM, h))
+    fake = types.SimpleNamespace(_private=types.SimpleNamespace(utils=utils))
+    setter = utils.set_sigterm_handler
+
+    def ours(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGTERM, ours)
+    try:
+        with placement.keep_sigterm_handler(fake):
+            fake._private.utils.set_sigterm_handler(rays_handler)  # as ray.init and Node() do
+            assert signal.getsignal(signal.SIGTERM) is ours
+            signal.signal(signal.SIGTERM, rays_handler)  # set some other way: put back on exit
+        assert signal.getsignal(signal.SIGTERM) is ours and utils.set_sigterm_handler is setter
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # no handler of the caller's: Ray's behaviour as it is
+        with placement.keep_sigterm_handler(fake):
+            fake._private.utils.set_sigterm_handler(rays_handler)
+            assert signal.getsignal(signal.SIGTERM) is rays_handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class _FailingRay:
