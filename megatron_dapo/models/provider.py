@@ -11,6 +11,7 @@ a silent switch), megatron-core's local spec on the CPU or when ``local`` is ask
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Optional
 
 import torch
@@ -227,6 +228,25 @@ def layer_spec(use_te: Optional[bool] = None, arch: Optional[ModelArch] = None, 
     return spec
 
 
+#: megatron-core 0.19 logs this on every GPTModel build (it is "only accepting critical bug fixes",
+#: HybridModel is its successor): docs/design.md, "megatron-core releases", says what moving would
+#: change. The line is dropped here, once per process, so that it does not fill every rank's log.
+GPTMODEL_DEPRECATION = "GPTModel IS DEPRECATED"
+_GPT_LOGGER = "megatron.core.models.gpt.gpt_model"
+
+
+class _DropGPTModelDeprecation(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(GPTMODEL_DEPRECATION)
+
+
+def quiet_gptmodel_deprecation() -> None:
+    """Filter megatron-core's GPTModel deprecation line out of its logger (idempotent)."""
+    log = logging.getLogger(_GPT_LOGGER)
+    if not any(isinstance(f, _DropGPTModelDeprecation) for f in log.filters):
+        log.addFilter(_DropGPTModelDeprecation())
+
+
 def build_gpt_model(hf_config, opts: Optional[ModelBuildOptions] = None, *, pre_process=None, post_process=None):
     """Build the calling rank's part of the megatron-core GPTModel for ``hf_config``.
 
@@ -244,6 +264,7 @@ def build_gpt_model(hf_config, opts: Optional[ModelBuildOptions] = None, *, pre_
     if post_process is None:
         post_process = ps.is_pipeline_last_stage()
     vocab = padded_vocab_size(arch.vocab_size, opts.make_vocab_size_divisible_by, cfg.tensor_model_parallel_size)
+    quiet_gptmodel_deprecation()
     model = GPTModel(
         config=cfg,
         transformer_layer_spec=layer_spec(opts.use_te, arch, cfg),

@@ -9,6 +9,7 @@ Losses are normalised over the whole optimizer step by the caller (see
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from typing import Optional
 
@@ -95,7 +96,30 @@ def wrap_ddp(model, config, use_distributed_optimizer: bool):
         check_for_nan_in_grad=False,
         bucket_size=None,
     )
-    return DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
+    kw = {}
+    if use_distributed_optimizer and "full_param_layout" in inspect.signature(DistributedDataParallel).parameters:
+        kw["full_param_layout"] = full_param_layout(model, config, ddp_config)
+    return DistributedDataParallel(config=config, ddp_config=ddp_config, module=model, **kw)
+
+
+def full_param_layout(model, config, ddp_config):
+    """The distributed optimizer's parameter layout, which megatron-core 0.19's DDP asks its caller
+    for (it warns and computes the same itself otherwise): the trainable parameters in DDP's order,
+    DDP's own data-parallel groups (with context parallel; the expert group for experts), and one
+    bucket (``overlap_grad_reduce`` is off, so DDP's bucket size is None)."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    assert not ddp_config.overlap_grad_reduce, "the layout below assumes one bucket (no overlapped reduce)"
+    groups = ProcessGroupCollection.setup_process_groups_for_ddp(None, config, ddp_config)
+    params = [p for _, p in model.named_parameters() if p.requires_grad]
+    return DistributedOptimizer.compute_full_param_layout(
+        params,
+        None,
+        groups["intra_dp_cp_group"].size(),
+        ddp_config,
+        expert_data_parallel_world_size=groups["intra_expt_dp_group"].size(),
+    )
 
 
 def build_optimizer(model, opt: OptimizerOptions, bf16: bool = False):

@@ -118,3 +118,69 @@ def hold_new_groups(n: int) -> int:
 
     _HELD.extend(dist.new_group(backend="gloo") for _ in range(n))
     return os.getpid()
+
+
+class _Records:
+    """A logging handler that keeps the messages of one logger (attached to that logger itself,
+    so the logger's own filters apply to what it sees, as to every other handler)."""
+
+    def __init__(self, name: str):
+        import logging
+
+        self.messages: list = []
+        self.log = logging.getLogger(name)
+        self.handler = logging.Handler()
+        self.handler.emit = lambda r: self.messages.append(r.getMessage())  # type: ignore[method-assign]
+        self.level = self.log.level
+
+    def __enter__(self):
+        import logging
+
+        self.log.addHandler(self.handler)
+        self.log.setLevel(logging.DEBUG)
+        return self.messages
+
+    def __exit__(self, *exc):
+        self.log.removeHandler(self.handler)
+        self.log.setLevel(self.level)
+
+
+def build_messages(hf_cfg: dict, dist_opt: bool) -> dict:
+    """Build the policy (model, DDP, optimizer) on this rank and return what megatron-core's GPTModel
+    and DDP loggers said, with our wrapper and, as the control, with DDP built again without the
+    layout and the model built again without the deprecation filter."""
+    from megatron.core.distributed import DistributedDataParallel
+
+    from megatron_dapo.distributed import init_parallel
+    from megatron_dapo.models import ModelBuildOptions, provider
+    from megatron_dapo.training.setup import OptimizerOptions, build_policy, wrap_ddp
+
+    init_parallel(1, 1, 1, seed=0)
+    gpt, ddp = "megatron.core.models.gpt.gpt_model", "megatron.core.distributed.distributed_data_parallel"
+    with _Records(gpt) as gpt_said, _Records(ddp) as ddp_said:
+        policy = build_policy(
+            hf_cfg, ModelBuildOptions(), OptimizerOptions(lr=1e-3, use_distributed_optimizer=dist_opt)
+        )
+    out = {"gpt": list(gpt_said), "ddp": list(ddp_said)}
+    import logging
+
+    log = logging.getLogger(gpt)
+    ours = [f for f in log.filters if isinstance(f, provider._DropGPTModelDeprecation)]
+    quiet = provider.quiet_gptmodel_deprecation
+    for f in ours:
+        log.removeFilter(f)
+    provider.quiet_gptmodel_deprecation = lambda: None  # the control: a build that does not filter
+    try:
+        with _Records(gpt) as said:
+            provider.build_gpt_model(hf_cfg, ModelBuildOptions())
+        out["gpt_unfiltered"] = list(said)
+    finally:
+        provider.quiet_gptmodel_deprecation = quiet
+        for f in ours:
+            log.addFilter(f)
+    inner = policy.model.module
+    wrapped = wrap_ddp(inner, inner.config, dist_opt)
+    with _Records(ddp) as said:
+        DistributedDataParallel(config=inner.config, ddp_config=wrapped.ddp_config, module=inner)
+    out["ddp_without_layout"] = list(said)
+    return out

@@ -38,3 +38,22 @@ def test_dp2_step_equals_single_batch_step(gloo, single_rank_reference, distribu
             f"{max(float((t - ref[n]).abs().max()) for n, t in o['params'].items()):.3g}, bound {atol:.3g}"
         )
     assert outs[0]["grad_norm"] > 0
+
+
+def test_megatron_core_0_19s_build_messages_are_answered(gloo):
+    """megatron-core 0.19's DDP warns when the distributed optimizer's ``full_param_layout`` is not
+    passed, and its GPTModel logs a deprecation on every build (docs/design.md, "megatron-core
+    releases"): the wrapper passes the layout, the builder drops that one line. The controls (DDP
+    without the layout, a build without the filter) show each message where the release has it;
+    on 0.16.1, which has neither, they are silent too."""
+    from packaging.version import Version
+
+    from megatron_dapo.checkpoint.dist_ckpt import megatron_core_version
+    from megatron_dapo.models.provider import GPTMODEL_DEPRECATION
+
+    said = gloo(1).run(bodies.build_messages, tiny_qwen2_config(), True)[0]
+    assert not [m for m in said["ddp"] if "full_param_layout" in m], said["ddp"]
+    assert not [m for m in said["gpt"] if m.startswith(GPTMODEL_DEPRECATION)], said["gpt"]
+    new_release = Version(megatron_core_version()) >= Version("0.19")
+    assert any("full_param_layout" in m for m in said["ddp_without_layout"]) == new_release, said
+    assert any(m.startswith(GPTMODEL_DEPRECATION) for m in said["gpt_unfiltered"]) == new_release, said

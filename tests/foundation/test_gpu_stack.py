@@ -1,11 +1,13 @@
 """The pinned GPU stack resolves: the ``gpu`` extra's wheels declare requirements that agree with
 each other and with our own requirements (setup.py).
 
-No GPU package is installed or imported. For each ``name==version`` of the ``gpu`` extra, and
+No GPU package is installed or imported. The extra pins one set per supported Python (environment
+markers: the primary stack on 3.12, the compatibility stack on 3.11); each set is checked for its
+own Python. For each ``name==version`` of the ``gpu`` extra, and
 for each exact pin those wheels (torch aside: its pins are its CUDA runtime) make themselves
 (one level down: sglang's ``sglang-kernel``, ``transformers``, ... which is where a second torch
 pin would hide), the wheel's core metadata
-(Requires-Dist, Requires-Python) for Linux x86_64 / CPython 3.11 is fetched once with pip
+(Requires-Dist, Requires-Python) for Linux x86_64 / that CPython is fetched once with pip
 (``pip install --dry-run --no-deps --report``; ``--use-feature=fast-deps`` reads only the
 METADATA file out of the remote wheel) into ``$MEGATRON_DAPO_WHEEL_METADATA_CACHE`` (default
 ``~/.cache/megatron_dapo/wheel-metadata``) and reused. If it is neither cached nor fetchable the
@@ -46,17 +48,21 @@ PLATFORMS = [f"manylinux_2_{v}_x86_64" for v in (39, 35, 34, 31, 28, 27, 24, 17)
     "linux_x86_64",
     "any",
 ]
-ENV = {
-    **default_environment(),
-    "sys_platform": "linux",
-    "platform_system": "Linux",
-    "platform_machine": "x86_64",
-    "os_name": "posix",
-    "python_version": "3.11",
-    "python_full_version": "3.11.7",
-    "implementation_name": "cpython",
-    "platform_python_implementation": "CPython",
-}
+
+
+def marker_env(python: str) -> dict:
+    """What an environment marker sees on Linux x86_64 / CPython ``python``."""
+    return {
+        **default_environment(),
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "platform_machine": "x86_64",
+        "os_name": "posix",
+        "python_version": python,
+        "python_full_version": f"{python}.0",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+    }
 
 
 def setup_lists() -> tuple[list[str], dict[str, list[str]]]:
@@ -78,10 +84,10 @@ def _pinned_version(req: Requirement):
 
 
 @lru_cache(maxsize=None)
-def metadata(name: str, version: str) -> dict:
-    """Core metadata of the Linux x86_64 / CPython 3.11 wheel of name==version (cached JSON)."""
+def metadata(name: str, version: str, python: str = "3.11") -> dict:
+    """Core metadata of the Linux x86_64 / CPython ``python`` wheel of name==version (cached JSON)."""
     key = canonicalize_name(name)
-    path = CACHE / f"{key}-{version}.json"
+    path = CACHE / (f"{key}-{version}.json" if python == "3.11" else f"{key}-{version}-py{python}.json")
     if path.exists():
         return json.loads(path.read_text())
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -101,7 +107,7 @@ def metadata(name: str, version: str) -> dict:
             "--only-binary=:all:",
             *[a for p in PLATFORMS for a in ("--platform", p)],
             "--python-version",
-            "3.11",
+            python,
             "--implementation",
             "cp",
             "--target",
@@ -133,12 +139,13 @@ def metadata(name: str, version: str) -> dict:
     return out
 
 
-def requirements(md: dict, extras=()) -> list[Requirement]:
-    """The wheel's requirements that apply on Linux x86_64 / CPython 3.11 with ``extras``."""
+def requirements(md: dict, extras=(), python: str = "3.11") -> list[Requirement]:
+    """The wheel's requirements that apply on Linux x86_64 / CPython ``python`` with ``extras``."""
     out = []
+    env = marker_env(python)
     for line in md["requires_dist"]:
         req = Requirement(line)
-        if req.marker is None or any(req.marker.evaluate({**ENV, "extra": e}) for e in ("", *extras)):
+        if req.marker is None or any(req.marker.evaluate({**env, "extra": e}) for e in ("", *extras)):
             out.append(req)
     return out
 
@@ -151,15 +158,31 @@ def _compatible(a: SpecifierSet, b: SpecifierSet) -> bool:
     return any(a.contains(v, prereleases=True) and b.contains(v, prereleases=True) for v in candidates)
 
 
+def _applies(req: Requirement, python: str) -> bool:
+    return req.marker is None or req.marker.evaluate({**marker_env(python), "extra": ""})
+
+
 class Stack:
-    def __init__(self):
+    """Our requirements and the ``gpu`` extra's pins that apply on Python ``python``."""
+
+    def __init__(self, python: str):
         base, extras = setup_lists()
-        self.ours = {canonicalize_name(Requirement(r).name): Requirement(r) for r in base}
+        self.python = python
+        self.ours = {}
+        for line in base:
+            req = Requirement(line)
+            if _applies(req, python):
+                assert canonicalize_name(req.name) not in self.ours, (
+                    f"setup.py: two requirements of {req.name} on {python}"
+                )
+                self.ours[canonicalize_name(req.name)] = req
         self.pins = {}
         for line in extras["gpu"]:
             req = Requirement(line)
             assert _pinned_version(req) is not None, f"gpu extra: {line!r} is not pinned to one version (name==x.y.z)"
-            self.pins[canonicalize_name(req.name)] = req
+            if _applies(req, python):
+                assert canonicalize_name(req.name) not in self.pins, f"gpu extra: two pins of {req.name} on {python}"
+                self.pins[canonicalize_name(req.name)] = req
 
     def version(self, name: str) -> Version:
         return _pinned_version(self.pins[canonicalize_name(name)])
@@ -178,9 +201,9 @@ class Stack:
         return out
 
 
-@pytest.fixture(scope="module")
-def stack() -> Stack:
-    return Stack()
+@pytest.fixture(scope="module", params=PYTHONS, ids=[f"py{p}" for p in PYTHONS])
+def stack(request) -> Stack:
+    return Stack(request.param)
 
 
 def test_gpu_extra_pins_the_whole_set(stack):
@@ -200,15 +223,13 @@ def test_our_gpu_pins_satisfy_our_base_requirements(stack):
 
 def test_pinned_wheels_agree_with_the_stack_and_with_us(stack):
     problems, companions = [], {}
+    py = stack.python
     for n, pin in stack.pins.items():
-        md = metadata(pin.name, str(stack.version(n)))
+        md = metadata(pin.name, str(stack.version(n)), py)
         spec = SpecifierSet(md["requires_python"])
-        problems += [
-            f"{pin} requires Python {spec}, we support {py}"
-            for py in PYTHONS
-            if not spec.contains(py, prereleases=True)
-        ]
-        reqs = requirements(md, pin.extras)
+        if not spec.contains(py, prereleases=True):
+            problems.append(f"{pin} requires Python {spec}, its stack is Python {py}")
+        reqs = requirements(md, pin.extras, py)
         problems += stack.conflicts(str(pin), reqs)
         if n == "torch":
             continue  # torch's own pins are its CUDA runtime (cuda-toolkit, nvidia-*, triton): NVIDIA's set
@@ -221,24 +242,28 @@ def test_pinned_wheels_agree_with_the_stack_and_with_us(stack):
             ):
                 companions[(r.name, str(v))] = str(pin)
     for (name, version), parent in sorted(companions.items()):
-        md = metadata(name, version)
-        problems += stack.conflicts(f"{name}=={version} (required by {parent})", requirements(md))
-    assert not problems, "the gpu stack does not resolve:\n" + "\n".join(problems)
+        md = metadata(name, version, py)
+        problems += stack.conflicts(f"{name}=={version} (required by {parent})", requirements(md, python=py))
+    assert not problems, f"the gpu stack on Python {py} does not resolve:\n" + "\n".join(problems)
 
 
 def test_transformer_engine_extras_and_cuda_major_match_torch(stack):
     te = stack.pins["transformer-engine"]
-    md = metadata(te.name, str(stack.version("transformer-engine")))
-    cores = [r for r in requirements(md, te.extras) if canonicalize_name(r.name).startswith("transformer-engine-")]
+    md = metadata(te.name, str(stack.version("transformer-engine")), stack.python)
+    cores = [
+        r
+        for r in requirements(md, te.extras, stack.python)
+        if canonicalize_name(r.name).startswith("transformer-engine-")
+    ]
     assert {canonicalize_name(r.name) for r in cores} >= {"transformer-engine-torch"}, cores
     for r in cores:  # the meta-package's extras pin TE packages of its own version
         assert r.specifier.contains(stack.version("transformer-engine")), r
     te_cuda = {
         int(m.group(1)) for r in cores if (m := re.fullmatch(r"transformer-engine-cu(\d+)", canonicalize_name(r.name)))
     }
-    torch_md = metadata("torch", str(stack.version("torch")))
+    torch_md = metadata("torch", str(stack.version("torch")), stack.python)
     torch_cuda = set()
-    for r in requirements(torch_md):
+    for r in requirements(torch_md, python=stack.python):
         n = canonicalize_name(r.name)
         if n == "cuda-toolkit" and _pinned_version(r) is not None:
             torch_cuda.add(_pinned_version(r).major)
@@ -254,14 +279,35 @@ def test_transformer_engine_extras_and_cuda_major_match_torch(stack):
 
 
 def test_megatron_core_declares_our_transformer_engine(stack):
-    """megatron-core's own development extra names the TE versions it is tested with."""
-    md = metadata("megatron-core", str(stack.version("megatron-core")))
-    te = [r for r in requirements(md, ("dev",)) if canonicalize_name(r.name) == "transformer-engine"]
-    assert te, "megatron-core's dev extra no longer names transformer-engine: check the TE pin by hand"
-    assert all(r.specifier.contains(stack.version("transformer-engine"), prereleases=True) for r in te), (
-        f"megatron-core {stack.version('megatron-core')} declares {te[0]}, the gpu extra pins "
+    """megatron-core names the TE it works with: 0.16.1 in its development extra (a version range),
+    0.19 in its ``te`` extra (no version: the pin is then the README's choice, checked against the
+    features the release tests for, see setup.py)."""
+    md = metadata("megatron-core", str(stack.version("megatron-core")), stack.python)
+    te = [
+        r
+        for extra in ("dev", "te")
+        for r in requirements(md, (extra,), stack.python)
+        if canonicalize_name(r.name) == "transformer-engine"
+    ]
+    assert te, "megatron-core's dev and te extras no longer name transformer-engine: check the TE pin by hand"
+    pinned = stack.version("transformer-engine")
+    assert all(r.specifier.contains(pinned, prereleases=True) for r in te), (
+        f"megatron-core {stack.version('megatron-core')} declares {[str(r) for r in te]}, the gpu extra pins "
         f"{stack.pins['transformer-engine']}"
     )
+    assert any(set(r.extras) <= set(stack.pins["transformer-engine"].extras) for r in te), (
+        f"megatron-core asks for TE extras {[sorted(r.extras) for r in te]}, the gpu extra has "
+        f"{sorted(stack.pins['transformer-engine'].extras)}"
+    )
+
+
+def test_each_python_gets_its_own_stack():
+    """The primary stack (3.12) and the compatibility stack (3.11) pin the megatron-core that each
+    Python can install; both share torch and sglang."""
+    primary, compat = Stack("3.12"), Stack("3.11")
+    assert primary.version("megatron-core") >= Version("0.19") > compat.version("megatron-core")
+    assert primary.version("torch") == compat.version("torch")
+    assert primary.version("sglang") == compat.version("sglang")
 
 
 def test_the_conflict_check_catches_a_conflict(stack):

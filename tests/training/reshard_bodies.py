@@ -182,3 +182,30 @@ def train_straight(hf_cfg: dict, layout: dict, steps: int = 3) -> dict:
         "lr": out.lr,
         "weights": weights if keep else None,
     }
+
+
+def loaded_state(hf_cfg: dict, layout: dict, ckpt_dir: str) -> dict:
+    """Load the trainer checkpoint at ``layout`` (one rank, TP1) and return what it restored:
+    ``{"weights": {name: tensor}, "adam": {f"{name}.{exp_avg|exp_avg_sq}": tensor}, "lr": float,
+    "step": int}`` (the weights by their megatron names, the Adam state keyed by the parameter it
+    belongs to), for a comparison across megatron-core releases."""
+    from megatron_dapo.checkpoint.model_io import gather_full_weights, unwrap
+    from megatron_dapo.training.train_checkpoint import load_train_checkpoint
+
+    policy = _policy(hf_cfg, layout)
+    load_train_checkpoint(policy, ckpt_dir)
+    weights = {n: t.clone() for n, t in gather_full_weights(policy.model, policy.arch)}
+    by_id = {id(p): n for n, p in unwrap(policy.model).named_parameters()}
+    inner = policy.optimizer.optimizer  # megatron's wrapper around torch's Adam
+    adam = {}
+    for group in inner.param_groups:
+        for p in group["params"]:
+            name = by_id[id(p)]
+            for k in ("exp_avg", "exp_avg_sq"):
+                adam[f"{name}.{k}"] = inner.state[p][k].detach().clone()
+    return {
+        "weights": weights,
+        "adam": adam,
+        "lr": policy.optimizer.param_groups[0]["lr"],
+        "step": int(policy.scheduler.num_steps),
+    }
