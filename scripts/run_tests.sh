@@ -10,18 +10,20 @@
 # an explicit `-n N` or `-p no:xdist` among the arguments wins.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# STACK=compat: the compatibility stack (Python 3.11, megatron-core 0.16.1) in .venv-compat, and
-# only the compatibility subset (tests/compat_subset.txt) unless test paths are given; CI runs the
-# whole suite on the primary stack and this subset on the other (.ci/run).
-if [ "${STACK:-}" = compat ]; then export VENV=${VENV:-.venv-compat}; fi
+# STACK=primary|compat: that stack (scripts/setup_env.sh). The default stack (DEFAULT_STACK there)
+# runs the whole suite in .venv; the other one, asked for by STACK, is built in .venv-STACK and
+# runs the subset of tests/stack_subset.txt unless test paths are given: CI runs both (.ci/run).
+default_stack=$(sed -n 's/^DEFAULT_STACK=//p' scripts/setup_env.sh)
+second=""
+if [ -n "${STACK:-}" ] && [ "$STACK" != "$default_stack" ]; then second=1; export VENV=${VENV:-.venv-$STACK}; fi
 bash scripts/setup_env.sh || exit 1
 VENV=${VENV:-.venv}
 has_path=0  # test paths among the arguments: those only
 for a in "$@"; do case "$a" in tests|tests/*) has_path=1;; esac; done
 if [ $has_path -eq 1 ]; then
   paths=()
-elif [ "${STACK:-}" = compat ]; then
-  mapfile -t paths < <(sed 's/#.*//' tests/compat_subset.txt | grep -v '^\s*$')
+elif [ -n "$second" ]; then
+  mapfile -t paths < <(sed -e 's/#.*//' -e 's/[[:space:]]*$//' tests/stack_subset.txt | grep -v '^$')
 else
   paths=(tests)
 fi

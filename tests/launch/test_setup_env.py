@@ -1,6 +1,7 @@
-"""scripts/setup_env.sh picks the stack (issue #43): a Python 3.12 on PATH or among pyenv's versions
-builds the primary stack in .venv; without one it builds the compatibility stack and says so in
-one line; STACK=compat asks for it in .venv-compat; a wrong interpreter is one line, exit 2.
+"""scripts/setup_env.sh picks the stack (issue #43): the default stack (DEFAULT_STACK, the one CI's
+whole suite runs on) in .venv when its Python is found on PATH or among pyenv's versions, else
+the other stack there, said in one line; STACK= asks for the other one, in .venv-STACK; a wrong
+interpreter or stack is one line, exit 2.
 
 Run with SETUP_PLAN_ONLY=1 (the script prints its choice and stops before creating anything) on a
 PATH and a pyenv root made of stand-in interpreters: small scripts that answer the version query."""
@@ -46,51 +47,79 @@ def _plan_of(r) -> dict:
     return dict(kv.split("=", 1) for kv in line[0].split())
 
 
-def test_pyenvs_312_builds_the_primary_stack_in_dot_venv(tmp_path):
-    bindir = tmp_path / "bin"
-    _fake_python(bindir / "python3", "3.11")  # the machine's python3 is 3.11, as here
-    pyenv = tmp_path / "pyenv"
-    _fake_python(pyenv / "versions" / "3.12.1" / "bin" / "python3.12", "3.12")
-    _fake_python(pyenv / "versions" / "3.12.9" / "bin" / "python3.12", "3.12")
-    _fake_python(pyenv / "versions" / "3.11.7" / "bin" / "python3.11", "3.11")
+DEFAULT = next(
+    line.split("=", 1)[1].strip()
+    for line in (ROOT / "scripts" / "setup_env.sh").read_text().splitlines()
+    if line.startswith("DEFAULT_STACK=")
+)
+PY_OF = {"primary": "3.12", "compat": "3.11"}
+TORCH_OF = {"primary": "2.14.1", "compat": "2.13.0"}
+OTHER = {"primary": "compat", "compat": "primary"}[DEFAULT]
+
+
+def _pythons(tmp_path: Path, on_path=(), in_pyenv=()) -> tuple:
+    bindir, pyenv = tmp_path / "bin", tmp_path / "pyenv"
+    bindir.mkdir(exist_ok=True)
+    for v in on_path:
+        _fake_python(bindir / f"python{v}", v)
+    for full in in_pyenv:
+        short = ".".join(full.split(".")[:2])
+        _fake_python(pyenv / "versions" / full / "bin" / f"python{short}", short)
+    return bindir, pyenv
+
+
+def test_the_default_stack_from_pyenv_goes_to_dot_venv(tmp_path):
+    short = PY_OF[DEFAULT]
+    bindir, pyenv = _pythons(tmp_path, in_pyenv=(f"{short}.1", f"{short}.9", f"{PY_OF[OTHER]}.2"))
+    _fake_python(bindir / "python3", "3.10")  # a python3 of another version is passed over
     p = _plan_of(_plan(tmp_path, bindir, pyenv))
-    assert p["stack"] == "primary" and p["venv"] == ".venv" and p["torch"] == "2.14.1", p
-    assert p["python"] == str(pyenv / "versions" / "3.12.9" / "bin" / "python3.12"), p  # the newest 3.12
+    assert p["stack"] == DEFAULT and p["venv"] == ".venv" and p["torch"] == TORCH_OF[DEFAULT], p
+    assert p["python"] == str(pyenv / "versions" / f"{short}.9" / "bin" / f"python{short}"), p  # the newest
 
 
-def test_a_312_on_path_comes_before_pyenv(tmp_path):
-    bindir = tmp_path / "bin"
-    on_path = _fake_python(bindir / "python3.12", "3.12")
-    pyenv = tmp_path / "pyenv"
-    _fake_python(pyenv / "versions" / "3.12.1" / "bin" / "python3.12", "3.12")
+def test_python_on_path_comes_before_pyenv(tmp_path):
+    short = PY_OF[DEFAULT]
+    bindir, pyenv = _pythons(tmp_path, on_path=(short,), in_pyenv=(f"{short}.1",))
     p = _plan_of(_plan(tmp_path, bindir, pyenv))
-    assert p["stack"] == "primary" and p["python"] == str(on_path), p
+    assert p["stack"] == DEFAULT and p["python"] == str(bindir / f"python{short}"), p
 
 
-def test_without_312_the_compatibility_stack_is_built_and_said_in_one_line(tmp_path):
-    bindir = tmp_path / "bin"
-    py311 = _fake_python(bindir / "python3.11", "3.11")
-    r = _plan(tmp_path, bindir, tmp_path / "no-pyenv")
+def test_without_the_default_python_the_other_stack_is_built_and_said_in_one_line(tmp_path):
+    bindir, pyenv = _pythons(tmp_path, on_path=(PY_OF[OTHER],))
+    r = _plan(tmp_path, bindir, pyenv)
     p = _plan_of(r)
-    assert p["stack"] == "compat" and p["python"] == str(py311) and p["venv"] == ".venv" and p["torch"] == "2.13.0", p
-    said = [x for x in r.stdout.splitlines() if "no Python 3.12" in x]
-    assert len(said) == 1 and "compatibility stack" in said[0], r.stdout
+    assert p == {
+        "stack": OTHER,
+        "python": str(bindir / f"python{PY_OF[OTHER]}"),
+        "venv": ".venv",
+        "torch": TORCH_OF[OTHER],
+    }, p
+    said = [x for x in r.stdout.splitlines() if f"no Python {PY_OF[DEFAULT]}" in x]
+    assert len(said) == 1 and f"building the {OTHER} stack" in said[0], r.stdout
 
 
-def test_stack_compat_asked_for_goes_to_its_own_venv(tmp_path):
-    bindir = tmp_path / "bin"
-    _fake_python(bindir / "python3.12", "3.12")
-    py311 = _fake_python(bindir / "python3.11", "3.11")
-    p = _plan_of(_plan(tmp_path, bindir, tmp_path / "no-pyenv", STACK="compat"))
-    assert p == {"stack": "compat", "python": str(py311), "venv": ".venv-compat", "torch": "2.13.0"}, p
+def test_the_other_stack_asked_for_goes_to_its_own_venv(tmp_path):
+    bindir, pyenv = _pythons(tmp_path, on_path=("3.12", "3.11"))
+    p = _plan_of(_plan(tmp_path, bindir, pyenv, STACK=OTHER))
+    assert p == {
+        "stack": OTHER,
+        "python": str(bindir / f"python{PY_OF[OTHER]}"),
+        "venv": f".venv-{OTHER}",
+        "torch": TORCH_OF[OTHER],
+    }, p
+    p = _plan_of(_plan(tmp_path, bindir, pyenv, STACK=DEFAULT))  # the default, asked for by name
+    assert p["stack"] == DEFAULT and p["venv"] == ".venv", p
+    p = _plan_of(_plan(tmp_path, bindir, pyenv, STACK="primary"))
+    assert p["python"].endswith("python3.12") and p["torch"] == "2.14.1", p
 
 
 def test_a_wrong_interpreter_or_stack_is_one_line(tmp_path):
-    bindir = tmp_path / "bin"
-    py310 = _fake_python(bindir / "python3.10", "3.10")
-    r = _plan(tmp_path, bindir, tmp_path / "no-pyenv", PYTHON=str(py310))
+    bindir, pyenv = _pythons(tmp_path, on_path=("3.10",))
+    r = _plan(tmp_path, bindir, pyenv, PYTHON=str(bindir / "python3.10"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "needs 3.12" in r.stderr, r.stderr
-    r = _plan(tmp_path, bindir, tmp_path / "no-pyenv", STACK="newest")
+    r = _plan(tmp_path, bindir, pyenv, STACK="newest")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "STACK must be primary or compat" in r.stderr, r.stderr
-    r = _plan(tmp_path, bindir, tmp_path / "no-pyenv")  # no 3.12, no 3.11 either
+    r = _plan(tmp_path, bindir, pyenv)  # no 3.12, no 3.11 either
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no Python 3.12 or 3.11" in r.stderr, r.stderr
+    r = _plan(tmp_path, bindir, pyenv, STACK="primary")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "STACK=primary needs a Python 3.12" in r.stderr, r.stderr
