@@ -405,7 +405,7 @@ def _where(with_port: bool = False) -> dict:
     (physical ids on that node) and, ``with_port``, a rendezvous port free on that node."""
     import ray  # lazy: Ray
 
-    from ..distributed import free_port  # torch: this module stays torch-free (its __main__ runs in Slurm scripts)
+    from ..ports import free_port  # torch-free, as this module (its __main__ runs in Slurm scripts)
 
     out = {
         "node_id": ray.get_runtime_context().get_node_id(),

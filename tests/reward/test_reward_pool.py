@@ -176,3 +176,24 @@ def test_plugin_in_the_workers_sees_the_record_and_needs_no_label():
         assert [r.pred for r in got] == ["resp||the prompt|judge|{'k': 1}", "2"]
         with pytest.raises(ValueError, match="ground_truth is empty"):  # the default dapo checker needs one
             pool.score([RewardInput("Answer: 2", "", "p", "other")])
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("reward", ["builtin", "main-fn"])
+def test_workers_rerun_the_main_module_only_for_a_reward_defined_there(reward, tmp_path):
+    """The driver runs as ``python -m megatron_dapo.train``; a spawned worker that re-ran it
+    would import torch for nothing. A reward function defined in the main module still needs it."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = tmp_path / "pids"
+    args = [sys.executable, "-m", "tests.reward.main_module_check", str(out)] + ([reward] if reward != "builtin" else [])
+    done = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stdout + done.stderr
+    reason, score, worker = done.stdout.split()
+    assert reason == "ok"
+    assert float(score) == 1.0
+    pids = out.read_text().split()
+    assert pids[0] != worker
+    assert pids[1:] == ([worker] if reward == "main-fn" else []), pids
