@@ -6,3 +6,7 @@ they need when they are used.
 """
 
 __version__ = "0.1.0"
+
+from . import platform_imports as _platform_imports  # noqa: E402  (standard library only)
+
+_platform_imports.install()  # megatron-core's torch.compile decorators compile when first called

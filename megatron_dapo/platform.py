@@ -52,6 +52,13 @@ need it:
    is the CPU generator's, and its backward (the recompute) runs inside patch 1's mode
    (:func:`_patch_recompute_rng`).
 
+10. Import time (``megatron_dapo/platform_imports.py``, installed by ``import megatron_dapo``
+   because it must act before megatron-core is imported, and standard library only because
+   importing the package must stay cheap): while a ``megatron.core`` module runs its import,
+   ``torch.compile`` is a lazy decorator, so the fusions' ``@jit_fuser`` and 0.19's router
+   ``@torch.compile`` import dynamo and inductor at their first call, not in every process that
+   imports megatron-core. On any device.
+
 Strict collectives (a test mode, ``MEGATRON_DAPO_STRICT_COLLECTIVES=1``): on CPU every group
 is gloo and every tensor is on the host, so a host tensor handed to what is an NCCL group in
 production (it raises at the first such collective on a GPU) passes unseen. In this mode

@@ -171,6 +171,10 @@ def layer_violations(graph: dict, layers: dict) -> list:
             b = _package(dep)
             if not b or a == b:
                 continue
+            if not a:  # the package's own __init__: imported by every module, so layer 0 only
+                if layers[b] != 0:
+                    out.append(f"{mod} (the package's __init__) imports {dep} (layer {layers[b]}, not 0)")
+                continue
             if layers[b] >= layers[a]:
                 out.append(f"{mod} (layer {layers[a]}) imports {dep} (layer {layers[b]})")
     return out
@@ -182,6 +186,10 @@ def test_the_layer_check_finds_an_upward_import():
         "megatron_dapo.a.x (layer 0) imports megatron_dapo.b.y (layer 1)"
     ]
     assert layer_violations({"megatron_dapo.b.y": {"megatron_dapo.a.x"}, "megatron_dapo.a.x": set()}, layers) == []
+    assert layer_violations({"megatron_dapo": {"megatron_dapo.a"}}, layers) == []
+    assert layer_violations({"megatron_dapo": {"megatron_dapo.b.y"}}, layers) == [
+        "megatron_dapo (the package's __init__) imports megatron_dapo.b.y (layer 1, not 0)"
+    ]
 
 
 def test_packages_keep_the_layers_of_docs_design():

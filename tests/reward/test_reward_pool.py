@@ -188,7 +188,9 @@ def test_workers_rerun_the_main_module_only_for_a_reward_defined_there(reward, t
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = tmp_path / "pids"
-    args = [sys.executable, "-m", "tests.reward.main_module_check", str(out)] + ([reward] if reward != "builtin" else [])
+    args = [sys.executable, "-m", "tests.reward.main_module_check", str(out)] + (
+        [reward] if reward != "builtin" else []
+    )
     done = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=150)
     assert done.returncode == 0, done.stdout + done.stderr
     reason, score, worker = done.stdout.split()
