@@ -1,7 +1,8 @@
 """Rendezvous ports: free on this host, drawn between Ray's worker ports and the kernel's
 ephemeral range. Torch-free (standard library only): the tiny Ray tasks that look where a
 placement-group bundle landed import it, and a worker that imported torch for one port would
-spend about 1.5 s of CPU on it (docs/benchmarks-log.md, "Where a driver run's CPU goes").
+spend about 1.5 s of CPU on it (docs/benchmarks-log.md, "Start-up CPU: helper processes without
+torch, megatron-core without dynamo").
 """
 
 from __future__ import annotations

@@ -17,9 +17,10 @@ the rest.
 Processes use the "spawn" start method by default (the trainer holds torch and threads;
 forking it is unsafe). As with any spawn pool, a script that creates a BatchScorer must
 guard its entry point with ``if __name__ == "__main__":``. A spawned worker re-runs the
-parent's main module only where a reward function is defined there (``__module__ ==
-"__main__"``): otherwise it would repeat the main module's imports for nothing (for the driver,
-``python -m megatron_dapo.train``, torch: about 1.5 s of CPU and 300 MB per worker).
+parent's main module only where the reward specs need it (they pickle by reference to
+``__main__``: a reward function defined there); otherwise it would repeat the main module's
+imports for nothing (for the driver, ``python -m megatron_dapo.train``, torch: about 1.5 s of
+CPU and 300 MB per worker).
 """
 
 from __future__ import annotations
@@ -129,10 +130,10 @@ def _main_module_hidden(hide: bool):
 class _Worker:
     """One worker process and its end of the pipe."""
 
-    def __init__(self, ctx, args: tuple) -> None:
+    def __init__(self, ctx, args: tuple, hide_main: bool) -> None:
         self.conn, child = ctx.Pipe(duplex=True)
         self.proc = ctx.Process(target=_worker_main, args=(child,) + args, daemon=True)
-        with _main_module_hidden(not needs_main_module(args[0])):
+        with _main_module_hidden(hide_main):
             self.proc.start()
         child.close()
         self.ready = False
@@ -213,7 +214,8 @@ class BatchScorer:
         #: How many workers were killed for overrunning, and how many died on their own.
         self.timeouts = 0
         self.crashes = 0
-        self._workers = [_Worker(self._ctx, self._args) for _ in range(self.num_workers)]
+        self._hide_main = not needs_main_module(self._args[0])  # decided once, for every (re)start
+        self._workers = [_Worker(self._ctx, self._args, self._hide_main) for _ in range(self.num_workers)]
 
     # -- lifecycle ---------------------------------------------------------------------
     @classmethod
@@ -274,7 +276,7 @@ class BatchScorer:
 
     def _replace(self, worker: _Worker) -> None:
         worker.kill()
-        self._workers[self._workers.index(worker)] = _Worker(self._ctx, self._args)
+        self._workers[self._workers.index(worker)] = _Worker(self._ctx, self._args, self._hide_main)
 
     # -- scoring -----------------------------------------------------------------------
     def score(self, items: Sequence[Any]) -> list[RewardResult]:
