@@ -181,16 +181,19 @@ def _init_local(ray, kw: dict, attempts: int = RAY_START_ATTEMPTS, pause_s: floa
 
 
 def _end_half_started(ray, before: set) -> None:
-    """End what a failed or interrupted ``ray.init`` left running: ``ray.shutdown()``, then the
-    processes it started that are still alive (its GCS, dashboard, agents, monitors): Ray's
-    shutdown knows no node that failed to start. They are listed before the shutdown ends the
-    raylet, whose agents then leave this process's tree."""
-    started = _child_pids() - before
+    """End what a failed or interrupted ``ray.init`` left running (its GCS, raylet, dashboard,
+    agents, monitors): Ray's shutdown knows no node that failed to start, and a raylet that is
+    still starting spawns its agents while the shutdown runs; those then leave this process's
+    tree and, their GCS gone, wait out a 60 s report timeout before they exit (measured: 70 s
+    after a SIGTERM during the start). So the new processes are first frozen (SIGSTOP, again
+    until no new one appears: a stopped process spawns nothing), then killed, and only then is
+    the driver's side shut down."""
+    _end_processes(_freeze_new(before), grace_s=0.0)
     try:
         ray.shutdown()
     except Exception:  # pragma: no cover - best effort on a half-started node
         pass
-    _end_processes(started | (_child_pids() - before))
+    _end_processes(_child_pids() - before)
 
 
 def _child_pids() -> set:
@@ -202,9 +205,26 @@ def _child_pids() -> set:
         return set()
 
 
+def _freeze_new(before: set, rounds: int = 20) -> set:
+    """SIGSTOP every descendant of this process that is not in ``before``, again until a listing
+    finds no new one (at most ``rounds``); returns the stopped pids."""
+    stopped: set = set()
+    for _ in range(rounds):
+        new = _child_pids() - before - stopped
+        if not new:
+            break
+        for pid in new:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+        stopped |= new
+    return stopped
+
+
 def _end_processes(pids: Iterable[int], grace_s: float = 10.0) -> None:
-    """TERM, then KILL after ``grace_s``, the processes a failed ``ray.init`` started (its GCS,
-    dashboard, monitors): Ray leaves them running when the node never came up."""
+    """TERM, then KILL after ``grace_s`` (at once where it is 0), the processes a failed
+    ``ray.init`` started; stopped ones are continued after the TERM so that they can act on it."""
     import psutil
 
     procs = []
@@ -213,18 +233,20 @@ def _end_processes(pids: Iterable[int], grace_s: float = 10.0) -> None:
             procs.append(psutil.Process(pid))
         except psutil.Error:
             continue
+    if grace_s > 0:
+        for p in procs:
+            try:
+                p.terminate()
+                p.resume()
+            except psutil.Error:
+                pass
+        _, procs = psutil.wait_procs(procs, timeout=grace_s)
     for p in procs:
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for p in alive:
         try:
             p.kill()
         except psutil.Error:
             pass
-    psutil.wait_procs(alive, timeout=grace_s)
+    psutil.wait_procs(procs, timeout=max(grace_s, 10.0))
 
 
 def _machine_load() -> str:
