@@ -49,6 +49,21 @@ def _sigterm_once_raylet_exists() -> None:
         time.sleep(0.05)
 
 
+def _head_processes() -> str:
+    """How many of this process's descendants are Ray's log monitor, its autoscaler monitor and
+    its raylet: ``log_monitor=N autoscaler_monitor=N raylet=N``."""
+    found = {"log_monitor": 0, "autoscaler_monitor": 0, "raylet": 0}
+    for c in psutil.Process().children(recursive=True):
+        try:
+            line = " ".join(c.cmdline())
+        except psutil.Error:
+            continue
+        found["log_monitor"] += "ray/_private/log_monitor.py" in line
+        found["autoscaler_monitor"] += "ray/autoscaler/_private/monitor.py" in line
+        found["raylet"] += line.split(" ", 1)[0].endswith("/raylet")
+    return " ".join(f"{k}={v}" for k, v in found.items())
+
+
 def _sigterm_during_start() -> int:
     seen = threading.Event()
 
@@ -99,7 +114,7 @@ def main() -> int:
         thp = ray.get(ray.remote(lambda: os.environ.get("THP_MEM_ALLOC_ENABLE", "unset")).remote(), timeout=300)
         print(
             f"UP {time.monotonic() - t:.1f} killed={len(killed)} cpus={info['resources'].get('CPU')} "
-            f"worker_nice={nice} driver_nice={os.nice(0)} worker_thp={thp}",
+            f"worker_nice={nice} driver_nice={os.nice(0)} worker_thp={thp} {_head_processes()}",
             flush=True,
         )
     finally:

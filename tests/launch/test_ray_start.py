@@ -7,7 +7,7 @@ tiny CPU runs of the quickstart page failed that way. start_ray now raises Ray's
 raises one StartupError line naming the cause and what to try.
 
 * On a machine whose cores are all busy (CPU burners for the test's duration), Ray comes up and
-  runs a task.
+  runs a task, with no log monitor and no autoscaler monitor on its head.
 * A raylet that dies (killed once) is retried after a clean shutdown; the run comes up and no
   process of the failed try is left.
 * Two failed tries: one line, exit 2, no traceback (a stand-in for Ray; the real failure takes
@@ -71,6 +71,9 @@ def test_local_ray_comes_up_with_every_core_busy():
     nice = dict(kv.split("=") for kv in r.stdout.split("UP ", 1)[1].split()[1:])
     assert nice["worker_nice"] == nice["driver_nice"], r.stdout
     assert nice["worker_thp"] == "1", r.stdout  # PyTorch's CPU allocator on huge pages in the actors
+    # the head without the two processes a one-node start with log_to_driver=False does not use
+    # (placement.lean_local_head); the raylet is there, so the listing saw the node's processes
+    assert (nice["raylet"], nice["log_monitor"], nice["autoscaler_monitor"]) == ("1", "0", "0"), r.stdout
     assert not r.leftovers, r.leftovers
 
 
