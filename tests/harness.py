@@ -13,6 +13,14 @@ per live gloo group; each wakes every few milliseconds for the life of the proce
 that something still holds (measured: a MoE model's step on megatron-core 0.16.1 leaves 16 per
 rank) cannot be freed, so more than ``RECYCLE_AFTER_LOOPS`` on a rank retire the pool at the
 next ``gloo(n)`` of conftest (tests that hold a pool keep it for the rest of the test).
+
+The ranks are forked from multiprocessing's fork server, which imports torch, megatron-core and
+megatron_dapo's distributed helpers once (:data:`PRELOAD`) before it forks any rank: a rank then
+starts without paying those imports again (about 4 CPU-s each on the 2-core test machine;
+docs/benchmarks.md, "Test suite: time"). The fork server is a fresh interpreter, started once per
+test process, that has run nothing but those imports: no thread, no gloo group, no OpenMP pool
+is there to be copied into a rank. It inherits the environment of the process that first starts
+a pool; ``GLOO_POOL_START=spawn`` starts the ranks as fresh interpreters instead.
 """
 
 from __future__ import annotations
@@ -25,6 +33,18 @@ import traceback
 from megatron_dapo.distributed import free_port
 
 RECYCLE_AFTER_LOOPS = 64  # gloo TCP loop threads on one rank after a body: start a fresh pool
+#: What the fork server imports before it forks the ranks (module doc).
+PRELOAD = ["torch", "megatron_dapo.distributed", "megatron.core", "megatron.core.parallel_state"]
+
+
+def _context():
+    method = os.environ.get("GLOO_POOL_START", "forkserver")
+    if method not in ("forkserver", "spawn"):
+        raise ValueError(f"GLOO_POOL_START must be forkserver or spawn, got {method!r}")
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(PRELOAD)
+    return ctx
 
 
 def gloo_loop_threads() -> int:
@@ -80,7 +100,7 @@ def _worker(rank: int, world: int, port: int, tasks, results) -> None:
 class GlooPool:
     def __init__(self, world_size: int, start_timeout: float = 300.0):
         self.world_size = world_size
-        ctx = mp.get_context("spawn")
+        ctx = _context()
         port = free_port()
         self._tasks = [ctx.Queue() for _ in range(world_size)]
         self._results = ctx.Queue()
