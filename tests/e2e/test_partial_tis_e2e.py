@@ -35,7 +35,7 @@ def test_partial_rollout_and_tis_steps(tmp_path):
             run,
             **{
                 "--actor-num-gpus-per-node": "2",
-                "--num-rollout": "3",
+                "--num-rollout": "2",
                 "--over-sampling-batch-size": "8",
                 "--rollout-temperature": "0.8",
                 "--partial-rollout": "true",
@@ -43,13 +43,13 @@ def test_partial_rollout_and_tis_steps(tmp_path):
                 "--tis-mode": "token-truncate",
                 "--tis-cap": "2",
                 "--save": ckpt,
-                "--save-interval": "3",
+                "--save-interval": "2",
             },
         )
     )
     assert rc == 0
     rows = read_metrics(run)
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         for k in (
             "tis_weight_mean",
