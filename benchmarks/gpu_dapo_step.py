@@ -85,6 +85,12 @@ def make_engine(kind: str, hf: str, dtype, device, tp: int = 1):
 def run(
     small: bool = False, port: int = 0, log=print, engine_kind: str = "hf", tokenizer: str = None, vocab: int = 0
 ) -> dict:
+    """One hybrid DAPO step on a tiny model written to a temporary directory (removed afterwards)."""
+    with tempfile.TemporaryDirectory(prefix="dapo_step_hf_") as tmp:
+        return _run(tmp, small, port, log, engine_kind, tokenizer, vocab)
+
+
+def _run(tmp: str, small: bool, port: int, log, engine_kind: str, tokenizer, vocab: int) -> dict:
     import torch
 
     from megatron_dapo.algo import compute_group_advantages
@@ -103,7 +109,7 @@ def run(
         extra = " ".join(f"{k}={v}" for k, v in info.items())
         log(f"[dapo-step] {name:10s} {stages[name]:7.2f} s {extra}")
 
-    hf = tiny_hf_dir(tempfile.mkdtemp(prefix="dapo_step_hf_"), small=not on_gpu, vocab=vocab, tokenizer=tokenizer)
+    hf = tiny_hf_dir(tmp, small=not on_gpu, vocab=vocab, tokenizer=tokenizer)
     G, prompts_n, new = 4, 2, 8
     flags = [
         "--hf-checkpoint",

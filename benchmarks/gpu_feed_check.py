@@ -170,13 +170,14 @@ def main(argv=None) -> int:
         print(f"{TAG} SKIP sglang TP 2 needs 2 GPUs (found {torch.cuda.device_count()})")
         return 0
     small = args.small or not torch.cuda.is_available()
-    hf = tiny_hf_dir(tempfile.mkdtemp(prefix="feed_tp2_hf_"), small=small, tokenizer=args.tokenizer)
-    try:
-        mp.start_processes(_spawned, args=(2, free_port(), args, hf), nprocs=2, join=True, start_method="spawn")
-    except Exception as e:  # a rank's traceback is in the exception text
-        print(e)
-        print(f"{TAG} FAIL")
-        return 1
+    with tempfile.TemporaryDirectory(prefix="feed_tp2_hf_") as tmp:  # the tiny model, removed afterwards
+        hf = tiny_hf_dir(tmp, small=small, tokenizer=args.tokenizer)
+        try:
+            mp.start_processes(_spawned, args=(2, free_port(), args, hf), nprocs=2, join=True, start_method="spawn")
+        except Exception as e:  # a rank's traceback is in the exception text
+            print(e)
+            print(f"{TAG} FAIL")
+            return 1
     print(f"{TAG} PASS")
     return 0
 

@@ -11,8 +11,12 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _run(args, timeout=600):
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+def _run(args, tmp_path, timeout=600):
+    """Run a script with its own temporary directory (TMPDIR): the tiny model it writes there is
+    gone afterwards (torch's own caches, such as torchinductor_<user>, may stay)."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", TMPDIR=str(scratch))
     p = subprocess.Popen(
         [sys.executable, *args],
         cwd=ROOT,
@@ -28,12 +32,15 @@ def _run(args, timeout=600):
         if p.poll() is None:
             os.killpg(p.pid, 9)
             p.wait()
+    if p.returncode == 0:
+        left = [n for n in os.listdir(scratch) if n.startswith(("dapo_step_hf_", "feed_tp2_hf_"))]
+        assert left == [], out[-2000:]
     return p.returncode, out
 
 
 @pytest.mark.slow
-def test_gpu_dapo_step_small_runs_the_hybrid_step():
-    rc, out = _run(["benchmarks/gpu_dapo_step.py", "--small"])
+def test_gpu_dapo_step_small_runs_the_hybrid_step(tmp_path):
+    rc, out = _run(["benchmarks/gpu_dapo_step.py", "--small"], tmp_path)
     assert rc == 0, out[-4000:]
     lines = [l for l in out.splitlines() if l.startswith("[dapo-step]")]
     stages = [l.split()[1] for l in lines[:-1]]
@@ -56,8 +63,8 @@ def test_gpu_dapo_step_small_runs_the_hybrid_step():
 
 
 @pytest.mark.slow
-def test_gpu_feed_check_small_feeds_one_engine_from_two_ranks():
-    rc, out = _run(["benchmarks/gpu_feed_check.py", "--small", "--bucket-kb", "64"])
+def test_gpu_feed_check_small_feeds_one_engine_from_two_ranks(tmp_path):
+    rc, out = _run(["benchmarks/gpu_feed_check.py", "--small", "--bucket-kb", "64"], tmp_path)
     assert rc == 0, out[-4000:]
     syncs = [l for l in out.splitlines() if l.startswith("[feed-tp2] sync")]
     assert len(syncs) == 2, out[-4000:]
