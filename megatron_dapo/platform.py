@@ -58,6 +58,19 @@ need it:
    ``torch.compile`` is a lazy decorator, so the fusions' ``@jit_fuser`` and 0.19's router
    ``@torch.compile`` import dynamo and inductor at their first call, not in every process that
    imports megatron-core. On any device.
+11. Pickled tensors (the same hook, after ``megatron.core`` imported): megatron-core 0.19 points
+   ``torch.storage._load_from_bytes`` at its own ``safe_load_from_bytes``, so every tensor a
+   trainer rank pickles names megatron-core and its receiver (the driver) imported all of it;
+   ``platform_imports.load_storage_bytes`` takes its place, the same ``weights_only=True`` load.
+   On any device.
+12. Checkpoint write results (:func:`in_process_write_results`, called before every save): a
+   synchronous ``dist_checkpointing.save`` hands its write results to its own process through a
+   module-global queue, which megatron-core creates at the first save as a
+   ``multiprocessing`` spawn-context ``Manager().Queue()`` (``strategies/filesystem_async.py``,
+   0.16.1 and 0.19): a server process that re-runs the rank's ``__main__`` (a Ray worker's
+   ``default_worker.py``) and lives as long as the rank, 3.5 CPU-s per saving rank on this
+   machine. Only an asynchronous save (a separate writer process), which this project does not
+   use, needs that queue to cross processes; a ``queue.Queue`` takes its place. On any device.
 
 Strict collectives (a test mode, ``MEGATRON_DAPO_STRICT_COLLECTIVES=1``): on CPU every group
 is gloo and every tensor is on the host, so a host tensor handed to what is an NCCL group in
@@ -658,6 +671,21 @@ def install_strict_collectives(default_backend=None) -> bool:
     wrapped = _wrap_new_group(c10d.new_group)
     dist.new_group = c10d.new_group = wrapped
     _STRICT["installed"] = True
+    return True
+
+
+def in_process_write_results() -> bool:
+    """Patch 12: the write-results queue of megatron-core's synchronous checkpoint save is a
+    ``queue.Queue`` of this process (before its first save; True when set here)."""
+    import queue
+
+    try:
+        from megatron.core.dist_checkpointing.strategies import filesystem_async
+    except ImportError:  # a release without the module: nothing to do
+        return False
+    if getattr(filesystem_async, "_results_queue", False) is not None:
+        return False  # made already (a save before this call) or no such global
+    filesystem_async._results_queue = queue.Queue()
     return True
 
 

@@ -18,6 +18,16 @@ The hook must be in place before megatron-core is imported; ruff's import order 
 installs it (:func:`install`). Standard library only: importing the package stays cheap.
 The same hook gives the optional packages of ``LAZY_OPTIONAL`` that a megatron.core module
 imports a lazy loader. ``MEGATRON_DAPO_EAGER_JIT=1`` leaves megatron-core's imports as they are.
+
+megatron-core 0.19's ``__init__`` also replaces ``torch.storage._load_from_bytes``, the function
+every pickled tensor names for its own unpickling, by ``megatron.core.safe_globals.
+safe_load_from_bytes`` (the same ``torch.load`` with ``weights_only=True``). From then on each
+tensor that a trainer rank pickles (a Ray return value: the RNG states that a checkpoint saves)
+names megatron-core, and whichever process unpickles it imports all of megatron-core first:
+2.7 CPU-s in the driver at its first checkpoint, which otherwise never imports it. Once
+``megatron.core`` has imported, the hook puts :func:`load_storage_bytes` in its place: the
+same ``weights_only=True`` load, named by this module, which the receiver imports in
+milliseconds.
 """
 
 from __future__ import annotations
@@ -61,6 +71,25 @@ def lazy_compile(model=None, **kwargs):
     return call
 
 
+def load_storage_bytes(b):
+    """A pickled storage's bytes back to the storage, with ``weights_only=True`` as megatron-core
+    0.19 loads it (its ``safe_load_from_bytes``), from a module cheap to import."""
+    import io
+
+    import torch
+
+    return torch.load(io.BytesIO(b), weights_only=True)
+
+
+def _keep_storage_pickles_light() -> None:
+    """After ``megatron.core`` imported: its ``safe_load_from_bytes`` on ``torch.storage`` gives way
+    to :func:`load_storage_bytes` (see the module docstring); torch's own function is kept."""
+    import torch.storage
+
+    if getattr(torch.storage._load_from_bytes, "__module__", "") == PACKAGE + ".safe_globals":
+        torch.storage._load_from_bytes = load_storage_bytes
+
+
 class _LazyCompileLoader(importlib.abc.Loader):
     """Runs a ``megatron.core`` module as its own loader would, with ``torch.compile`` being
     :func:`lazy_compile` meanwhile (nested imports keep it; the outermost puts torch's back)."""
@@ -88,6 +117,8 @@ class _LazyCompileLoader(importlib.abc.Loader):
             if outer:
                 torch.compile = _real_compile  # type: ignore[assignment]
                 _real_compile = None
+        if module.__name__ == PACKAGE:
+            _keep_storage_pickles_light()
 
 
 class _MegatronCoreFinder(importlib.abc.MetaPathFinder):

@@ -41,6 +41,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
+from .. import platform
 from ..distributed import collective_device
 from ..errors import CheckpointError
 from ..models.hf_config import ModelArch, hf_config_hash, load_hf_config, parse_hf_config
@@ -511,6 +512,7 @@ def save_checkpoint(
     ssd = _with_extra(_model_sharded_state_dict(model), extra_sharded_state)
     if release_model_memory:
         _own_storage_release_params(model, ssd)
+    platform.in_process_write_results()
     dist_checkpointing.save(ssd, directory)
     if rank == 0:
         tmp = os.path.join(directory, METADATA_FILE + ".tmp")

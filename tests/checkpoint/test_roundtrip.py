@@ -96,3 +96,18 @@ def test_tied_vocab_repad_tp2pp2(gloo, tmp_path):
     ref = hf_logits(hf_dir, tokens)
     got = [g for g in gloo(4).run(bodies.checkpoint_logits, cfg, ck, 2, 2, tokens) if g is not None]
     assert got and all(float((g - ref).abs().max()) < 1e-5 for g in got)
+
+
+def test_a_save_leaves_no_server_process_behind(gloo, tiny_hf, tmp_path):
+    """platform.py patch 12: megatron-core's write results stay in the rank (a ``queue.Queue``), so
+    a save starts no multiprocessing Manager (a server process that re-ran the rank's
+    ``__main__`` and lived as long as the rank); the checkpoint still loads bit-exactly."""
+    ck = str(tmp_path / "ck")
+    got = gloo(2).run(bodies.save_and_list_children, tiny_hf["qwen2"], ck)
+    for g in got:
+        assert g["rc"] == 0 and g["queue"] == "queue", g
+        assert not [c for c in g["children"] if "multiprocessing" in c], g["children"]
+    out = str(tmp_path / "hf")
+    gloo(2).run(bodies.export_hf, ck, out)
+    src, back = read_safetensors_dir(tiny_hf["qwen2"]), read_safetensors_dir(out)
+    assert set(back) and all(torch.equal(back[k], src[k]) for k in back)
