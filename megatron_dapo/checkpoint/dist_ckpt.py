@@ -309,6 +309,25 @@ def resume_note(saved: Optional[dict], new: dict) -> tuple[bool, str]:
     return True, f"{', '.join(changes)}: {what}; {rng}"
 
 
+#: megatron-core 0.19 logs this at a process's first save, synchronous ones included (its torch_dist
+#: strategy runs every save through ``async_save(..., async_strategy="mcore")``); this project never
+#: saves asynchronously, so the line would only mislead: it is dropped from that logger.
+ASYNC_SAVE_DEPRECATION = "MCore's async save is deprecated"
+_TORCH_STRATEGY_LOGGER = "megatron.core.dist_checkpointing.strategies.torch"
+
+
+class _DropAsyncSaveDeprecation(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(ASYNC_SAVE_DEPRECATION)
+
+
+def quiet_async_save_deprecation() -> None:
+    """Filter megatron-core's async-save deprecation line out of its logger (idempotent)."""
+    log = logging.getLogger(_TORCH_STRATEGY_LOGGER)
+    if not any(isinstance(f, _DropAsyncSaveDeprecation) for f in log.filters):
+        log.addFilter(_DropAsyncSaveDeprecation())
+
+
 # ---------------------------------------------------------------- files
 
 _FIX = "copy or write this checkpoint again, or resume from an earlier step of the run (--load SAVE_DIR/step_N)"
@@ -513,6 +532,7 @@ def save_checkpoint(
     if release_model_memory:
         _own_storage_release_params(model, ssd)
     platform.in_process_write_results()
+    quiet_async_save_deprecation()
     dist_checkpointing.save(ssd, directory)
     if rank == 0:
         tmp = os.path.join(directory, METADATA_FILE + ".tmp")

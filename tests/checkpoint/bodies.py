@@ -187,9 +187,23 @@ def export_error(ckpt_dir: str, out_dir: str, *extra: str):
 def save_and_list_children(hf_dir: str, out_dir: str) -> dict:
     """convert_hf (a synchronous dist_checkpointing.save on every rank), then what the save left:
     the type of megatron-core's write-results queue and this rank's live child processes."""
+    import logging
+
     import psutil
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
-    rc = convert_hf(hf_dir, out_dir)
+    seen = []
+
+    class _Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    keep = _Keep()
+    logging.getLogger("megatron.core").addHandler(keep)
+    try:
+        rc = convert_hf(hf_dir, out_dir)
+    finally:
+        logging.getLogger("megatron.core").removeHandler(keep)
     children = [" ".join(p.cmdline())[:200] for p in psutil.Process().children(recursive=True) if p.is_running()]
-    return {"rc": rc, "queue": type(filesystem_async._results_queue).__module__, "children": children}
+    queue = type(filesystem_async._results_queue).__module__
+    return {"rc": rc, "queue": queue, "children": children, "logged": seen}
