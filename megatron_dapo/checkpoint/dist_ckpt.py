@@ -316,18 +316,6 @@ ASYNC_SAVE_DEPRECATION = "MCore's async save is deprecated"
 _TORCH_STRATEGY_LOGGER = "megatron.core.dist_checkpointing.strategies.torch"
 
 
-class _DropAsyncSaveDeprecation(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(ASYNC_SAVE_DEPRECATION)
-
-
-def quiet_async_save_deprecation() -> None:
-    """Filter megatron-core's async-save deprecation line out of its logger (idempotent)."""
-    log = logging.getLogger(_TORCH_STRATEGY_LOGGER)
-    if not any(isinstance(f, _DropAsyncSaveDeprecation) for f in log.filters):
-        log.addFilter(_DropAsyncSaveDeprecation())
-
-
 # ---------------------------------------------------------------- files
 
 _FIX = "copy or write this checkpoint again, or resume from an earlier step of the run (--load SAVE_DIR/step_N)"
@@ -532,7 +520,7 @@ def save_checkpoint(
     if release_model_memory:
         _own_storage_release_params(model, ssd)
     platform.in_process_write_results()
-    quiet_async_save_deprecation()
+    platform.drop_log_lines(_TORCH_STRATEGY_LOGGER, ASYNC_SAVE_DEPRECATION)
     dist_checkpointing.save(ssd, directory)
     if rank == 0:
         tmp = os.path.join(directory, METADATA_FILE + ".tmp")

@@ -11,7 +11,6 @@ a silent switch), megatron-core's local spec on the CPU or when ``local`` is ask
 from __future__ import annotations
 
 import dataclasses
-import logging
 from typing import Optional
 
 import torch
@@ -235,16 +234,9 @@ GPTMODEL_DEPRECATION = "GPTModel IS DEPRECATED"
 _GPT_LOGGER = "megatron.core.models.gpt.gpt_model"
 
 
-class _DropGPTModelDeprecation(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(GPTMODEL_DEPRECATION)
-
-
 def quiet_gptmodel_deprecation() -> None:
     """Filter megatron-core's GPTModel deprecation line out of its logger (idempotent)."""
-    log = logging.getLogger(_GPT_LOGGER)
-    if not any(isinstance(f, _DropGPTModelDeprecation) for f in log.filters):
-        log.addFilter(_DropGPTModelDeprecation())
+    platform.drop_log_lines(_GPT_LOGGER, GPTMODEL_DEPRECATION)
 
 
 def build_gpt_model(hf_config, opts: Optional[ModelBuildOptions] = None, *, pre_process=None, post_process=None):
