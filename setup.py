@@ -69,11 +69,16 @@ EXTRAS = {
         # release may add rules or change the formatting
         "ruff==0.17.6",
         "mypy==2.4.1",
+        # the real rollout engine on the CPU test bench (primary stack only: it pins torch 2.14.1,
+        # the primary stack's torch; rollout/sglang_cpu.py, docs/hybrid.md "SGLang on a CPU")
+        'sglang==0.5.23; python_version >= "3.12"',
     ],
 }
 
 setup(
     name="megatron-dapo",
+    # the C source of the CPU stub of the CUDA driver library (rollout/sglang_cpu.py)
+    package_data={"megatron_dapo.rollout": ["cuda_driver_stub.c"]},
     version="0.1.0",
     description="DAPO RL training on megatron-core with colocated SGLang rollout engines",
     long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",

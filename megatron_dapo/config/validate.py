@@ -303,10 +303,15 @@ def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[
             raise ConfigError("--bf16 is GPU-only (CPU runs are fp32)")
         if p.sequence_parallel:
             raise ConfigError("--sequence-parallel is GPU-only (megatron's local norm refuses it without TE/apex)")
-        if r.engine != AUTO and ENGINE_KINDS.get(r.engine).needs_gpu:
-            raise ConfigError(
-                f"--rollout-engine {r.engine} needs a GPU (use {resolve_engine_kind(AUTO, False)} on CPU)"
-            )
+        if r.engine != AUTO:
+            on_cpu = ENGINE_KINDS.get(r.engine).on_cpu
+            if on_cpu is None:
+                raise ConfigError(
+                    f"--rollout-engine {r.engine} needs a GPU (use {resolve_engine_kind(AUTO, False)} on CPU)"
+                )
+            refused = on_cpu(cfg)
+            if refused:
+                raise ConfigError(refused)
     if cfg.model.recompute_method and cfg.model.recompute_granularity != "full":
         raise ConfigError(
             f"--recompute-method {cfg.model.recompute_method} needs --recompute-granularity full, "

@@ -184,10 +184,11 @@ class EngineActor:
         self.engine.finish_weight_update()
 
     def release_memory(self, tags=None):
-        self.engine.release_memory(tags) if tags else self.engine.release_memory()
+        """The tags whose release was a no-op (``RolloutEngine.release_memory``)."""
+        return self.engine.release_memory(tags) if tags else self.engine.release_memory()
 
     def resume_memory(self, tags=None):
-        self.engine.resume_memory(tags) if tags else self.engine.resume_memory()
+        return self.engine.resume_memory(tags) if tags else self.engine.resume_memory()
 
     @ray.method(concurrency_group="control")
     def abort(self):

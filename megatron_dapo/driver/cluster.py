@@ -228,15 +228,16 @@ class RemoteEngines:
     def __init__(self, handles):
         self.members = list(handles)
 
-    def release_memory(self, tags) -> None:
+    def release_memory(self, tags) -> list:
+        """Per engine, the tags whose release was a no-op (hybrid/phases.py records them)."""
         import ray  # lazy: Ray
 
-        ray.get([h.release_memory.remote(list(tags)) for h in self.members])
+        return ray.get([h.release_memory.remote(list(tags)) for h in self.members])
 
-    def resume_memory(self, tags) -> None:
+    def resume_memory(self, tags) -> list:
         import ray  # lazy: Ray
 
-        ray.get([h.resume_memory.remote(list(tags)) for h in self.members])
+        return ray.get([h.resume_memory.remote(list(tags)) for h in self.members])
 
     def score(self, sequences, prompt_lens) -> list:
         import ray  # lazy: Ray

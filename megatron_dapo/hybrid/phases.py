@@ -35,8 +35,9 @@ used by ``benchmarks/gpu_check.py``); both trainers call the same ``PolicyWorker
 Trainer protocol: ``onload()``, ``offload()``, ``sync(engines) -> dict`` (at least ``bytes``),
 ``probe_logprobs(sequences) -> [[float]]`` (megatron's logprobs of tokens 1.. of each sequence
 at temperature 1, what ``RolloutEngine.score`` returns with prompt length 1).
-Engines protocol: ``release_memory(tags)``, ``resume_memory(tags)``,
-``score(sequences, prompt_lens) -> [per engine: [[float]]]``.
+Engines protocol: ``release_memory(tags)``, ``resume_memory(tags)`` (each may return, per
+engine, the tags whose call was a no-op: SGLang on a CPU keeps its memory; the event is then
+logged with the suffix :data:`NOOP_SUFFIX`), ``score(sequences, prompt_lens) -> [per engine: [[float]]]``.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ from .weight_sync import CHECKSUM_TAP, WeightSyncError
 log = logging.getLogger(__name__)
 
 ROLLOUT, TRAIN, INIT = "rollout", "train", "init"
+#: the suffix of a memory event (engine_release, engine_resume_*) in which the engines' calls freed
+#: or restored nothing (SGLang's CPU engine cannot release memory: rollout/sglang_cpu.py)
+NOOP_SUFFIX = "_noop"
 # everything but the weights comes back after the sync (KV cache, CUDA graphs)
 AFTER_SYNC_TAGS = tuple(t for t in MEMORY_TAGS if t != WEIGHTS)
 
@@ -77,13 +81,11 @@ class LocalEngines:
     def __init__(self, engines):
         self.members = list(engines) if isinstance(engines, (list, tuple)) else [engines]
 
-    def release_memory(self, tags: Sequence[str]) -> None:
-        for e in self.members:
-            e.release_memory(list(tags))
+    def release_memory(self, tags: Sequence[str]) -> list:
+        return [e.release_memory(list(tags)) for e in self.members]
 
-    def resume_memory(self, tags: Sequence[str]) -> None:
-        for e in self.members:
-            e.resume_memory(list(tags))
+    def resume_memory(self, tags: Sequence[str]) -> list:
+        return [e.resume_memory(list(tags)) for e in self.members]
 
     def score(self, sequences, prompt_lens) -> list:
         return [e.score(sequences, prompt_lens) for e in self.members]
@@ -177,6 +179,14 @@ class HybridStep:
         self.events.append(name)
         log.debug("hybrid: %s", name)
 
+    def _memory(self, event: str, key: str, fn, tags) -> None:
+        """One memory call on the engines (release or resume), timed; its event gets
+        :data:`NOOP_SUFFIX` when every engine reports every tag as a no-op."""
+        got = self._timed(key, fn, list(tags))
+        kept = got if isinstance(got, list) else []
+        noop = bool(kept) and all(isinstance(k, list) and set(k) >= set(tags) for k in kept)
+        self._event(event + (NOOP_SUFFIX if noop else ""))
+
     def _timed(self, key: str, fn, *a, **k):
         t0 = time.perf_counter()
         out = fn(*a, **k)
@@ -260,8 +270,7 @@ class HybridStep:
         self._require(INIT, what="launch")
         if self.check_init_sync:  # before the release: the engines still hold the checkpoint
             self._init_check(engines, "snapshot")
-        self._timed("release_s", engines.release_memory, list(MEMORY_TAGS))
-        self._event("engine_launch_release")
+        self._memory("engine_launch_release", "release_s", engines.release_memory, MEMORY_TAGS)
         build_trainer()
         self.trainer_resident = True
         self._event("trainer_build")
@@ -270,8 +279,7 @@ class HybridStep:
         """rollout -> train: the engines release all their memory, the trainer onloads."""
         self._require(ROLLOUT, what="to_train")
         self.timings = {}
-        self._timed("release_s", engines.release_memory, list(MEMORY_TAGS))
-        self._event("engine_release")
+        self._memory("engine_release", "release_s", engines.release_memory, MEMORY_TAGS)
         self._onload()
         self.phase = TRAIN
 
@@ -289,16 +297,14 @@ class HybridStep:
             self._onload()
         if init_check and not self._init_snapshot:  # no launch(): engines not released since they loaded
             self._init_check(engines, "snapshot")
-        self._timed("resume_s", engines.resume_memory, [WEIGHTS])
-        self._event("engine_resume_weights")
+        self._memory("engine_resume_weights", "resume_s", engines.resume_memory, [WEIGHTS])
         if init_check:
             self._init_check(engines, "reset_tensors")
         stats, ref = self._sync_and_probe_reference(engines, probe)
         if init_check:
             self._init_check(engines, "compare")
         self._offload()
-        self._timed("resume_s", engines.resume_memory, list(AFTER_SYNC_TAGS))
-        self._event("engine_resume_kv_cache")
+        self._memory("engine_resume_kv_cache", "resume_s", engines.resume_memory, AFTER_SYNC_TAGS)
         self.phase = ROLLOUT
         worst = self._probe_engines(engines, probe, ref) if ref is not None else None
         return {"sync": stats, "probe_max_abs": worst}

@@ -78,7 +78,7 @@ def plan_warnings(cfg: DAPOConfig, arch: ModelArch, on_gpu: bool) -> List[str]:
         w.append(
             f"--sglang-mem-fraction-static {r.mem_fraction_static} leaves little room for activations and CUDA graphs"
         )
-    if on_gpu and r.engine != AUTO and not engine_kind_spec(r.engine).needs_gpu:
+    if on_gpu and r.engine != AUTO and not engine_kind_spec(r.engine).for_gpu:
         w.append(f"--rollout-engine {r.engine} on GPU: HF generate is far slower than SGLang for long responses")
     if o.lr > 1e-5 and arch.num_parameters > 5e9:
         w.append(f"--lr {o.lr} is high for a {arch.num_parameters / 1e9:.0f}B model (DAPO: 1e-6)")

@@ -52,7 +52,7 @@ def _gb(x: float) -> str:
 def _target_is_gpu(cfg: DAPOConfig) -> bool:
     p = cfg.parallel
     engine = cfg.rollout.engine
-    return bool(cfg.model.bf16 or (engine != AUTO and engine_kind_spec(engine).needs_gpu) or p.sequence_parallel)
+    return bool(cfg.model.bf16 or (engine != AUTO and engine_kind_spec(engine).on_cpu is None) or p.sequence_parallel)
 
 
 def launch_order_lines(cfg: DAPOConfig, plan: PlacementPlan, engine_kind: str) -> List[str]:
@@ -170,6 +170,9 @@ def dry_run_report(
     add("")
     engine_kind = resolve_engine_kind(r.engine, on_gpu)
     out.extend(launch_order_lines(cfg, plan, engine_kind))
+    cpu_note = engine_kind_spec(engine_kind).cpu_memory_note
+    if not on_gpu and cpu_note:
+        add(f"  on this CPU machine: {cpu_note}")
 
     add("")
     sp = sync_plan(cfg, arch, engine_kind)

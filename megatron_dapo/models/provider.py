@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from .. import platform
+from .. import platform, platform_imports
 from .hf_config import ModelArch, padded_vocab_size, parse_hf_config
 
 
@@ -236,7 +236,7 @@ _GPT_LOGGER = "megatron.core.models.gpt.gpt_model"
 
 def quiet_gptmodel_deprecation() -> None:
     """Filter megatron-core's GPTModel deprecation line out of its logger (idempotent)."""
-    platform.drop_log_lines(_GPT_LOGGER, GPTMODEL_DEPRECATION)
+    platform_imports.drop_log_lines(_GPT_LOGGER, GPTMODEL_DEPRECATION)
 
 
 def build_gpt_model(hf_config, opts: Optional[ModelBuildOptions] = None, *, pre_process=None, post_process=None):

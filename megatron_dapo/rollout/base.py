@@ -255,25 +255,35 @@ class RolloutEngine(abc.ABC):
         _check_tags([tag])
         return tag in self._released
 
-    def release_memory(self, tags: Sequence[str] = MEMORY_TAGS) -> None:
+    def release_memory(self, tags: Sequence[str] = MEMORY_TAGS) -> List[str]:
+        """Release the memory of ``tags``; returns those whose release freed nothing (an engine
+        that cannot release memory on this machine: SGLang on a CPU), which the hybrid event
+        log records."""
         tags = _check_tags(tags)
         todo = [t for t in tags if t not in self._released]
+        kept: List[str] = []
         if todo:
-            self._release(todo)
+            kept = list(self._release(todo) or [])
             self._released.update(todo)
+        return kept
 
-    def resume_memory(self, tags: Sequence[str] = MEMORY_TAGS) -> None:
+    def resume_memory(self, tags: Sequence[str] = MEMORY_TAGS) -> List[str]:
+        """Resume the memory of ``tags``; returns those whose resume was a no-op (as above)."""
         tags = _check_tags(tags)
         todo = [t for t in tags if t in self._released]
+        kept: List[str] = []
         if todo:
-            self._resume(todo)
+            kept = list(self._resume(todo) or [])
             self._released.difference_update(todo)
+        return kept
 
     @abc.abstractmethod
-    def _release(self, tags: List[str]) -> None: ...
+    def _release(self, tags: List[str]) -> Optional[List[str]]:
+        """Release ``tags``; the ones that stay resident (a no-op), or None."""
 
     @abc.abstractmethod
-    def _resume(self, tags: List[str]) -> None: ...
+    def _resume(self, tags: List[str]) -> Optional[List[str]]:
+        """Resume ``tags``; the ones whose resume was a no-op, or None."""
 
     def _check_not_released(self, tag: str, what: str) -> None:
         if tag in self._released:

@@ -59,8 +59,12 @@ class EngineKind:
     constructor kwargs, Ray actor options)`` of engine ``index`` (``cfg``: the run's
     ``DAPOConfig``). ``build(model_dir, tokenizer_dir, **kwargs) -> (engine, tokenizer or None)``
     runs inside the engine's actor. ``codec() -> (serializer, metadata class)`` of the weight
-    payloads the engine accepts (called in every feeder process). ``needs_gpu``: refused on a
-    CPU machine; ``auto`` picks the first kind whose ``needs_gpu`` matches the machine.
+    payloads the engine accepts (called in every feeder process). ``for_gpu``: made for GPU
+    machines (``auto`` picks the first kind whose ``for_gpu`` matches the machine). ``on_cpu``:
+    how the kind runs on a machine without a GPU: None, it cannot (refused there); else
+    ``on_cpu(cfg) -> None``, or one line refusing a setting the CPU cannot run.
+    ``cpu_memory_note``: what the dry-run plan says of the engine's memory release and resume
+    on a CPU machine ("": they work as on a GPU).
     ``lag``: buckets the engine may still read after acknowledging one (sizes the feeders'
     buffer ring, ``lag + 2``). ``weight_naming``: ``"transformers"`` (fused experts) or
     ``"checkpoint"`` names. ``title``: the name the dry-run plan prints. ``standalone``: how
@@ -72,7 +76,9 @@ class EngineKind:
     options: Callable[..., Tuple[Dict[str, Any], Dict[str, Any]]]
     build: Callable[..., Tuple[Any, Any]]
     codec: Callable[[], tuple]
-    needs_gpu: bool = False
+    for_gpu: bool = False
+    on_cpu: Optional[Callable[[Any], Optional[str]]] = None
+    cpu_memory_note: str = ""
     lag: int = 0
     weight_naming: str = "checkpoint"
     title: str = ""
@@ -110,12 +116,16 @@ def resolve_engine_kind(name: str, on_gpu: bool) -> str:
         engine_kind(name)
         return name
     for kind, spec in ENGINE_KINDS.items():
-        if spec.needs_gpu == bool(on_gpu):
+        if spec.for_gpu == bool(on_gpu):
             return kind
     raise ValueError(f"--rollout-engine auto: no engine kind for a {'GPU' if on_gpu else 'CPU'} machine")
 
 
 # -- HFEngine: transformers on the CPU -----------------------------------------------------------
+
+
+def _runs_on_cpu(cfg) -> Optional[str]:
+    return None
 
 
 def _hf_options(cfg, index: int, base_gpu_id: int, tokenizer_dir: Optional[str]):
@@ -175,6 +185,28 @@ def _sglang_options(cfg, index: int, base_gpu_id: int, tokenizer_dir: Optional[s
     return kw, {"runtime_env": {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}}
 
 
+def _sglang_on_cpu(cfg) -> Optional[str]:
+    """What SGLang's CPU engine cannot run (rollout/sglang_cpu.py), refused before anything starts."""
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") is None:
+        return (
+            "--rollout-engine sglang: sglang is not installed in this environment (bash scripts/setup_env.sh "
+            "installs it on the primary stack, Python 3.12), or use --rollout-engine hf"
+        )
+    if cfg.moe.routing_replay:
+        return (
+            "--routing-replay with --rollout-engine sglang on a CPU machine: SGLang captures routed experts in "
+            "pinned host memory, which needs a GPU (use --rollout-engine hf on CPU)"
+        )
+    if cfg.run.deterministic:
+        return (
+            "--deterministic with --rollout-engine sglang on a CPU machine: SGLang refuses deterministic inference "
+            "for its CPU attention backend (torch_native); use --rollout-engine hf, or drop --deterministic"
+        )
+    return None
+
+
 def _sglang_build(model_dir: str, tokenizer_dir: Optional[str] = None, **kwargs):
     return ENGINE_KINDS.get("sglang").load_class()(model_dir, **kwargs), None
 
@@ -207,7 +239,8 @@ ENGINE_KINDS.register(
         _hf_options,
         _hf_build,
         _hf_codec,
-        needs_gpu=False,
+        for_gpu=False,
+        on_cpu=_runs_on_cpu,
         lag=0,
         weight_naming="transformers",
         title="HF",
@@ -218,11 +251,18 @@ ENGINE_KINDS.register(
     "sglang",
     EngineKind(
         "megatron_dapo.rollout.sglang_engine:SGLangEngine",
-        "SGLang on the GPU (TP over --rollout-num-gpus-per-engine GPUs, memory saver, CUDA IPC weight payloads).",
+        "SGLang on the GPU (TP over --rollout-num-gpus-per-engine GPUs, memory saver, CUDA IPC weight payloads); "
+        "on a CPU machine its CPU engine (torch_native attention, no memory release: docs/hybrid.md).",
         _sglang_options,
         _sglang_build,
         _sglang_codec,
-        needs_gpu=True,
+        for_gpu=True,
+        on_cpu=_sglang_on_cpu,
+        cpu_memory_note=(
+            "SGLang's CPU engine cannot release memory (its scheduler synchronizes CUDA there): steps 2 and 4-5's "
+            "engine release and resume are no-ops, the engine keeps weights and KV cache next to the trainer "
+            "(hybrid_events.jsonl: engine_release_noop, engine_resume_weights_noop, engine_resume_kv_cache_noop)"
+        ),
         lag=1,
         weight_naming="checkpoint",
         title="SGLang",

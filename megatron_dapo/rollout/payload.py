@@ -360,11 +360,14 @@ def remove_stale_shared_memory_files() -> int:
 
 
 def sglang_codec():
-    """(serializer, metadata class) of the pinned SGLang, for payloads SGLang will accept; also
-    patches this process's CUDA reductions the way SGLang's receiving side expects."""
-    from sglang.srt.utils.common import MultiprocessingSerializer  # sglang: GPU feeders only
+    """(serializer, metadata class) of the pinned SGLang, for payloads SGLang will accept; on a
+    GPU machine also patches this process's CUDA reductions the way SGLang's receiving side
+    expects (CUDA IPC handles carry device UUIDs). Not on a CPU one: the patch rewrites every
+    tensor reduction for CUDA tensors, and a CPU tensor no longer pickles under it."""
+    from sglang.srt.utils.common import MultiprocessingSerializer  # sglang: imported by feeders only
     from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
     from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
 
-    monkey_patch_torch_reductions()
+    if torch.cuda.is_available():
+        monkey_patch_torch_reductions()
     return MultiprocessingSerializer.serialize, FlattenedTensorMetadata

@@ -27,6 +27,8 @@ INSTALL_HINT = (
 RAW_LOGPROB_ENV = "SGLANG_RETURN_ORIGINAL_LOGPROB"
 #: Captures SGLang's CUDA graphs under its memory saver (tag "cuda_graph"); see graph_saver_launch.
 GRAPH_SAVER_ENV = "SGLANG_MEMORY_SAVER_CUDA_GRAPH"
+#: set before SGLang starts on a CPU: its layers take their torch paths (rollout/sglang_cpu.py)
+CPU_ENGINE_ENV = "SGLANG_USE_CPU_ENGINE"
 FLATTENED_BUCKET = "flattened_bucket"
 
 # Single source of truth for what the adapter uses of SGLang. Checked against the pinned
@@ -99,6 +101,10 @@ USED_API: Dict[str, Any] = {
         "cuda_graph_backend_prefill",
         # routing replay: the scheduler captures each MoE layer's top-k (arg_groups/fields/exec_.py)
         "enable_return_routed_experts",
+        # an engine on the CPU (rollout/sglang_cpu.py: CPU_SERVER_ARGS, the KV pool in tokens)
+        "device",
+        "attention_backend",
+        "max_total_tokens",
     ),
     # keys of the sampling_params dicts we send (sglang.srt.sampling.sampling_params.SamplingParams)
     "sampling_params": (
@@ -182,5 +188,8 @@ USED_API: Dict[str, Any] = {
         ("sglang.srt.layers.sampler", RAW_LOGPROB_ENV),
         ("sglang.srt.environ", GRAPH_SAVER_ENV),
         ("sglang.srt.model_executor.runner_backend.full_cuda_graph_backend", GRAPH_SAVER_ENV),
+        # an engine on the CPU (rollout/sglang_cpu.py)
+        ("sglang.srt.platforms", CPU_ENGINE_ENV),
+        ("sglang.srt.utils.common", CPU_ENGINE_ENV),
     ],
 }

@@ -84,6 +84,7 @@ from megatron_dapo.rollout.sglang_api import (  # noqa: F401  (re-exported: the 
     SGLANG_VERSION,
     USED_API,
 )
+from megatron_dapo.rollout.sglang_cpu import cpu_engine_kwargs, prepare_cpu_engine_process
 from megatron_dapo.rollout.sglang_launch import (  # noqa: F401  (re-exported)
     _import_sglang,
     _set_graph_saver_env,
@@ -145,7 +146,7 @@ class SGLangEngine(SGLangStreaming, RolloutEngine):
         *,
         tp_size: int = 1,
         mem_fraction_static: float = 0.5,
-        base_gpu_id: int = 0,
+        base_gpu_id: Optional[int] = 0,
         enable_memory_saver: bool = True,
         dtype: str = "bfloat16",
         random_seed: Optional[int] = None,
@@ -154,9 +155,25 @@ class SGLangEngine(SGLangStreaming, RolloutEngine):
         expected_shapes: Optional[Dict[str, Tuple[int, ...]]] = None,
         load_format: str = "dummy",
         tokenizer_path: Optional[str] = None,
+        device: Optional[str] = None,
         **server_args,
     ) -> None:
         super().__init__()
+        # "cuda", or "cpu" (the test bench: rollout/sglang_cpu.py); None: cuda where torch sees a GPU
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device not in ("cuda", "cpu"):
+            raise ValueError(f"SGLangEngine device must be 'cuda' or 'cpu', got {self.device!r}")
+        self.on_cpu = self.device == "cpu"
+        if self.on_cpu and server_args.get("enable_return_routed_experts"):
+            raise ValueError(
+                "--routing-replay with SGLang on the CPU: SGLang captures routed experts in pinned host memory, "
+                "which needs a GPU (run --routing-replay on a GPU, or use --rollout-engine hf on CPU)"
+            )
+        #: on CPU: the memory tags whose release / resume was a no-op (the CPU engine keeps its memory)
+        self.memory_noops: List[Tuple[str, str]] = []
+        self.cpu_driver: Optional[Dict[str, str]] = None
+        if self.on_cpu:  # before SGLang is imported: its kernels' objects need libcuda.so.1
+            self.cpu_driver = prepare_cpu_engine_process()
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
         unknown = sorted(set(server_args) - set(USED_API["server_args"]))
@@ -165,13 +182,20 @@ class SGLangEngine(SGLangStreaming, RolloutEngine):
         self.logprobs_mode = logprobs_mode
         self.tp_size = int(tp_size)
         _set_logprob_env(logprobs_mode)
+        if self.on_cpu:
+            enable_memory_saver = False
+            server_args["disable_cuda_graph"] = True
         _set_graph_saver_env(enable_memory_saver, bool(server_args.get("disable_cuda_graph", False)))
         sglang = _import_sglang()
         from sglang.srt.utils.common import MultiprocessingSerializer  # sglang: GPU only, as above
         from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
         from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
 
-        monkey_patch_torch_reductions()  # sender side: CUDA IPC handles carry device UUIDs
+        if not self.on_cpu:
+            # sender side: CUDA IPC handles carry device UUIDs. It rewrites every tensor
+            # reduction for CUDA tensors: with it a CPU tensor does not pickle (IndexError in
+            # patch_torch._modify_tuple), so a CPU engine's adapter leaves torch's own.
+            monkey_patch_torch_reductions()
         self._serializer = MultiprocessingSerializer.serialize
         self._metadata_cls = FlattenedTensorMetadata
 
@@ -207,6 +231,8 @@ class SGLangEngine(SGLangStreaming, RolloutEngine):
             tokenizer_path=tokenizer_path,
             **server_args,
         )
+        if self.on_cpu:
+            kwargs = cpu_engine_kwargs(kwargs)
         self._engine = sglang.Engine(**kwargs)
         # routing replay: (layers, top_k) of a MoE checkpoint launched with enable_return_routed_experts
         self._routing_shape = routing_shape(model_path) if server_args.get("enable_return_routed_experts") else None
@@ -426,6 +452,8 @@ class SGLangEngine(SGLangStreaming, RolloutEngine):
 
     # memory
     def _release(self, tags):
+        if self.on_cpu:
+            return self._memory_noop("release", tags)
         if self._streams:
             raise RuntimeError(
                 f"SGLangEngine.release_memory({list(tags)}) with {len(self._streams)} streamed requests outstanding: "
@@ -437,11 +465,32 @@ class SGLangEngine(SGLangStreaming, RolloutEngine):
             self._weights_valid = False
 
     def _resume(self, tags):
+        if self.on_cpu:
+            return self._memory_noop("resume", tags)
         result = self._engine.resume_memory_occupation(tags=list(tags))
         _check_result(result, "resume_memory_occupation")
         if WEIGHTS in tags:
             self._weights_valid = False  # contents undefined until a complete update
             self._received = set()
+
+    def _memory_noop(self, what: str, tags) -> List[str]:
+        """On the CPU, SGLang cannot release its memory (the scheduler synchronizes CUDA there):
+        the call is recorded (``memory_noops``, and returned: the hybrid event log shows it),
+        the protocol is kept as on a GPU (generate refuses while a tag is "released"; resumed
+        weights need a complete update)."""
+        if self._streams and what == "release":
+            raise RuntimeError(
+                f"SGLangEngine.release_memory({list(tags)}) with {len(self._streams)} streamed requests outstanding: "
+                "abort_requests() (or poll them to the end) first"
+            )
+        if not self.memory_noops:
+            logger.info("SGLangEngine on the CPU: memory release and resume are no-ops (the engine keeps its memory)")
+        self.memory_noops.extend((what, t) for t in tags)
+        if WEIGHTS in tags:
+            self._weights_valid = False  # as on a GPU: a complete update before the next generate
+            if what == "resume":
+                self._received = set()
+        return list(tags)
 
     # misc
     def flush_cache(self) -> None:

@@ -27,7 +27,7 @@ def build_engine_kwargs(
     *,
     tp_size: int = 1,
     mem_fraction_static: float = 0.5,
-    base_gpu_id: int = 0,
+    base_gpu_id: Optional[int] = 0,
     enable_memory_saver: bool = True,
     dtype: str = "bfloat16",
     random_seed: Optional[int] = None,
@@ -39,6 +39,7 @@ def build_engine_kwargs(
     port: Optional[int] = None,
     tokenizer_path: Optional[str] = None,
     load_format: Optional[str] = "dummy",
+    max_total_tokens: Optional[int] = None,
 ) -> Dict[str, Any]:
     """Keyword arguments of ``sglang.Engine`` (ServerArgs fields; all in USED_API).
 
@@ -51,7 +52,7 @@ def build_engine_kwargs(
         tokenizer_path=str(tokenizer_path if tokenizer_path is not None else model_path),
         tp_size=int(tp_size),
         mem_fraction_static=float(mem_fraction_static),
-        base_gpu_id=int(base_gpu_id),
+        base_gpu_id=int(base_gpu_id or 0),  # None: a CPU engine (no GPU to start from)
         enable_memory_saver=bool(enable_memory_saver),
         dtype=dtype,
         trust_remote_code=bool(trust_remote_code),
@@ -65,6 +66,7 @@ def build_engine_kwargs(
         ("context_length", context_length),
         ("port", port),
         ("load_format", load_format),
+        ("max_total_tokens", max_total_tokens),
     ):
         if v is not None:
             kw[k] = v

@@ -45,7 +45,7 @@ def registered():
             _never,
             _never,
             _never,
-            needs_gpu=False,
+            for_gpu=False,
             title="Test",
             standalone=Standalone(build, dtype="fp16", batch_size=7),
         ),

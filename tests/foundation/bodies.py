@@ -151,7 +151,7 @@ def build_messages(hf_cfg: dict, dist_opt: bool) -> dict:
     layout and the model built again without the deprecation filter."""
     from megatron.core.distributed import DistributedDataParallel
 
-    from megatron_dapo import platform
+    from megatron_dapo import platform_imports
     from megatron_dapo.distributed import init_parallel
     from megatron_dapo.models import ModelBuildOptions, provider
     from megatron_dapo.training.setup import OptimizerOptions, build_policy, wrap_ddp
@@ -166,7 +166,7 @@ def build_messages(hf_cfg: dict, dist_opt: bool) -> dict:
     import logging
 
     log = logging.getLogger(gpt)
-    ours = [f for f in log.filters if isinstance(f, platform._DropLinesStartingWith)]
+    ours = [f for f in log.filters if isinstance(f, platform_imports._DropLinesStartingWith)]
     quiet = provider.quiet_gptmodel_deprecation
     for f in ours:
         log.removeFilter(f)

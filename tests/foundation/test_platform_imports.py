@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -16,6 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PROBE = """
 import json, sys
 import megatron_dapo
+import pytest
 import torch
 real = torch.compile
 import megatron.core, megatron.core.models.gpt, megatron.core.optimizer, megatron.core.dist_checkpointing
@@ -81,6 +83,7 @@ SENDER = """
 import pickle, sys
 import megatron_dapo
 import megatron.core
+import pytest
 import torch
 sys.stdout.buffer.write(pickle.dumps({"rng": torch.get_rng_state(), "w": torch.arange(6.0).reshape(2, 3)}))
 """
@@ -130,3 +133,68 @@ def test_the_storage_loader_keeps_weights_only():
     buf = io.BytesIO()
     torch.save(t.untyped_storage(), buf)
     assert torch.equal(torch.frombuffer(bytearray(load_storage_bytes(buf.getvalue())), dtype=torch.float32), t)
+
+
+KERNELS_PROBE = """
+import importlib.util, json, sys
+import megatron_dapo
+import torch
+from megatron.core.transformer import attention
+from megatron.core.models.gpt import gpt_layer_specs  # noqa: F401
+from megatron_dapo.platform_imports import CUDA_KERNEL_OPTIONAL
+print(json.dumps({
+    "installed": sorted(n for n in CUDA_KERNEL_OPTIONAL if importlib.util.find_spec(n) is not None),
+    "imported": sorted(n for n in CUDA_KERNEL_OPTIONAL if n in sys.modules and sys.modules[n] is not None),
+    "have_fmla": attention.HAVE_FMLA,
+}))
+"""
+
+UNLOADABLE_PROBE = """
+import json
+import megatron_dapo
+import torch
+from megatron_dapo import platform_imports
+torch.cuda.is_available = lambda: True  # the GPU branch: the package is tried for real
+platform_imports._depth = 1  # as while a megatron.core module imports
+try:
+    import flash_mla  # noqa: F401
+    got = "imported"
+except ImportError as e:
+    got = "ImportError: " + str(e)
+except OSError as e:
+    got = "OSError: " + str(e)
+print(json.dumps(got))
+"""
+
+
+def _run_probe(code: str, *args, **env):
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **env},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="the compatibility stack carries no SGLang and its kernels")
+@pytest.mark.parametrize("eager_jit", ["0", "1"])
+def test_sglangs_cuda_kernel_packages_are_absent_for_megatron_core_without_cuda(eager_jit):
+    """SGLang installs flashinfer, flash_mla, quack, ... on the primary stack. Without CUDA,
+    megatron-core imports none of them (about 2.5 s of CPU per process) and does not die of
+    flash_mla's OSError (its objects link libcuda.so.1), with or without the lazy jit."""
+    got = _run_probe(KERNELS_PROBE, MEGATRON_DAPO_EAGER_JIT=eager_jit)
+    assert {"flashinfer", "flash_mla", "quack"} <= set(got["installed"]), got
+    assert got["imported"] == [] and got["have_fmla"] is False, got
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="the compatibility stack carries no SGLang and its kernels")
+def test_with_cuda_a_kernel_package_whose_library_cannot_load_is_an_import_error():
+    """Where CUDA is there the packages are imported as usual; one whose shared library does not
+    load (flash_mla on this machine: no driver library) raises ImportError, which megatron-core
+    reads as absent, instead of the OSError that ended its import."""
+    got = _run_probe(UNLOADABLE_PROBE)
+    assert got.startswith("ImportError: flash_mla cannot load here") and "cuda.abi3.so" in got, got

@@ -33,13 +33,14 @@ def test_tp2_sglang_engine_decodes_every_feeders_payload(gloo, wheel, tp):
     ref = leader["ref"]
     assert ref, "rank 0 holds the reference HF weights"
     for o in outs:
-        # every feeder took SGLang's protocol (lag 1, SGLang's serializer and metadata class) and
-        # patched its own process's tensor reductions, as SGLang's receiver expects
+        # every feeder took SGLang's protocol (lag 1, SGLang's serializer and metadata class)
         assert all(p == outs[0]["protocols"][0] for p in o["protocols"]), o["protocols"]
         kind, lag, codec = o["protocols"][0]
         assert kind == "sglang" and lag == 1
         assert codec[0].endswith("MultiprocessingSerializer.serialize") and codec[1].endswith("FlattenedTensorMetadata")
-        assert o["patched"] >= 1, f"rank {o['rank']} never applied SGLang's reduction patch"
+        # on this CPU machine no feeder applies SGLang's CUDA reduction patch: under it a CPU
+        # tensor does not pickle (rollout/payload.sglang_codec; a GPU machine applies it)
+        assert o["patched"] == 0, f"rank {o['rank']} applied SGLang's CUDA reduction patch on a CPU machine"
         assert all(s["buckets"] >= 6 for s in o["stats"]), o["stats"]  # the ring wrapped around twice
     assert leader["finished"] and leader["sent"] == sum(s["buckets"] for s in leader["stats"])
     assert leader["metadata_types"] == ["FlattenedTensorMetadata"]

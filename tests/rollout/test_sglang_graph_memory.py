@@ -73,7 +73,7 @@ def fake_sglang(monkeypatch):
 
 
 def launch(**kw) -> dict:
-    se.SGLangEngine("/no/such/model", tp_size=4, **kw)
+    se.SGLangEngine("/no/such/model", device="cuda", tp_size=4, **kw)
     return RecordingEngine.launches[-1]
 
 

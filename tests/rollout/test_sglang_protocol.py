@@ -439,7 +439,7 @@ def test_wheel_session_rule_refuses_updates_outside_a_session(wheel_sglang, mode
 
 # ---------------------------------------------------------- the adapter, end to end ----
 def test_adapter_runs_every_update_in_a_session(wheel_sglang, model_dir):
-    eng = se.SGLangEngine(str(model_dir), tp_size=2)
+    eng = se.SGLangEngine(str(model_dir), device="cuda", tp_size=2)
     fake = WheelEngine.instances[0]
     new, sd = _new_weights()
     eng.release_memory(MEMORY_TAGS)
@@ -470,7 +470,7 @@ def test_adapter_runs_every_update_in_a_session(wheel_sglang, model_dir):
 def test_adapter_keeps_buffers_until_sglang_loaded_them(wheel_sglang, model_dir, monkeypatch):
     released = []
     monkeypatch.setattr(se, "release_cached_memory", lambda devices: released.append(set(devices)))
-    eng = se.SGLangEngine(str(model_dir))
+    eng = se.SGLangEngine(str(model_dir), device="cuda")
     fake = WheelEngine.instances[0]
     new, sd = _new_weights()
     for k in range(0, len(sd), 3):  # several buckets: each copy runs during the next call
@@ -485,7 +485,7 @@ def test_adapter_keeps_buffers_until_sglang_loaded_them(wheel_sglang, model_dir,
 
 
 def test_failed_update_ends_the_session_and_names_the_call(wheel_sglang, model_dir):
-    eng = se.SGLangEngine(str(model_dir))
+    eng = se.SGLangEngine(str(model_dir), device="cuda")
     fake = WheelEngine.instances[0]
     _, sd = _new_weights()
     with pytest.MonkeyPatch.context() as mp:
@@ -517,10 +517,10 @@ def test_failed_update_ends_the_session_and_names_the_call(wheel_sglang, model_d
 
 
 def test_weights_undefined_until_first_sync(wheel_sglang, model_dir):
-    eng = se.SGLangEngine(str(model_dir), tokenizer_path="/tok")
+    eng = se.SGLangEngine(str(model_dir), device="cuda", tokenizer_path="/tok")
     fake = WheelEngine.instances[0]
     assert fake.kwargs["load_format"] == "dummy" and fake.kwargs["tokenizer_path"] == "/tok"
-    se.SGLangEngine(str(model_dir))
+    se.SGLangEngine(str(model_dir), device="cuda")
     assert WheelEngine.instances[-1].kwargs["tokenizer_path"] == str(model_dir)
     sp = SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True)
     with pytest.raises(EngineReleasedError, match="weight update"):
@@ -540,7 +540,7 @@ def test_weights_undefined_until_first_sync(wheel_sglang, model_dir):
 
 
 def test_full_memory_tag_cycle(wheel_sglang, model_dir):
-    eng = se.SGLangEngine(str(model_dir))
+    eng = se.SGLangEngine(str(model_dir), device="cuda")
     fake = WheelEngine.instances[0]
     new, sd = _new_weights()
     sp = SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True)
@@ -575,7 +575,7 @@ def test_hf_engine_accepts_the_same_tag_cycle():
 
 
 def test_update_from_ready_payloads(wheel_sglang, model_dir):
-    eng = se.SGLangEngine(str(model_dir), tp_size=2)
+    eng = se.SGLangEngine(str(model_dir), device="cuda", tp_size=2)
     fake = WheelEngine.instances[0]
     new, sd = _new_weights()
     meta = wheel_sglang.tensor_bucket.FlattenedTensorMetadata
@@ -676,7 +676,7 @@ def test_wheel_sampling_params_accept_our_requests(src):
 
 
 def test_adapter_seeds_every_request_and_passes_deterministic_flag(wheel_sglang, model_dir):
-    eng = se.SGLangEngine(str(model_dir), enable_deterministic_inference=True, random_seed=7)
+    eng = se.SGLangEngine(str(model_dir), device="cuda", enable_deterministic_inference=True, random_seed=7)
     fake = WheelEngine.instances[0]
     assert fake.kwargs["enable_deterministic_inference"] is True and fake.kwargs["random_seed"] == 7
     seen = []
@@ -695,7 +695,7 @@ def test_adapter_seeds_every_request_and_passes_deterministic_flag(wheel_sglang,
     assert len(seen) == 12 and len(set(seen)) == 12  # no seed repeats, across calls too
     seen_first = seen[:6]
     seen.clear()
-    eng2 = se.SGLangEngine(str(model_dir), random_seed=7)
+    eng2 = se.SGLangEngine(str(model_dir), device="cuda", random_seed=7)
     WheelEngine.instances[-1].generate = fake.generate
     eng2.update_weights(sd)
     eng2.finish_weight_update()
@@ -734,8 +734,8 @@ def test_score_tolerates_ids_clipped_at_the_end_of_the_vocabulary(src):
 def test_logprobs_are_the_tempered_distribution_by_default(wheel_sglang, model_dir, monkeypatch):
     import os
 
-    se.SGLangEngine(str(model_dir))
+    se.SGLangEngine(str(model_dir), device="cuda")
     assert se.RAW_LOGPROB_ENV not in os.environ  # SGLang then returns log_softmax(logits / T)
     monkeypatch.setenv(se.RAW_LOGPROB_ENV, "1")
     with pytest.raises(RuntimeError, match="processed"):
-        se.SGLangEngine(str(model_dir))
+        se.SGLangEngine(str(model_dir), device="cuda")

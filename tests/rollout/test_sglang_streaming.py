@@ -97,7 +97,7 @@ class StreamingEngine(WheelEngine):
 @pytest.fixture
 def engine(wheel_sglang, model_dir, monkeypatch):  # noqa: F811
     monkeypatch.setattr(sys.modules["sglang"], "Engine", StreamingEngine)
-    eng = se.SGLangEngine(str(model_dir), load_format="auto")
+    eng = se.SGLangEngine(str(model_dir), device="cuda", load_format="auto")
     return eng, WheelEngine.instances[-1]
 
 

@@ -193,7 +193,7 @@ def test_missing_sglang_gives_install_hint(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "sglang", None)  # import sglang -> ImportError
     monkeypatch.delenv(se.RAW_LOGPROB_ENV, raising=False)
     with pytest.raises(ImportError, match=r"pip install megatron-dapo\[gpu\]"):
-        se.SGLangEngine(str(tmp_path))
+        se.SGLangEngine(str(tmp_path), device="cuda")
 
 
 # --------------------------------------------------- the adapter against a stand-in ----
@@ -331,7 +331,13 @@ def model_dir(tmp_path):
 
 def test_adapter_start_generate_score(fake_sglang, model_dir):
     eng = se.SGLangEngine(
-        str(model_dir), tp_size=1, mem_fraction_static=0.3, base_gpu_id=2, random_seed=4, load_format="auto"
+        str(model_dir),
+        tp_size=1,
+        mem_fraction_static=0.3,
+        base_gpu_id=2,
+        random_seed=4,
+        load_format="auto",
+        device="cuda",
     )  # the checkpoint's weights: generate at once
     fake = FakeSGLEngine.instances[0]
     assert fake.kwargs["enable_memory_saver"] is True and fake.kwargs["base_gpu_id"] == 2
@@ -359,7 +365,7 @@ def test_adapter_start_generate_score(fake_sglang, model_dir):
 
 
 def test_adapter_weight_update_and_memory_order(fake_sglang, model_dir):
-    eng = se.SGLangEngine(str(model_dir))
+    eng = se.SGLangEngine(str(model_dir), device="cuda")
     fake = FakeSGLEngine.instances[0]
     new = random_model(qwen2_config(), seed=3)
     sd = [(k, v) for k, v in new.state_dict().items() if k != "lm_head.weight"]
@@ -392,7 +398,7 @@ def test_adapter_weight_update_and_memory_order(fake_sglang, model_dir):
 
 
 def test_adapter_weight_update_checks(fake_sglang, model_dir):
-    eng = se.SGLangEngine(str(model_dir))
+    eng = se.SGLangEngine(str(model_dir), device="cuda")
     fake = FakeSGLEngine.instances[0]
     with pytest.raises(WeightUpdateError, match="model.bogus"):
         eng.update_weights([("model.bogus", torch.zeros(2))])
@@ -403,15 +409,15 @@ def test_adapter_weight_update_checks(fake_sglang, model_dir):
     with pytest.raises(WeightUpdateError, match="model.embed_tokens.weight"):
         eng.finish_weight_update()
     with pytest.raises(TypeError, match="USED_API"):
-        se.SGLangEngine(str(model_dir), not_a_server_arg=1)
+        se.SGLangEngine(str(model_dir), device="cuda", not_a_server_arg=1)
 
 
 def test_adapter_logprob_env_conflict(fake_sglang, model_dir, monkeypatch):
     monkeypatch.setenv(se.RAW_LOGPROB_ENV, "1")
     with pytest.raises(RuntimeError, match="processed"):
-        se.SGLangEngine(str(model_dir))  # the default mode: tempered logprobs
-    se.SGLangEngine(str(model_dir), logprobs_mode="raw")
+        se.SGLangEngine(str(model_dir), device="cuda")  # the default mode: tempered logprobs
+    se.SGLangEngine(str(model_dir), device="cuda", logprobs_mode="raw")
     monkeypatch.setenv(se.RAW_LOGPROB_ENV, "0")
     with pytest.raises(RuntimeError, match="raw"):
-        se.SGLangEngine(str(model_dir), logprobs_mode="raw")
-    se.SGLangEngine(str(model_dir), logprobs_mode="processed")
+        se.SGLangEngine(str(model_dir), device="cuda", logprobs_mode="raw")
+    se.SGLangEngine(str(model_dir), device="cuda", logprobs_mode="processed")

@@ -1,0 +1,74 @@
+"""DAPO through the driver with the product's rollout engine: ``--rollout-engine sglang`` on a
+machine without a GPU runs SGLang 0.5.23's CPU engine (rollout/sglang_cpu.py) in its EngineActor,
+fed by the trainer's weight sync (SGLang's own serializer and flattened-bucket payloads).
+
+* A 2-step run of ``megatron_dapo.train`` (the ``python -m megatron_dapo.train`` entry) on the
+  tiny Qwen2 of the e2e tests: the probe after every sync compares SGLang's logprobs with
+  megatron's (fp32 on both sides), and the hybrid event log records the engine's memory calls as
+  the no-ops they are on a CPU.
+* The dry-run plan says so, and what the CPU engine cannot run is refused in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.e2e.fixtures import make_prompts, make_tiny_qwen2_dir
+from tests.e2e.test_train_e2e import base_args, read_metrics
+
+pytestmark = [pytest.mark.slow, pytest.mark.sglang]
+
+
+def test_a_two_step_dapo_run_on_sglangs_cpu_engine(tmp_path):
+    from megatron_dapo.train import main
+
+    hf = make_tiny_qwen2_dir(str(tmp_path / "hf"))
+    prompts = make_prompts(str(tmp_path / "prompts.jsonl"))
+    run = str(tmp_path / "run")
+    rc = main(
+        base_args(hf, prompts, run, **{"--num-rollout": "2", "--rollout-engine": "sglang", "--no-progress": None})
+    )
+    assert rc == 0
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        # every sync was probed (--check-weight-sync-every 1): SGLang's logprobs of the probe against
+        # megatron's, both fp32, within --weight-sync-tolerance 1e-5 (the check would have failed the run)
+        assert r["weight_sync_probe_diff"] < 1e-4, r
+        assert r["sync_bytes"] > 0 and r["engine_restarts"] == 0
+        assert r["response_length_mean"] > 0
+    with open(os.path.join(run, "config.json")) as f:
+        assert json.load(f)["rollout"]["engine"] == "sglang"
+    with open(os.path.join(run, "hybrid_events.jsonl")) as f:
+        events = [json.loads(line)["events"] for line in f if line.strip()]
+    assert events[0][:2] == ["engine_launch_release_noop", "trainer_build"], events[0]
+    for step in events[1:]:
+        assert step[:3] == ["engine_release_noop", "engine_resume_weights_noop", "sync_weights"], step
+        assert "engine_resume_kv_cache_noop" in step and step[-1] == "probe_engine", step
+
+
+def test_the_plan_and_the_refusals_of_sglang_on_a_cpu_machine(tmp_path, capsys):
+    from megatron_dapo.train import main
+
+    hf = make_tiny_qwen2_dir(str(tmp_path / "hf"))
+    prompts = make_prompts(str(tmp_path / "prompts.jsonl"))
+    args = base_args(hf, prompts, str(tmp_path / "run"), **{"--rollout-engine": "sglang"})
+    assert main(args + ["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "target: CPU" in out and "rollout engine sglang" in out
+    assert "on this CPU machine: SGLang's CPU engine cannot release memory" in out
+    refused = "--deterministic with --rollout-engine sglang on a CPU machine: SGLang refuses deterministic inference"
+    assert main(args + ["--deterministic", "--dry-run"]) != 0
+    assert f"[check] FAIL config: {refused}" in capsys.readouterr().out
+    try:  # a real start is refused the same way, in one line, before anything starts
+        code = main(args + ["--deterministic"])
+    except SystemExit as e:
+        code = e.code
+    assert code == 2
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and refused in lines[0] and "Traceback" not in err, err
+    assert not os.path.exists(tmp_path / "run")
