@@ -5,7 +5,8 @@ What runs is what ``PolicyActor.sync_to`` runs on every rank: each rank builds t
 (lag and codec: SGLang's serializer and CUDA reductions in EVERY feeder process), and
 ``WeightSync.sync(EngineFeeding.sink(...))`` hands each bucket over as a payload of handles
 to its own bucket buffer (CUDA IPC on a GPU); rank 0 gathers both payloads and loads them
-into the engine, whose TP rank j reads trainer rank j's payload. Two syncs: the initial
+into the engine (in a process of its own, as an EngineActor is: megatron_dapo/rollout/engine_host.py),
+whose TP rank j reads trainer rank j's payload. Two syncs: the initial
 weights, then weights moved by a deterministic step (a stale engine tensor would show).
 After each sync the engine's weights are checked against the trainer's (the weight-sync
 check's exact per-tensor comparison where the engine offers it, else the HF tensors).
@@ -66,6 +67,20 @@ def _engine_mismatches(engine, ref: dict) -> list:
     return bad
 
 
+def _engine_process(kind: str, hf_dir: str, dtype, device):
+    """The engine under test in its own process (rollout/engine_host.py): HFEngine with random
+    weights on ``device`` (the syncs fill them), or SGLang TP 2 (GPU, sglang installed)."""
+    from megatron_dapo.rollout.engine_host import HF, SGLANG, EngineHost
+
+    if kind == "hf":
+        from transformers import AutoConfig
+
+        return EngineHost(HF, AutoConfig.from_pretrained(hf_dir), dtype=dtype, device=str(device), seed=1)
+    return EngineHost(
+        SGLANG, hf_dir, tp_size=2, mem_fraction_static=0.3, enable_memory_saver=True, dtype="bfloat16", random_seed=1
+    )
+
+
 def _rank(rank: int, world: int, port: int, args, hf_dir: str) -> None:
     import torch
     import torch.distributed as dist
@@ -98,9 +113,9 @@ def _rank(rank: int, world: int, port: int, args, hf_dir: str) -> None:
     protocol = EngineProtocol.for_engine(args.engine)  # on every feeder, as PolicyActor.sync_to does
     engine = calls = None
     if rank == feeding.leader:
-        from benchmarks.gpu_dapo_step import make_engine
-
-        engine = make_engine(args.engine, hf_dir, dtype, device, tp=2)
+        # the engine in a process of its own, as in production (an EngineActor): a process never
+        # opens a CUDA IPC handle it exported itself (the driver refuses it: "invalid device context")
+        engine = _engine_process(args.engine, hf_dir, dtype, device)
         calls = EngineCalls(
             send=engine.update_weights_from_payloads, resolve=lambda _: None, finish=engine.finish_weight_update
         )
@@ -122,15 +137,16 @@ def _rank(rank: int, world: int, port: int, args, hf_dir: str) -> None:
                 bad = _engine_mismatches(engine, _reference_hf(policy)) if args.engine == "hf" else []
                 failed = failed or bool(bad)
                 print(
-                    f"{TAG} sync {i} engine={args.engine} backend={backend} device={device} "
+                    f"{TAG} sync {i} engine={args.engine} engine_pid={engine.pid} feeder_pid={os.getpid()} "
+                    f"backend={backend} device={device} "
                     f"buckets={st.buckets} MiB={st.bytes / 2**20:.1f} s={secs:.3f} protocol={protocol.describe()} "
                     f"mismatched={bad[:5] if bad else 0}",
                     flush=True,
                 )
             dist.barrier()
     finally:
-        if engine is not None and hasattr(engine, "shutdown") and args.engine != "hf":
-            engine.shutdown()
+        if engine is not None:
+            engine.close()
     if failed:
         raise RuntimeError("the engine does not hold the trainer's weights after a sync")
 

@@ -6,7 +6,9 @@
 # accuracy before and after training (RUN_DIR/demo_eval.json), and plots the run.
 # Env: RUN_DIR (default runs/smollm2-cpu), STEPS (default 12), WORK (default .cache/demo);
 # STACK=primary|compat builds and runs on that stack (README, "Install"; .venv-STACK when it is not
-# the default stack), VENV=path another virtualenv.
+# the default stack), VENV=path another virtualenv; ENGINE the rollout engine: sglang (the
+# product's engine, its CPU engine here) where the environment has SGLang (the primary stack),
+# else hf (docs/benchmarks.md, "CPU engines": SGLang generates the demo's rounds 4x faster).
 # --dry-run: prepare the model directory and the data, validate, print the plan, train nothing.
 # A rerun moves the previous run (its files and checkpoints) into RUN_DIR/aside-<time>/ (--start-over).
 set -euo pipefail
@@ -15,6 +17,9 @@ default_stack=$(sed -n 's/^DEFAULT_STACK=//p' scripts/setup_env.sh)
 if [ -n "${STACK:-}" ] && [ "$STACK" != "$default_stack" ]; then export VENV=${VENV:-.venv-$STACK}; fi
 bash scripts/setup_env.sh
 PY=${VENV:-.venv}/bin/python
+if [ -z "${ENGINE:-}" ]; then
+  if $PY -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"; then ENGINE=sglang; else ENGINE=hf; fi
+fi
 RUN_DIR=${RUN_DIR:-runs/smollm2-cpu}
 WORK=${WORK:-.cache/demo}
 STEPS=${STEPS:-12}
@@ -39,7 +44,7 @@ fi
 # DAPO on the CPU: 16 prompts x 8 samples per step, dynamic sampling on, token-mean loss,
 # clip-higher, overlong filtering + soft punishment scaled to the ~7-token answers (L_max 12,
 # L_cache 4: a normal answer is never punished; run 1 with 8/2 was, see docs/benchmarks.md).
-$PY -m megatron_dapo.train --save-hf-final \
+$PY -m megatron_dapo.train --save-hf-final --rollout-engine "$ENGINE" \
   --hf-checkpoint "$HF" "${INIT[@]}" \
   --prompt-data "$DATA/train.jsonl" --no-apply-chat-template --max-prompt-length 128 \
   --algorithm dapo --rollout-batch-size 16 --n-samples-per-prompt 8 --over-sampling-batch-size 32 \

@@ -157,6 +157,20 @@ class EngineActor:
     def pid(self):
         return os.getpid()
 
+    def innermost_pid(self):
+        """(pid, what) of the process that ``--debug-kill-engine-step`` kills: the engine's
+        scheduler where the engine runs one (SGLang: a child process named
+        ``sglang::scheduler``; killed, it takes this actor down with it), else this actor."""
+        import psutil  # a declared dependency (megatron's checkpoint writer needs it)
+
+        for child in psutil.Process().children(recursive=True):
+            try:
+                if "scheduler" in " ".join(child.cmdline()) or "scheduler" in child.name():
+                    return child.pid, f"its scheduler process ({child.name()})"
+            except psutil.Error:
+                continue
+        return os.getpid(), "its actor process"
+
     def generate(self, prompts, params):
         return self.engine.generate(prompts, params)
 

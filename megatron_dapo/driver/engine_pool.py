@@ -110,7 +110,9 @@ class RayTransport:
     def kill_process(self, handle) -> None:
         import ray  # lazy: Ray
 
-        os.kill(ray.get(handle.pid.remote()), signal.SIGKILL)
+        pid, what = ray.get(handle.innermost_pid.remote())
+        log.warning("--debug-kill-engine-step: SIGKILL to the engine's %s, pid %d", what, pid)
+        os.kill(pid, signal.SIGKILL)
 
 
 class EnginePool:

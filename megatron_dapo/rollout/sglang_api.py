@@ -20,8 +20,8 @@ from megatron_dapo.rollout.base import CUDA_GRAPH, KV_CACHE, WEIGHTS
 SGLANG_VERSION = "0.5.23"
 
 INSTALL_HINT = (
-    f"SGLangEngine needs sglang=={SGLANG_VERSION} (GPU only): pip install megatron-dapo[gpu] "
-    f"(or pip install sglang=={SGLANG_VERSION})"
+    f"SGLangEngine needs sglang=={SGLANG_VERSION}: pip install megatron-dapo[gpu] on a GPU machine, "
+    f"bash scripts/setup_env.sh on a CPU one (the primary stack carries it)"
 )
 
 RAW_LOGPROB_ENV = "SGLANG_RETURN_ORIGINAL_LOGPROB"
@@ -52,6 +52,23 @@ USED_API: Dict[str, Any] = {
             ("named_tensors", "load_format", "flush_cache"),
         ),
         ("sglang.srt.entrypoints.engine", "Engine.begin_weight_update", ()),
+        # weights over a collective group (hybrid/weight_broadcast.py is the sender)
+        (
+            "sglang.srt.entrypoints.engine",
+            "Engine.init_weights_update_group",
+            ("master_address", "master_port", "rank_offset", "world_size", "group_name", "backend"),
+        ),
+        (
+            "sglang.srt.entrypoints.engine",
+            "Engine.update_weights_from_distributed",
+            ("names", "dtypes", "shapes", "group_name", "flush_cache"),
+        ),
+        ("sglang.srt.entrypoints.engine", "Engine.destroy_weights_update_group", ("group_name",)),
+        (
+            "sglang.srt.utils.common",
+            "init_custom_process_group",
+            ("backend", "init_method", "world_size", "rank", "group_name"),
+        ),
         ("sglang.srt.entrypoints.engine", "Engine.end_weight_update", ()),
         ("sglang.srt.entrypoints.engine", "Engine.release_memory_occupation", ("tags",)),
         ("sglang.srt.entrypoints.engine", "Engine.resume_memory_occupation", ("tags",)),
@@ -80,6 +97,7 @@ USED_API: Dict[str, Any] = {
         ("sglang.srt.utils.patch_torch", "monkey_patch_torch_reductions"),
         ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata"),
         ("sglang.srt.managers.io_struct", "CheckWeightsReqInput"),
+        ("sglang.srt.utils.common", "init_custom_process_group"),
     ],
     # Engine(**kwargs) are ServerArgs fields
     "server_args": (
@@ -105,6 +123,7 @@ USED_API: Dict[str, Any] = {
         "device",
         "attention_backend",
         "max_total_tokens",
+        "sleep_on_idle",
     ),
     # keys of the sampling_params dicts we send (sglang.srt.sampling.sampling_params.SamplingParams)
     "sampling_params": (

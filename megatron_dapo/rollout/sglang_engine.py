@@ -102,6 +102,7 @@ from megatron_dapo.rollout.sglang_streaming import (  # noqa: F401  (re-exported
     SGLangStreaming,
     _Stream,
     build_stream_request,
+    in_loop,
     sglang_rid,
 )
 from megatron_dapo.rollout.sglang_translation import (  # noqa: F401  (re-exported)
@@ -187,7 +188,7 @@ class SGLangEngine(SGLangStreaming, RolloutEngine):
             server_args["disable_cuda_graph"] = True
         _set_graph_saver_env(enable_memory_saver, bool(server_args.get("disable_cuda_graph", False)))
         sglang = _import_sglang()
-        from sglang.srt.utils.common import MultiprocessingSerializer  # sglang: GPU only, as above
+        from sglang.srt.utils.common import MultiprocessingSerializer  # sglang: imported by an engine only
         from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
         from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
 
@@ -378,6 +379,54 @@ class SGLangEngine(SGLangStreaming, RolloutEngine):
         if hold is not None:
             self._held.append(hold)
 
+    # weights over a collective group: the trainer broadcasts, the engine receives (asynchronous
+    # training will feed busy engines this way: issue #40); hybrid/weight_broadcast.py is the sender
+    def init_weights_update_group(
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
+    ) -> None:
+        """Join the group the trainer broadcasts weights over (SGLang's ``init_weights_update_group``):
+        the sender is rank 0, this engine's TP rank k is rank ``rank_offset + k``; returns once
+        every member joined (the sender opens its side with
+        ``hybrid.weight_broadcast.open_weight_update_group``). ``backend``: "nccl" on GPUs, "gloo"
+        on CPUs."""
+        result = self._engine.init_weights_update_group(
+            master_address=master_address,
+            master_port=int(master_port),
+            rank_offset=int(rank_offset),
+            world_size=int(world_size),
+            group_name=group_name,
+            backend=backend,
+        )
+        _check_result(result, "init_weights_update_group")
+
+    def update_weights_from_distributed(
+        self, entries: Sequence[Tuple[str, str, Sequence[int]]], group_name: str
+    ) -> None:
+        """One bucket that the sender broadcasts over ``group_name``: ``entries`` are (HF name,
+        dtype name such as "float32", shape), in the order of the broadcasts. Checked against
+        the checkpoint and counted for completeness as :meth:`update_weights` is; runs in the
+        weight-update session. Blocks until every tensor arrived."""
+        self._check_not_released(WEIGHTS, "update_weights_from_distributed")
+        entries = [(str(n), str(d).replace("torch.", ""), [int(x) for x in s]) for n, d, s in entries]
+        checked = self._check_entries([(n, tuple(s)) for n, _, s in entries])
+        self.begin_weight_update()
+        try:
+            result = self._engine.update_weights_from_distributed(
+                names=[n for n, _, _ in entries],
+                dtypes=[d for _, d, _ in entries],
+                shapes=[s for _, _, s in entries],
+                group_name=group_name,
+                flush_cache=False,
+            )
+            _check_result(result, "update_weights_from_distributed")
+        except BaseException:
+            self._close_session(failed=True)
+            raise
+        self._received.update(checked)
+
+    def destroy_weights_update_group(self, group_name: str) -> None:
+        _check_result(self._engine.destroy_weights_update_group(group_name=group_name), "destroy_weights_update_group")
+
     def _end_weight_update(self) -> None:
         self._close_session(failed=False)
 
@@ -432,7 +481,7 @@ class SGLangEngine(SGLangStreaming, RolloutEngine):
 
     def _weight_checker(self, action: str):
         """One call of SGLang's weight checker on the target model; the per-rank answers."""
-        from sglang.srt.managers.io_struct import CheckWeightsReqInput  # sglang: GPU only
+        from sglang.srt.managers.io_struct import CheckWeightsReqInput  # sglang: imported by an engine only
 
         req = CheckWeightsReqInput(action=action, allow_quant_error=False, skip_tensor_list=None, selector="target")
         tm = self._engine.tokenizer_manager
@@ -499,11 +548,10 @@ class SGLangEngine(SGLangStreaming, RolloutEngine):
     def abort(self) -> None:
         tm = self._engine.tokenizer_manager
         loop = self._engine.loop
-        call = functools.partial(tm.abort_request, abort_all=True)
-        if loop.is_running():
-            loop.call_soon_threadsafe(call)
-        else:
-            call()
+        if loop.is_running():  # another thread is inside the loop: the call joins it there
+            loop.call_soon_threadsafe(functools.partial(tm.abort_request, abort_all=True))
+        else:  # in the loop from this thread (zmq's sends need the thread's event loop)
+            in_loop(loop, tm.abort_request, [{"abort_all": True}])
 
     def health(self) -> bool:
         if self._engine is None:

@@ -6,7 +6,7 @@ imported only when :func:`_import_sglang` is called):
   its memory saver, set in the process by ``_set_graph_saver_env``;
 - ``_set_logprob_env``: ``SGLANG_RETURN_ORIGINAL_LOGPROB`` for the logprobs mode
   (rollout/sglang_engine.py, "Logprobs");
-- ``_import_sglang``: the lazy ``import sglang`` (GPU only) with the install hint;
+- ``_import_sglang``: the lazy ``import sglang`` with the install hint;
 - facts read from a local checkpoint: ``checkpoint_weight_shapes`` (safetensors headers),
   ``routing_shape``, ``tied_embeddings``, ``config_vocab_size`` (config.json).
 """
@@ -115,7 +115,7 @@ def _set_graph_saver_env(enable_memory_saver: bool, disable_cuda_graph: bool) ->
 
 def _import_sglang():
     try:
-        import sglang  # noqa: F401  (sglang: GPU only, imported when an engine starts)
+        import sglang  # noqa: F401  (sglang: imported when an engine starts)
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError(INSTALL_HINT) from e
     return sglang

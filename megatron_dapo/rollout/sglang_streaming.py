@@ -30,6 +30,19 @@ RID_END = "#"
 STREAM_ABORT_TIMEOUT_S = 120.0
 
 
+def in_loop(loop, fn, calls) -> None:
+    """``fn(**kw)`` for each ``kw`` of ``calls``, run inside the Engine's event loop from this
+    thread. The TokenizerManager's sends go through zmq's asyncio sockets, which look up the
+    current thread's event loop: called from a thread that has none (an EngineActor's methods
+    run in a Ray worker thread) they raise "There is no current event loop in thread"."""
+
+    async def run():
+        for kw in calls:
+            fn(**kw)
+
+    loop.run_until_complete(run())
+
+
 def sglang_rid(prefix: str, rid: str) -> str:
     """The rid SGLang gets for our request ``rid``: ``prefix`` (one per adapter) + rid + RID_END."""
     if RID_END in rid or RID_END in prefix:
@@ -96,10 +109,8 @@ class SGLangStreaming:
         want = [rid for rid in (self._streams if rids is None else rids) if rid in self._streams]
         running = [rid for rid in want if not self._streams[rid].task.done()]
         self._run_until(lambda: all(self._dispatched(rid) for rid in running), "reach the scheduler")
-        tm = self._engine.tokenizer_manager
-        for rid in running:
-            if not self._streams[rid].task.done():
-                tm.abort_request(rid=self._streams[rid].srid)
+        srids = [self._streams[rid].srid for rid in running if not self._streams[rid].task.done()]
+        in_loop(self._engine.loop, self._engine.tokenizer_manager.abort_request, [{"rid": r} for r in srids])
         self._run_until(lambda: all(self._streams[rid].task.done() for rid in running), "answer their abort")
         return self._take(want)
 

@@ -5,7 +5,9 @@ fed by the trainer's weight sync (SGLang's own serializer and flattened-bucket p
 * A 2-step run of ``megatron_dapo.train`` (the ``python -m megatron_dapo.train`` entry) on the
   tiny Qwen2 of the e2e tests: the probe after every sync compares SGLang's logprobs with
   megatron's (fp32 on both sides), and the hybrid event log records the engine's memory calls as
-  the no-ops they are on a CPU.
+  the no-ops they are on a CPU. At step 2 the engine's scheduler process is killed
+  mid-generation (``--debug-kill-engine-step``): SGLang takes its EngineActor down with it, the
+  EnginePool starts a new engine and re-syncs it, and the trainer carries on.
 * The dry-run plan says so, and what the CPU engine cannot run is refused in one line.
 """
 
@@ -22,31 +24,35 @@ from tests.e2e.test_train_e2e import base_args, read_metrics
 pytestmark = [pytest.mark.slow, pytest.mark.sglang]
 
 
-def test_a_two_step_dapo_run_on_sglangs_cpu_engine(tmp_path):
+def test_a_two_step_dapo_run_on_sglangs_cpu_engine_survives_its_scheduler_dying(tmp_path, caplog):
     from megatron_dapo.train import main
 
     hf = make_tiny_qwen2_dir(str(tmp_path / "hf"))
     prompts = make_prompts(str(tmp_path / "prompts.jsonl"))
     run = str(tmp_path / "run")
-    rc = main(
-        base_args(hf, prompts, run, **{"--num-rollout": "2", "--rollout-engine": "sglang", "--no-progress": None})
-    )
+    args = {"--num-rollout": "2", "--rollout-engine": "sglang", "--no-progress": None, "--debug-kill-engine-step": "2"}
+    with caplog.at_level("WARNING", logger="megatron_dapo.driver.engine_pool"):
+        rc = main(base_args(hf, prompts, run, **args))
     assert rc == 0
+    assert "SIGKILL to the engine's its scheduler process (sglang::scheduler" in caplog.text, caplog.text
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2]
+    assert [r["engine_restarts"] for r in rows] == [0, 1]
     for r in rows:
         # every sync was probed (--check-weight-sync-every 1): SGLang's logprobs of the probe against
         # megatron's, both fp32, within --weight-sync-tolerance 1e-5 (the check would have failed the run)
         assert r["weight_sync_probe_diff"] < 1e-4, r
-        assert r["sync_bytes"] > 0 and r["engine_restarts"] == 0
-        assert r["response_length_mean"] > 0
+        assert r["sync_bytes"] > 0 and r["response_length_mean"] > 0
     with open(os.path.join(run, "config.json")) as f:
         assert json.load(f)["rollout"]["engine"] == "sglang"
     with open(os.path.join(run, "hybrid_events.jsonl")) as f:
         events = [json.loads(line)["events"] for line in f if line.strip()]
     assert events[0][:2] == ["engine_launch_release_noop", "trainer_build"], events[0]
+    assert events[1][:3] == ["engine_release_noop", "engine_resume_weights_noop", "sync_weights"], events[1]
+    # step 2: the new engine was synced and probed mid-rollout, then came the step's own sync
+    assert events[2][:3] == ["sync_weights", "probe_megatron", "probe_engine"], events[2]
+    assert events[2][3:6] == ["engine_release_noop", "engine_resume_weights_noop", "sync_weights"], events[2]
     for step in events[1:]:
-        assert step[:3] == ["engine_release_noop", "engine_resume_weights_noop", "sync_weights"], step
         assert "engine_resume_kv_cache_noop" in step and step[-1] == "probe_engine", step
 
 

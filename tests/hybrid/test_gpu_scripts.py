@@ -71,4 +71,7 @@ def test_gpu_feed_check_small_feeds_one_engine_from_two_ranks(tmp_path):
     for line in syncs:
         fields = dict(f.split("=", 1) for f in line.split()[3:] if "=" in f and not f.startswith("protocol"))
         assert int(fields["buckets"]) >= 6 and fields["mismatched"] == "0", line
+        # the layout of production: the engine in a process of its own, never in the feeder that
+        # exported the payload's handles (on the H200 that layout failed: "invalid device context")
+        assert fields["engine_pid"] != fields["feeder_pid"], line
     assert out.rstrip().endswith("[feed-tp2] PASS")

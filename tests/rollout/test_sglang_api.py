@@ -312,10 +312,11 @@ def test_flattened_bucket_metadata_is_unpicklable_by_sglang(src):
 # ---------------------------------------------------------------------------------------
 # The adapter itself: every SGLang use must be listed in USED_API.
 def _adapter_files():
-    """The adapter's modules: sglang_engine.py and its pieces (rollout/sglang_*.py)."""
+    """The adapter's modules: sglang_engine.py and its pieces (rollout/sglang_*.py), and the
+    sender of weight broadcasts (hybrid/weight_broadcast.py)."""
     files = sorted(Path(sglang_engine.__file__).parent.glob("sglang_*.py"))
     assert Path(sglang_engine.__file__) in files and len(files) > 1, files
-    return files
+    return files + [Path(sglang_engine.__file__).parents[1] / "hybrid" / "weight_broadcast.py"]
 
 
 def _adapter_tree():

@@ -1,7 +1,7 @@
 """The product's SGLangEngine adapter against the real SGLang 0.5.23 engine, running on the CPU.
 
 One engine for the whole module (a start costs about 20-40 s on 2 cores), in an OS process of its
-own (tests/rollout/sglang_host.py: SGLang kills its parent's process tree when a scheduler dies),
+own (megatron_dapo/rollout/engine_host.py: SGLang kills its parent's process tree when a scheduler dies),
 launched as a rollout engine is: ``load_format="dummy"`` (random weights) until the first
 weight sync fills them. The tests run in file order (the suite hands a file whole to one worker):
 the first one sees the engine before any sync.
@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from megatron_dapo.rollout.base import EngineReleasedError, Request, SamplingParams, WeightUpdateError
-from tests.rollout.sglang_host import SGLangHost
-from tests.tiny import checkpoint_state_dict, random_hf_model, tiny_qwen2_config
+from megatron_dapo.rollout.engine_host import SGLANG, EngineHost
+from tests.tiny import checkpoint_state_dict, random_hf_model, tiny_qwen2_config, tiny_qwen3_moe_config
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
@@ -42,7 +42,7 @@ def model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(model):
-    host = SGLangHost(model["dir"], load_format="dummy", dtype="float32", random_seed=7, log_level="error")
+    host = EngineHost(SGLANG, model["dir"], load_format="dummy", dtype="float32", random_seed=7, log_level="error")
     try:
         yield host
     finally:
@@ -131,6 +131,26 @@ def test_an_aborted_request_returns_its_prefix_and_its_continuation_completes_th
     assert prefix + cont.output_ids == full.output_ids
 
 
+def test_an_abort_right_after_submit_ends_only_the_named_request(engine):
+    """The adapter lets an aborted request reach the scheduler first (an abort that arrives before
+    it would be missed and the request would run to its end), and SGLang aborts every rid that
+    *starts with* the aborted one: "1.1" must not take "1.10" with it. Release is refused while
+    requests stream, on the CPU as on a GPU."""
+    engine.submit([Request("1.1", PROMPTS[0], SamplingParams(temperature=0.0, max_new_tokens=1500, ignore_eos=True))])
+    engine.submit([Request("1.10", PROMPTS[1], GREEDY)])
+    with pytest.raises(RuntimeError, match="2 streamed requests outstanding"):
+        engine.release_memory(["kv_cache"])
+    cut = engine.abort_requests(["1.1"])
+    assert [f.rid for f in cut] == ["1.1"] and cut[0].output.finish_reason == "abort"
+    assert len(cut[0].output.output_ids) < 1500
+    rest = []
+    deadline = time.monotonic() + 120
+    while not rest and time.monotonic() < deadline:
+        rest = engine.poll(1.0)
+    assert [f.rid for f in rest] == ["1.10"] and rest[0].output.finish_reason == "length"
+    assert len(rest[0].output.output_ids) == GREEDY.max_new_tokens
+
+
 def test_memory_release_on_the_cpu_is_a_recorded_no_op_that_keeps_the_protocol(engine, model):
     engine.release_memory()
     with pytest.raises(EngineReleasedError, match="released"):
@@ -165,3 +185,82 @@ def test_the_engines_weight_checker_names_what_a_sync_did_not_restore(engine, mo
     assert len(lines) == 1 and lines[0].startswith("model.layers.1.self_attn.qkv_proj.weight"), lines
     assert "model.layers.1.self_attn.k_proj.weight" in lines[0]
     _sync(engine, model["weights"])  # leave the engine whole for what follows
+
+
+def test_a_tiny_qwen3_moe_synced_into_a_dummy_engine_is_greedy_identical(tmp_path):
+    """Qwen3-MoE (8 experts, top-2, q/k norms): the checkpoint's per-expert tensors, synced in
+    buckets into a dummy-loaded engine, give transformers' greedy output (its own engine: a
+    second start, ended here)."""
+    hf = random_hf_model(tiny_qwen3_moe_config(initializer_range=0.3), seed=5)
+    hf.save_pretrained(tmp_path)
+    host = EngineHost(SGLANG, str(tmp_path), load_format="dummy", dtype="float32", log_level="error")
+    try:
+        weights = checkpoint_state_dict(hf)
+        assert any(".mlp.experts.7.down_proj." in n for n in weights)
+        _sync(host, weights)
+        outs = host.generate(PROMPTS, GREEDY)
+        for prompt, (out,) in zip(PROMPTS, outs):
+            want, want_lp = _hf_greedy(hf, prompt, GREEDY.max_new_tokens)
+            assert out.output_ids == want, (prompt, out.output_ids, want)
+            assert max(abs(a - b) for a, b in zip(out.logprobs, want_lp)) < FP32_LOGPROB_ATOL
+    finally:
+        host.close()
+
+
+def test_weights_broadcast_over_gloo_by_a_trainer_sync_rank_reach_the_engine(engine, model, tmp_path):
+    """SGLang's update_weights_from_distributed, the path asynchronous training will feed busy
+    engines by: the trainer's sync rank (a process of its own, hybrid/weight_broadcast.py) and
+    the engine form a gloo group; every tensor of the engine is first overwritten with random
+    values, then two buckets are broadcast: the engine's greedy output is the checkpoint's again."""
+    import subprocess
+    import sys
+    import threading
+
+    from megatron_dapo.hybrid.weight_broadcast import bucket_entries
+    from megatron_dapo.ports import free_port
+    from megatron_dapo.rollout.engine_host import ROOT
+
+    port = free_port()
+    sender = subprocess.Popen(
+        [sys.executable, "-m", "tests.rollout.broadcast_sender", "127.0.0.1", str(port), "2", "mdapo-test"],
+        cwd=str(ROOT),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+    def receive(bucket, out):
+        try:
+            engine.update_weights_from_distributed(bucket_entries(bucket), "mdapo-test")
+            out.append("ok")
+        except Exception as e:  # noqa: BLE001 - asserted below
+            out.append(e)
+
+    try:
+        engine.init_weights_update_group("127.0.0.1", port, 1, 2, "mdapo-test", "gloo")  # rank 1 of 2
+        assert sender.stdout.readline().strip() == "joined"
+        engine.check_weights("reset_tensors")  # nothing of the checkpoint is left in the engine
+        items = list(model["weights"].items())
+        for k, bucket in enumerate((items[: len(items) // 2], items[len(items) // 2 :])):
+            torch.save(bucket, tmp_path / f"bucket{k}.pt")
+            got: list = []
+            t = threading.Thread(target=receive, args=(bucket, got))
+            t.start()  # the engine's call returns once the tensors arrived
+            sender.stdin.write(f"{tmp_path / f'bucket{k}.pt'}\n")
+            sender.stdin.flush()
+            assert sender.stdout.readline().startswith("sent ")
+            t.join(timeout=120)
+            assert got == ["ok"], got
+        engine.finish_weight_update()
+        outs = engine.generate(PROMPTS, GREEDY)
+        for prompt, (out,) in zip(PROMPTS, outs):
+            assert out.output_ids == _hf_greedy(model["hf"], prompt, GREEDY.max_new_tokens)[0]
+        engine.destroy_weights_update_group("mdapo-test")
+    finally:
+        sender.stdin.close()
+        try:
+            sender.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            sender.kill()
+            sender.wait()
+        sender.stdout.close()

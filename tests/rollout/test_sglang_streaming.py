@@ -1,6 +1,10 @@
-"""SGLangEngine's streaming (``submit`` / ``poll`` / ``abort_requests``) on the CPU, against the
-pinned sglang 0.5.23's own ``TokenizerManager.abort_request`` (cut out of the wheel,
-tests/rollout/sglang_wheel.py) and a stand-in for the rest of the offline Engine:
+"""SGLangEngine's streaming on a GPU's code path, where the CPU cannot go: what the real engine
+covers on the CPU (streamed requests, aborts before and during generation, rids that are
+prefixes of others, continuations: tests/rollout/test_sglang_cpu_engine.py) is not repeated here.
+Left: the release refused while requests stream on the GPU path, the seeds of a streamed request,
+and the wheel's abort rule itself, against the pinned sglang 0.5.23's own
+``TokenizerManager.abort_request`` (cut out of the wheel, tests/rollout/sglang_wheel.py) and a
+stand-in for the rest of the offline Engine:
 
 ``async_generate`` registers the request in ``rid_to_state`` at once (as the wheel's
 ``TokenizerManager._init_req_state``), marks it dispatched to the scheduler at the next turn
@@ -103,65 +107,6 @@ def engine(wheel_sglang, model_dir, monkeypatch):  # noqa: F811
 
 def _greedy(n):
     return SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True)
-
-
-def test_requests_stream_back_as_they_end(engine):
-    eng, fake = engine
-    prompts = [[1, 2, 3], [7, 8], [11, 12, 13, 14]]
-    lens = [6, 2, 4]
-    eng.submit([Request(f"r{i}", p, _greedy(n)) for i, (p, n) in enumerate(zip(prompts, lens))])
-    got, order = {}, []
-    while len(got) < 3:
-        for f in eng.poll(10.0):
-            got[f.rid] = f
-            order.append(f.rid)
-    assert order == ["r1", "r2", "r0"]  # shortest first
-    block = fake.hf.generate(prompts, _greedy(6))
-    for i, b in enumerate(block):
-        o = got[f"r{i}"].output
-        assert o.output_ids == b[0].output_ids[: lens[i]] and o.finish_reason == "length"
-        assert o.logprobs == pytest.approx(b[0].logprobs[: lens[i]], abs=1e-4)
-    assert got["r1"].finished_at <= got["r2"].finished_at <= got["r0"].finished_at
-    # the rids SGLang saw: one adapter prefix, each ended by RID_END
-    assert {r[len(eng._rid_prefix) :] for r in fake.finished} == {"r0#", "r1#", "r2#"}
-    assert eng.poll(0.1) == []
-
-
-def test_abort_waits_for_dispatch_and_returns_prefixes(engine):
-    eng, fake = engine
-    eng.submit([Request("a", [1, 2, 3], _greedy(50)), Request("b", [4, 5], _greedy(50))])
-    # nothing ran yet: neither request reached the scheduler, whose abort would miss them
-    assert not fake.tokenizer_manager.rid_to_state and not fake.jobs
-    cut = {f.rid: f.output for f in eng.abort_requests()}
-    assert set(cut) == {"a", "b"} and all(o.finish_reason == "abort" for o in cut.values())
-    assert all(len(o.output_ids) < 50 and len(o.logprobs) == len(o.output_ids) for o in cut.values())
-    assert [a.rid for a in fake.aborts] == [eng._rid_prefix + "a#", eng._rid_prefix + "b#"]
-    assert not any(a.abort_all for a in fake.aborts)
-    # a running request: its prefix, then a continuation gives the uninterrupted greedy output
-    eng.submit([Request("c", [1, 2, 3], _greedy(60))])
-    assert eng.poll(0.02) == []
-    part = eng.abort_requests(["c"])[0].output
-    assert 0 < len(part.output_ids) < 60
-    eng.submit([Request("d", [1, 2, 3] + part.output_ids, _greedy(60 - len(part.output_ids)))])
-    rest = []
-    while not rest:
-        rest = eng.poll(10.0)
-    full = fake.hf.generate([[1, 2, 3]], _greedy(60))[0][0]
-    assert part.output_ids + rest[0].output.output_ids == full.output_ids
-
-
-def test_no_rid_is_a_prefix_of_another(engine):
-    eng, fake = engine
-    # without RID_END, aborting "1.1" would abort "1.10" too (the scheduler matches prefixes)
-    eng.submit([Request("1.1", [1, 2], _greedy(40)), Request("1.10", [3, 4], _greedy(8))])
-    cut = eng.abort_requests(["1.1"])
-    assert [f.rid for f in cut] == ["1.1"] and cut[0].output.finish_reason == "abort"
-    rest = []
-    while not rest:
-        rest = eng.poll(10.0)
-    assert rest[0].rid == "1.10" and rest[0].output.finish_reason == "length"
-    with pytest.raises(ValueError, match="must not contain"):
-        se.sglang_rid("p-", "x#y")
 
 
 def test_release_is_refused_while_requests_stream(engine):

@@ -1,16 +1,23 @@
-"""A real SGLangEngine (the pinned sglang 0.5.23 on the CPU) in an OS process of its own.
+"""A rollout engine in an OS process of its own, without Ray (benchmarks, tests, tools).
 
-SGLang kills its parent's whole process tree when one of its scheduler processes dies, so the
-process that owns an ``sglang.Engine`` must be one of its own (in production: the EngineActor).
-:class:`SGLangHost` starts ``python -m tests.rollout.sglang_host`` in a new session (so that the
-whole tree, schedulers included, can be ended at once), which builds ``SGLangEngine(**kwargs)``
-and serves method calls over a local socket, in order: ``host.generate(prompts, params)`` runs
-``engine.generate`` there. Arguments and results cross as ``torch.save`` bytes (a Connection
-would pickle tensors as file descriptors). ``close()`` ends the tree, also after a failure.
+In production every engine lives in its own process, an EngineActor (driver/actors.py). Two
+things depend on it: SGLang kills its parent's whole process tree when one of its scheduler
+processes dies, so whoever owns an ``sglang.Engine`` must be a process of its own; and CUDA IPC
+handles are opened by the engine's process, never by the feeder that exported them (the driver
+refuses a handle its own process exported: ``CUDA error: invalid device context``).
+:class:`EngineHost` gives the same layout where Ray is not wanted: it starts
+``python -m megatron_dapo.rollout.engine_host`` in a new session (so that the whole tree,
+schedulers included, can be ended at once), which builds ``ENGINE(*args, **kwargs)``
+(``engine``: ``"module:Class"``, :data:`SGLANG` or :data:`HF`) and serves method calls over a
+local socket, in order: ``host.generate(prompts, params)`` runs ``engine.generate`` there.
+Arguments and results cross as ``torch.save`` bytes (a Connection would pickle tensors as file
+descriptors). ``close()`` ends the tree, also after a failure.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import importlib
 import io
 import os
 import signal
@@ -21,8 +28,9 @@ from multiprocessing.connection import Client, Listener
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-_KEY = b"megatron-dapo-sglang-host"
-START_TIMEOUT_S = 300
+_KEY = b"megatron-dapo-engine-host"
+SGLANG = "megatron_dapo.rollout.sglang_engine:SGLangEngine"
+HF = "megatron_dapo.rollout.hf_engine:HFEngine"
 
 
 def _dumps(obj) -> bytes:
@@ -43,14 +51,15 @@ class EngineDied(RuntimeError):
     """The engine's process ended (its connection closed) while a call was outstanding."""
 
 
-class SGLangHost:
+class EngineHost:
     """Client of one engine process. Any attribute is a remote method of the engine; besides
-    them: ``pid``, ``attr(name)``, ``scheduler_pids()``, ``alive()``, ``close()``."""
+    them: ``pid``, ``attr(name)``, ``scheduler_pids()``, ``alive()``, ``close()``.
+    ``threads``: the engine process's ``OMP_NUM_THREADS``."""
 
-    def __init__(self, model_path: str, **engine_kwargs):
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    def __init__(self, engine: str, *args, threads: int = 1, **engine_kwargs):
+        env = dict(os.environ, OMP_NUM_THREADS=str(int(threads)), PYTHONPATH=str(ROOT))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.rollout.sglang_host"],
+            [sys.executable, "-m", "megatron_dapo.rollout.engine_host"],
             cwd=str(ROOT),
             env=env,
             stdin=subprocess.PIPE,
@@ -60,11 +69,11 @@ class SGLangHost:
         self.pid = self.proc.pid
         self.conn = None
         try:
-            self.proc.stdin.write(_dumps((model_path, engine_kwargs)).hex().encode() + b"\n")
+            self.proc.stdin.write(_dumps((engine, args, engine_kwargs)).hex().encode() + b"\n")
             self.proc.stdin.close()
             line = self.proc.stdout.readline().decode().strip()
             if not line.isdigit():
-                raise RuntimeError(f"the SGLang engine process did not start (said {line!r}, exit {self.proc.poll()})")
+                raise RuntimeError(f"the engine process did not start (said {line!r}, exit {self.proc.poll()})")
             self.conn = Client(("127.0.0.1", int(line)), authkey=_KEY)
             self._ask("__ready__")  # the engine is built (or its error is raised here)
         except BaseException:
@@ -76,7 +85,7 @@ class SGLangHost:
             self.conn.send_bytes(_dumps((name, args, kwargs)))
             status, value = _loads(self.conn.recv_bytes())
         except (EOFError, ConnectionError, OSError) as e:
-            raise EngineDied(f"the SGLang engine process ended during {name}() (exit {self.proc.poll()})") from e
+            raise EngineDied(f"the engine process ended during {name}() (exit {self.proc.poll()})") from e
         if status != "ok":
             raise value
         return value
@@ -134,16 +143,19 @@ def _serve() -> None:
     import psutil
     import torch
 
-    torch.set_num_threads(1)
-    model_path, kwargs = _loads(bytes.fromhex(sys.stdin.readline().strip()))
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    spec, args, kwargs = _loads(bytes.fromhex(sys.stdin.readline().strip()))
+    # The engine is built in this (main) thread and every method runs in one worker thread: the
+    # layout of an EngineActor (a threaded Ray actor: its methods run in a thread of the actor's
+    # pool, never the main one), where an event loop looked up per thread is missing.
+    calls = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-call")
     with Listener(("127.0.0.1", 0), authkey=_KEY) as listener:
         print(listener.address[1], flush=True)
         with listener.accept() as conn:
             engine, error = None, None
             try:
-                from megatron_dapo.rollout.sglang_engine import SGLangEngine
-
-                engine = SGLangEngine(model_path, **kwargs)
+                module, cls = spec.split(":")
+                engine = getattr(importlib.import_module(module), cls)(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - raised on the client's side
                 error = exc
             while True:
@@ -151,7 +163,8 @@ def _serve() -> None:
                 try:
                     if name == "__stop__":
                         if engine is not None:
-                            engine.shutdown()
+                            calls.submit(engine.shutdown).result()
+                        calls.shutdown()
                         conn.send_bytes(_dumps(("ok", None)))
                         return
                     if name == "__ready__":
@@ -162,8 +175,8 @@ def _serve() -> None:
                         out = [p.pid for p in psutil.Process().children(recursive=True)]
                     elif name == "__attr__":
                         out = getattr(engine, args[0])
-                    else:
-                        out = getattr(engine, name)(*args, **kw)
+                    else:  # in the worker thread, as an EngineActor's methods run in a Ray thread
+                        out = calls.submit(getattr(engine, name), *args, **kw).result()
                     conn.send_bytes(_dumps(("ok", out)))
                 except Exception as exc:  # noqa: BLE001 - raised on the client's side
                     conn.send_bytes(_dumps(("error", exc)))
