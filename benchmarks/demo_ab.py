@@ -31,9 +31,18 @@ WORK = os.path.join(ROOT, ".cache", "demo")
 PHASES = ("time_step", "time_generate", "time_old_logprob", "time_train", "time_sync", "time_probe")
 
 
+def _engine() -> str:
+    """The demo script's ENGINE: sglang where this environment has it, else hf."""
+    import importlib.util
+
+    return os.environ.get("ENGINE") or ("sglang" if importlib.util.find_spec("sglang") is not None else "hf")
+
+
 def demo_args(steps: int, run_dir: str) -> list:
     """examples/run_smollm2_cpu.sh's training flags, without evaluation, checkpoints or the HF export."""
     return [
+        "--rollout-engine",
+        _engine(),
         "--hf-checkpoint",
         f"{WORK}/smollm2-hf",
         "--pretrained-checkpoint",

@@ -53,8 +53,8 @@ LAZY_OPTIONAL = ("wandb",)
 #: ``python -X importtime``), and flash_mla's import raises OSError (its objects link
 #: libcuda.so.1), which megatron-core does not catch. So, imported by a megatron.core module:
 #: without CUDA such a package is absent (ModuleNotFoundError, what megatron-core expects of a
-#: package that is not there); with CUDA it imports as usual, a shared library that does not
-#: load becoming an ImportError.
+#: package that is not there); with CUDA it imports as usual, a package that fails to run there
+#: (a shared library that does not load, no driver) becoming an ImportError.
 CUDA_KERNEL_OPTIONAL = ("flashinfer", "flash_mla", "flash_attn", "quack", "deep_ep", "tilelang", "nvshmem")
 _real_compile = None  # torch.compile, kept while a megatron.core module imports
 _depth = 0  # megatron.core modules being imported now (nested)
@@ -140,8 +140,9 @@ class _LazyCompileLoader(importlib.abc.Loader):
 
 
 class _UnloadableIsAbsent(importlib.abc.Loader):
-    """Runs a package of ``CUDA_KERNEL_OPTIONAL`` as its own loader would; a shared library that
-    does not load (OSError) makes the import an ImportError naming it."""
+    """Runs a package of ``CUDA_KERNEL_OPTIONAL`` as its own loader would; one that fails to run
+    here (a shared library that does not load: OSError; no driver: RuntimeError) makes the import
+    an ImportError naming it."""
 
     def __init__(self, inner) -> None:
         self.inner = inner
@@ -155,8 +156,12 @@ class _UnloadableIsAbsent(importlib.abc.Loader):
     def exec_module(self, module) -> None:
         try:
             self.inner.exec_module(module)
-        except OSError as e:
-            raise ImportError(f"{module.__name__} cannot load here ({e})", name=module.__name__) from e
+        except ImportError:
+            raise
+        except Exception as e:  # noqa: BLE001 - an OSError of a library, a RuntimeError without a driver
+            raise ImportError(
+                f"{module.__name__} cannot load here ({type(e).__name__}: {e})", name=module.__name__
+            ) from e
 
 
 class _MegatronCoreFinder(importlib.abc.MetaPathFinder):
@@ -209,13 +214,17 @@ QUIET_LINES = (("torch.utils.cpp_extension", "No CUDA runtime is found"),)
 
 
 def install() -> bool:
-    """Put the finder first on ``sys.meta_path`` (once). False where it cannot act: megatron-core
-    already imported in this process. With ``MEGATRON_DAPO_EAGER_JIT=1`` megatron-core's
-    ``torch.compile`` calls are its own (the CUDA kernel packages are still handled)."""
+    """Put the finder first on ``sys.meta_path`` (once). Where megatron-core's package was
+    imported before (a script that imports ``megatron.core`` first), the finder still acts on
+    the megatron.core modules imported from now on (most of them: models, transformer, optimizer
+    are imported when a model is built) and the storage loader is replaced at once; returns
+    False then. With ``MEGATRON_DAPO_EAGER_JIT=1`` megatron-core's ``torch.compile`` calls are
+    its own (the CUDA kernel packages are still handled)."""
     for name, prefix in QUIET_LINES:
         drop_log_lines(name, prefix)
-    if PACKAGE in sys.modules:
-        return False
     if not any(isinstance(f, _MegatronCoreFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _MegatronCoreFinder())
+    if PACKAGE in sys.modules:
+        _keep_storage_pickles_light()
+        return False
     return True

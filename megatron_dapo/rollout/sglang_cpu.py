@@ -54,10 +54,16 @@ CPU_SERVER_ARGS: Dict[str, Any] = {
     # loop takes a whole core from the colocated trainer (measured: 90% of a core while it trained)
     "sleep_on_idle": True,
 }
-#: the CPU engine's KV pool in tokens by default (SGLang sizes a GPU's from its free memory;
-#: on a CPU ``max_total_tokens`` bounds it) and the fraction of host memory it may take
+#: the CPU engine's KV pool in tokens by default: SGLang sizes a GPU's from its free memory; on a
+#: CPU ``max_total_tokens`` bounds it
 CPU_MAX_TOTAL_TOKENS = 16384
-CPU_MEM_FRACTION_STATIC = 0.05
+#: SGLang checks at start that the host memory free after loading the weights exceeds
+#: (1 - mem_fraction_static) x the memory free before (kv_cache_configurator
+#: ``_profile_available_bytes``). On a shared machine other processes allocate meanwhile: at
+#: 0.05 an engine started next to a busy trainer died ("Loaded weights leave no GPU memory for
+#: the KV cache ... Raise --mem-fraction-static above 0.066"). The pool itself stays bounded by
+#: ``max_total_tokens``, so the fraction only sets how much the free memory may shrink meanwhile.
+CPU_MEM_FRACTION_STATIC = 0.5
 
 
 class StubError(RuntimeError):
@@ -137,7 +143,7 @@ def prepare_cpu_engine_process(prefix: Optional[str] = None) -> Dict[str, str]:
 
 def cpu_engine_kwargs(kwargs: Dict[str, Any]) -> Dict[str, Any]:
     """``sglang.Engine`` keyword arguments for the CPU: :data:`CPU_SERVER_ARGS` over ``kwargs``,
-    a bounded KV pool unless ``max_total_tokens`` is given, a small static memory fraction
+    a bounded KV pool unless ``max_total_tokens`` is given, :data:`CPU_MEM_FRACTION_STATIC`
     (refused: deterministic inference, which SGLang refuses for torch_native)."""
     if kwargs.get("enable_deterministic_inference"):
         raise ValueError(
@@ -148,9 +154,7 @@ def cpu_engine_kwargs(kwargs: Dict[str, Any]) -> Dict[str, Any]:
     out.update(CPU_SERVER_ARGS)
     out.pop("cuda_graph_backend_prefill", None)  # a CUDA-graph setting (rollout/sglang_launch.py)
     out.setdefault("max_total_tokens", CPU_MAX_TOTAL_TOKENS)
-    out["mem_fraction_static"] = min(
-        float(out.get("mem_fraction_static", CPU_MEM_FRACTION_STATIC)), CPU_MEM_FRACTION_STATIC
-    )
+    out["mem_fraction_static"] = CPU_MEM_FRACTION_STATIC
     return out
 
 

@@ -229,7 +229,13 @@ def test_sglang_codec_patches_the_senders_reductions(monkeypatch):
     }.items():
         monkeypatch.setitem(sys.modules, name, types.SimpleNamespace(**attrs))
     ser, meta = codec_for("sglang")
-    assert ser is Serializer.serialize and meta is Meta and patched == [1]
+    assert ser is Serializer.serialize and meta is Meta
+    # this machine has no GPU: the CUDA reduction patch stays off (under it a CPU tensor does not
+    # pickle); where CUDA is, the feeder applies it, as SGLang's receiving side expects
+    assert patched == [] and not torch.cuda.is_available()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    codec_for("sglang")
+    assert patched == [1]
     assert codec_for("hf") == (pl.default_serializer, pl.BucketEntry)
     with pytest.raises(ValueError, match="unknown engine kind"):
         codec_for("vllm")

@@ -44,7 +44,7 @@ def _swapped(sd):
 
 
 def _sglang(model_dir, tp):
-    eng = se.SGLangEngine(str(model_dir), tp_size=tp, load_format="auto")
+    eng = se.SGLangEngine(str(model_dir), tp_size=tp, load_format="auto", device="cuda")
     return eng, WheelEngine.instances[-1]
 
 
