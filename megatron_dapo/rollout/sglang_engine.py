@@ -500,14 +500,17 @@ class SGLangEngine(SGLangStreaming, RolloutEngine):
         raise NotImplementedError(f"sglang {SGLANG_VERSION} offers no per-HF-tensor read-back of the engine's weights")
 
     # memory
-    def _release(self, tags):
-        if self.on_cpu:
-            return self._memory_noop("release", tags)
+    def _refuse_while_streaming(self, tags) -> None:
         if self._streams:
             raise RuntimeError(
                 f"SGLangEngine.release_memory({list(tags)}) with {len(self._streams)} streamed requests outstanding: "
                 "abort_requests() (or poll them to the end) first"
             )
+
+    def _release(self, tags):
+        self._refuse_while_streaming(tags)
+        if self.on_cpu:
+            return self._memory_noop("release", tags)
         result = self._engine.release_memory_occupation(tags=list(tags))
         _check_result(result, "release_memory_occupation")
         if WEIGHTS in tags:
@@ -527,11 +530,6 @@ class SGLangEngine(SGLangStreaming, RolloutEngine):
         the call is recorded (``memory_noops``, and returned: the hybrid event log shows it),
         the protocol is kept as on a GPU (generate refuses while a tag is "released"; resumed
         weights need a complete update)."""
-        if self._streams and what == "release":
-            raise RuntimeError(
-                f"SGLangEngine.release_memory({list(tags)}) with {len(self._streams)} streamed requests outstanding: "
-                "abort_requests() (or poll them to the end) first"
-            )
         if not self.memory_noops:
             logger.info("SGLangEngine on the CPU: memory release and resume are no-ops (the engine keeps its memory)")
         self.memory_noops.extend((what, t) for t in tags)
