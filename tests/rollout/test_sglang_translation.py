@@ -421,3 +421,22 @@ def test_adapter_logprob_env_conflict(fake_sglang, model_dir, monkeypatch):
     with pytest.raises(RuntimeError, match="raw"):
         se.SGLangEngine(str(model_dir), device="cuda", logprobs_mode="raw")
     se.SGLangEngine(str(model_dir), device="cuda", logprobs_mode="processed")
+
+
+def test_the_device_follows_torch_and_only_a_gpu_patches_the_reductions(fake_sglang, model_dir, monkeypatch):
+    """``SGLangEngine(device=None)``: cuda where torch sees a GPU (SGLang's CUDA reduction patch,
+    the memory saver, nothing of the CPU settings), else the CPU engine's settings, without the
+    patch (under it a CPU tensor does not pickle). The CPU process preparation (driver stub,
+    environment) is stood in for here: it is process-wide (tests/rollout/test_sglang_cpu_stub.py)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    gpu = se.SGLangEngine(str(model_dir), load_format="auto")
+    kw = FakeSGLEngine.instances[-1].kwargs
+    assert gpu.device == "cuda" and not gpu.on_cpu and gpu.cpu_driver is None and fake_sglang == [1]
+    assert "device" not in kw and kw["enable_memory_saver"] is True
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(se, "prepare_cpu_engine_process", lambda: {"driver": "stub", "path": "stood-in"})
+    cpu = se.SGLangEngine(str(model_dir), load_format="auto")
+    kw = FakeSGLEngine.instances[-1].kwargs
+    assert cpu.device == "cpu" and cpu.on_cpu and cpu.cpu_driver["driver"] == "stub" and fake_sglang == [1]
+    assert kw["device"] == "cpu" and kw["attention_backend"] == "torch_native" and kw["sleep_on_idle"] is True
+    assert kw["enable_memory_saver"] is False and kw["disable_cuda_graph"] is True
