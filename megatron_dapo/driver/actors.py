@@ -215,6 +215,10 @@ class EngineActor:
     def shutdown(self):
         self.engine.shutdown()
 
+    def arm_weight_checksums(self):
+        """``RolloutEngine.arm_weight_checksums``: the next sync is a probe sync."""
+        self.engine.arm_weight_checksums()
+
     def weight_checksums(self, dtypes=None):
         """HF name -> checksum of the engine's tensors (``RolloutEngine.weight_checksums``), or
         None for an engine that cannot report them (the weight-sync check skips it)."""

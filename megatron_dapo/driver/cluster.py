@@ -209,15 +209,16 @@ class Cluster:
 
     def weight_checksums(self, arm: bool, engines=None):
         """The hybrid step's checksum check (hybrid/probe.py): ``arm`` makes every rank's next
-        sync record per-tensor checksums; otherwise ``{"trainer": per-rank records, "engines":
+        sync record per-tensor checksums (and arms ``engines``: RolloutEngine.arm_weight_checksums); otherwise ``{"trainer": per-rank records, "engines":
         per-engine checksums}`` of ``engines`` (RemoteEngines or handles), in the dtypes sent."""
         import ray  # lazy: Ray
 
+        handles = list(getattr(engines, "members", engines or []))
         outs = ray.get([a.weight_checksums.remote(arm) for a in self.actors])
         if arm:
+            ray.get([h.arm_weight_checksums.remote() for h in handles])
             return None
         dtypes = {n: c[0] for rec in outs for n, c in (rec or {}).items()}
-        handles = list(getattr(engines, "members", engines or []))
         return {"trainer": outs, "engines": ray.get([h.weight_checksums.remote(dtypes) for h in handles])}
 
 

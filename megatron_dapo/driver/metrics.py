@@ -62,6 +62,7 @@ def step_metrics(
         "train_infer_logprob_diff": mean(diffs),
         "train_infer_logprob_diff_max": max(diffs, default=0.0),
         "weight_sync_probe_diff": hybrid_info.get("probe_max_abs"),
+        "weight_sync_checksums_compared": hybrid_info.get("checksums_compared"),
         "engine_restarts": engine_restarts,
         "sync_bytes": hybrid_info.get("sync", {}).get("bytes", 0),
         "time_generate": roll.time_generate,

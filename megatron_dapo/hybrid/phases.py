@@ -117,9 +117,12 @@ class InProcessTrainer:
         return self.worker.probe_logprobs(sequences)
 
     def weight_checksums(self, arm: bool, engines=None):
-        """arm: the next sync records checksums (weight_sync.CHECKSUM_TAP); else this rank's
+        """arm: the next sync records checksums (weight_sync.CHECKSUM_TAP), and so do the engines
+        (RolloutEngine.arm_weight_checksums); else this rank's
         record and each engine's checksums in the dtypes sent."""
         if arm:
+            for e in getattr(engines, "members", ()):
+                e.arm_weight_checksums()
             return CHECKSUM_TAP.arm()
         mine = CHECKSUM_TAP.take()
         dtypes = {n: c[0] for n, c in (mine or {}).items()}
@@ -214,7 +217,7 @@ class HybridStep:
         # exact checksums (probe.compare_checksums): the trainer records what it sends
         sums = getattr(self.trainer, "weight_checksums", None) if checking else None
         if sums is not None:
-            sums(True)  # arm: the next sync records
+            sums(True, engines)  # arm: the next sync records, on both sides
         stats = self._timed("sync_s", self.trainer.sync, engines)
         self._event("sync_weights")
         ref = None
@@ -227,6 +230,9 @@ class HybridStep:
             self._event("probe_megatron")
         self.num_syncs += 1
         return stats, ref
+
+    def _sync_info(self, stats, worst: Optional[float]) -> dict:
+        return {"sync": stats, "probe_max_abs": worst, "checksums_compared": self.last_check.get("compared")}
 
     def _init_check(self, engines, action: str) -> None:
         """``--check-weight-sync-init`` (engines started from the trainer's initial weights):
@@ -288,7 +294,8 @@ class HybridStep:
         resume KV cache and CUDA graphs, probe (engine half).
 
         ``probe``: token sequences to compare engine and megatron logprobs on (every N-th
-        sync); None skips the probe. Returns ``{"sync": stats, "probe_max_abs": float|None}``.
+        sync); None skips the probe. Returns ``{"sync": stats, "probe_max_abs": float|None,
+        "checksums_compared": int|None}`` (tensors whose exact checksums were compared).
         """
         self._require(INIT, TRAIN, what="to_rollout")
         init_check = self.phase == INIT and self.check_init_sync
@@ -307,7 +314,7 @@ class HybridStep:
         self._memory("engine_resume_kv_cache", "resume_s", engines.resume_memory, AFTER_SYNC_TAGS)
         self.phase = ROLLOUT
         worst = self._probe_engines(engines, probe, ref) if ref is not None else None
-        return {"sync": stats, "probe_max_abs": worst}
+        return self._sync_info(stats, worst)
 
     def resync(self, engines, probe: Optional[list] = None, others=None) -> dict:
         """Re-sync ``engines`` that were (re)started awake mid-rollout; ``others``: the engines
@@ -333,7 +340,7 @@ class HybridStep:
                 self._timed("resume_s", e.resume_memory, list(AFTER_SYNC_TAGS))
             self._event("engine_resume_kv_cache")
         worst = self._probe_engines(engines, probe, ref) if ref is not None else None
-        return {"sync": stats, "probe_max_abs": worst}
+        return self._sync_info(stats, worst)
 
     def while_trainer_resident(self, fn, *args, **kwargs):
         """Run ``fn`` with the trainer onloaded (e.g. a checkpoint save during rollout), then

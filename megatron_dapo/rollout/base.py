@@ -232,6 +232,11 @@ class RolloutEngine(abc.ABC):
                 + format_name_mismatch(missing, unexpected)
             )
 
+    def arm_weight_checksums(self) -> None:
+        """The next weight sync is a probe sync: an engine that cannot read its tensors back by
+        HF name records what it needs for :meth:`weight_checksums` while the sync passes
+        (SGLangEngine); engines that can (HFEngine) need nothing."""
+
     def weight_checksums(self, dtypes: Optional[Dict[str, str]] = None) -> Dict[str, Optional[tuple]]:
         """HF name -> exact checksum (``rollout.checksum.tensor_checksum``) of the tensor the
         engine holds now, for every name of ``expected_weight_names()``. ``dtypes`` (HF name

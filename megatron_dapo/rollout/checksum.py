@@ -48,9 +48,12 @@ def tensor_checksum(t: torch.Tensor, dtype: Optional[torch.dtype] = None) -> Che
     return (str(t.dtype), tuple(t.shape), total & _MASK, weighted & _MASK)
 
 
-def describe(c: Optional[Checksum]) -> str:
+def describe(c) -> str:
+    """A checksum in words; an engine's line saying why it has none to give (a str) as is."""
     if c is None:
         return "none"
+    if isinstance(c, str):
+        return c
     dtype, shape, s, w = c
     return f"{dtype}{list(shape)} sum {s:016x} weighted {w:016x}"
 

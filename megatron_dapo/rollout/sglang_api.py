@@ -80,6 +80,9 @@ USED_API: Dict[str, Any] = {
         # the Engine's own methods call the tokenizer manager: loop.run_until_complete(...)
         ("sglang.srt.managers.tokenizer_control_mixin", "TokenizerControlMixin.check_weights", ("obj", "request")),
         ("sglang.srt.utils.common", "MultiprocessingSerializer.serialize", ("obj", "output_str")),
+        ("sglang.srt.utils.common", "MultiprocessingSerializer.deserialize", ()),
+        # the weight checker's hash (weight_checker._hash_tensor calls it), for ProbeHashes
+        ("sglang.srt.managers.mm_utils", "tensor_hash", ()),
         ("sglang.srt.utils.patch_torch", "monkey_patch_torch_reductions", ()),
     ],
     # attributes we read on instances: (module, class, attribute assigned in the class)
@@ -89,6 +92,9 @@ USED_API: Dict[str, Any] = {
         # streaming: whether a request reached the scheduler (abort_requests waits for it)
         ("sglang.srt.managers.tokenizer_manager", "TokenizerManager", "rid_to_state"),
         ("sglang.srt.managers.tokenizer_manager", "ReqState", "dispatched"),
+        # the engine's parameter dtype (ProbeHashes casts the expected layout to it)
+        ("sglang.srt.managers.tokenizer_manager", "TokenizerManager", "model_config"),
+        ("sglang.srt.configs.model_config", "ModelConfig", "dtype"),
     ],
     # names we import: (module, name); "sglang" itself must export Engine
     "imports": [
@@ -98,6 +104,7 @@ USED_API: Dict[str, Any] = {
         ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata"),
         ("sglang.srt.managers.io_struct", "CheckWeightsReqInput"),
         ("sglang.srt.utils.common", "init_custom_process_group"),
+        ("sglang.srt.managers.mm_utils", "tensor_hash"),
     ],
     # Engine(**kwargs) are ServerArgs fields
     "server_args": (

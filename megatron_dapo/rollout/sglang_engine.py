@@ -116,6 +116,7 @@ from megatron_dapo.rollout.sglang_translation import (  # noqa: F401  (re-export
 )
 from megatron_dapo.rollout.sglang_weights import (  # noqa: F401  (re-exported)
     FUSED_FROM_HF,
+    ProbeHashes,
     diff_rank_checksums,
     hf_sources,
     payload_entries,
@@ -198,6 +199,7 @@ class SGLangEngine(SGLangStreaming, RolloutEngine):
             # patch_torch._modify_tuple), so a CPU engine's adapter leaves torch's own.
             monkey_patch_torch_reductions()
         self._serializer = MultiprocessingSerializer.serialize
+        self._deserialize = MultiprocessingSerializer.deserialize  # what the scheduler reads payloads with
         self._metadata_cls = FlattenedTensorMetadata
 
         self.tied = False
@@ -217,6 +219,7 @@ class SGLangEngine(SGLangStreaming, RolloutEngine):
         self._rid_prefix = f"mdapo-{uuid.uuid4().hex[:12]}-"
         self._held: List[torch.Tensor] = []  # flat buffers SGLang may still be copying from
         self._session_devices: set = set()  # devices of the buffers freed in this session
+        self._probe: Optional[ProbeHashes] = None  # armed for a probe sync (weight_checksums)
         # load_format="dummy": nothing valid until the first complete sync
         self._weights_valid = load_format != "dummy"
         kwargs = build_engine_kwargs(
@@ -327,6 +330,8 @@ class SGLangEngine(SGLangStreaming, RolloutEngine):
 
     def _load_bucket(self, bucket):
         names = self._check_entries([(n, tuple(t.shape)) for n, t in bucket])
+        if self._probe is not None:
+            self._probe.observe(bucket)
         if self.tied:
             # The tied head is the embedding: the engine gets embed_tokens, lm_head is dropped.
             bucket = [(n, t) for n, t in bucket if n != "lm_head.weight"]
@@ -356,6 +361,9 @@ class SGLangEngine(SGLangStreaming, RolloutEngine):
         if names is not None and list(names) != [n for n, _ in entries]:
             raise WeightUpdateError(f"names {list(names)} differ from the payload's {[n for n, _ in entries]}")
         checked = self._check_entries(entries)
+        if self._probe is not None:  # a probe sync: the tensors are read here (rank 0's copy)
+            obj = self._deserialize(payloads[0])
+            self._probe.observe(reconstruct_bucket(obj["flattened_tensor"], obj["metadata"]))
         self._send(list(payloads), hold=None)
         self._received.update(checked)
 
@@ -489,15 +497,35 @@ class SGLangEngine(SGLangStreaming, RolloutEngine):
         _check_result(result, f"check_weights(action={action!r})")
         return result[2]
 
+    def arm_weight_checksums(self) -> None:
+        """The next sync is a probe sync: record what it hands over (``ProbeHashes``)."""
+        from sglang.srt.managers.mm_utils import tensor_hash  # sglang: imported by an engine only
+
+        self._check_not_released(WEIGHTS, "arm_weight_checksums")
+        device = torch.device(self.device)
+        dtype = self._engine.tokenizer_manager.model_config.dtype
+        # the weight checker's own hash (weight_checker._hash_tensor), on the engine's device
+        self._probe = ProbeHashes(lambda t: f"{tensor_hash(t.to(device)):016x}", dtype, self.tied)
+
     def weight_checksums(self, dtypes=None):
-        """Not available from sglang 0.5.23 by HF name: ``Engine.get_weights_by_name`` exists
-        for a few model classes only (Llama, not Qwen2/Qwen3) and returns a truncated list of
-        floats; its weights checker (``check_weights``, action "checksum") hashes SGLang's own
-        parameters per TP rank (fused qkv_proj / gate_up_proj, vocab-padded embeddings,
-        TP shards), which no HF-name checksum of the trainer can be compared with. The
-        weight-sync check skips the checksum half for this engine (the logprob half runs);
-        the exact check for this engine is :meth:`check_weights` (``--check-weight-sync-init``)."""
-        raise NotImplementedError(f"sglang {SGLANG_VERSION} offers no per-HF-tensor read-back of the engine's weights")
+        """``RolloutEngine.weight_checksums`` through SGLang's weight checker: after an armed
+        sync, each HF tensor's checksum as the adapter received it when the SGLang parameter it
+        was loaded into (fused q/k/v, gate/up; padded vocabulary) holds exactly the expected
+        bytes, else a line saying what differs (``sglang_weights.ProbeHashes``). The received
+        checksums are in the dtype sent (``dtypes`` is not needed). The expected layout is
+        TP 1's: an engine with several TP ranks, or one not armed for this sync (restarted
+        since), reports nothing (NotImplementedError: the check skips it, the logprob half
+        runs)."""
+        probe, self._probe = self._probe, None
+        if probe is None:
+            raise NotImplementedError("SGLangEngine.weight_checksums: this sync was not armed (arm_weight_checksums)")
+        self._check_not_released(WEIGHTS, "weight_checksums")
+        ranks = rank_checksums(self._weight_checker("checksum"))
+        if len(ranks) != 1:
+            raise NotImplementedError(
+                f"SGLangEngine.weight_checksums models TP 1's parameter layout; this engine answered for {sorted(ranks)}"
+            )
+        return probe.verdicts(next(iter(ranks.values())))
 
     # memory
     def _refuse_while_streaming(self, tags) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import base64
 import io
 import pickle
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 
@@ -133,3 +133,97 @@ def diff_rank_checksums(before: Dict[str, Dict[str, str]], after: Dict[str, Dict
         fused = f"; written from HF {', '.join(src)}" if src != [name] else ""
         out.append(f"{name}: hash differs on {', '.join(labels)}{fused}")
     return out + extra
+
+
+# ------------------------------------------------- per-probe checksums (TP 1 layout) ----
+#: SGLang pads the vocabulary rows of these parameters with zeros to a multiple of this
+#: (``VocabParallelEmbedding``, DEFAULT_VOCAB_PADDING_SIZE in 0.5.23)
+VOCAB_PADDING = 64
+VOCAB_PADDED = ("embed_tokens.weight", "lm_head.weight")
+EMBED = "model.embed_tokens.weight"
+LM_HEAD = "lm_head.weight"
+
+
+def sglang_param_name(hf_name: str) -> str:
+    """The SGLang parameter an HF tensor is loaded into (the inverse of :func:`hf_sources`)."""
+    for fused, parts in FUSED_FROM_HF.items():
+        for p in parts:
+            if f".{p}." in hf_name:
+                return hf_name.replace(f".{p}.", f".{fused}.")
+    return hf_name
+
+
+def sglang_layout(param: str, parts: Dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """The tensor a TP-1 SGLang engine holds in ``param`` after loading the HF tensors
+    ``parts`` (every name of ``hf_sources(param)``): fused q/k/v and gate/up concatenated on
+    dim 0 in that order, cast to the engine's ``dtype``, vocabulary rows padded with zeros to a
+    multiple of :data:`VOCAB_PADDING`."""
+    src = hf_sources(param)
+    t = torch.cat([parts[s] for s in src], dim=0) if len(src) > 1 else parts[src[0]]
+    t = t.to(dtype)
+    if param.endswith(VOCAB_PADDED) and t.shape[0] % VOCAB_PADDING:
+        pad = VOCAB_PADDING - t.shape[0] % VOCAB_PADDING
+        t = torch.cat([t, t.new_zeros((pad, *t.shape[1:]))], dim=0)
+    return t
+
+
+class ProbeHashes:
+    """The checksum half of the weight-sync check for an SGLang engine, by HF name.
+
+    SGLang's checker (``check_weights``, action "checksum") hashes the engine's own parameters
+    (fused, padded); the trainer records checksums of the HF tensors it hands over. On a probe
+    sync the adapter records, for each HF tensor it hands to the engine, its checksum as
+    received and, once all the HF sources of a parameter have passed, the hash SGLang's
+    checker must report for it (:func:`sglang_layout`, hashed with SGLang's own function
+    ``hash_fn``). :meth:`verdicts` then gives each HF name the checksum received when the
+    engine's parameter holds exactly the expected bytes, and a line saying what differs
+    otherwise: the trainer's ``compare_checksums`` names every tensor that did not arrive
+    (missing), arrived changed (different) or was not written as sent (different, with the
+    checker's hash). Names whose parameter the checker does not report under the fused name
+    (MoE experts: SGLang stacks them into w13/w2) are not comparable (None)."""
+
+    def __init__(self, hash_fn, dtype: torch.dtype, tied: bool):
+        self.hash_fn = hash_fn
+        self.dtype = dtype
+        self.tied = tied
+        self.received: Dict[str, tuple] = {}
+        self.expected: Dict[str, str] = {}
+        self._parts: Dict[str, Dict[str, torch.Tensor]] = {}
+
+    def observe(self, named) -> None:
+        from megatron_dapo.rollout.checksum import tensor_checksum
+
+        for name, t in named:
+            self.received[name] = tensor_checksum(t)
+            if self.tied and name == LM_HEAD:
+                continue  # the engine's head is its embedding
+            param = sglang_param_name(name)
+            parts = self._parts.setdefault(param, {})
+            parts[name] = t
+            if set(hf_sources(param)) <= set(parts):
+                self.expected[param] = self.hash_fn(sglang_layout(param, parts, self.dtype))
+                del self._parts[param]
+        # tensors waiting for the rest of their parameter outlive the caller's buffer
+        for parts in self._parts.values():
+            for n, t in parts.items():
+                parts[n] = t.detach().clone()
+
+    def verdicts(self, engine_hashes: Dict[str, str]) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        for name, got in self.received.items():
+            param = EMBED if self.tied and name == LM_HEAD else sglang_param_name(name)
+            if param not in engine_hashes:
+                out[name] = None  # stored under another layout (stacked experts): not comparable
+            elif param in self._parts:
+                lost = sorted(set(hf_sources(param)) - set(self._parts[param]))
+                out[name] = f"not written: {param} is fused from {', '.join(lost)} too, which never arrived"
+            elif engine_hashes[param] != self.expected[param]:
+                out[name] = (
+                    f"SGLang's {param} holds other bytes than the HF tensors received give (checker hash "
+                    f"{engine_hashes[param]}, expected {self.expected[param]})"
+                )
+            elif self.tied and name == LM_HEAD and got != self.received.get(EMBED):
+                out[name] = f"the engine ties {LM_HEAD} to {EMBED}, but the two tensors sent differ"
+            else:
+                out[name] = got
+        return out

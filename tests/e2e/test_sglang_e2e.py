@@ -18,6 +18,7 @@ import os
 
 import pytest
 
+from megatron_dapo.rollout.sglang_launch import checkpoint_weight_shapes
 from tests.e2e.fixtures import make_prompts, make_tiny_qwen2_dir
 from tests.e2e.test_train_e2e import base_args, read_metrics
 
@@ -42,6 +43,8 @@ def test_a_two_step_dapo_run_on_sglangs_cpu_engine_survives_its_scheduler_dying(
         # every sync was probed (--check-weight-sync-every 1): SGLang's logprobs of the probe against
         # megatron's, both fp32, within --weight-sync-tolerance 1e-5 (the check would have failed the run)
         assert r["weight_sync_probe_diff"] < 1e-4, r
+        # and the exact half: every tensor sent was vouched for by SGLang's own parameter hashes
+        assert r["weight_sync_checksums_compared"] == len(checkpoint_weight_shapes(hf)), r
         assert r["sync_bytes"] > 0 and r["response_length_mean"] > 0
     with open(os.path.join(run, "config.json")) as f:
         assert json.load(f)["rollout"]["engine"] == "sglang"

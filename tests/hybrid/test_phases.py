@@ -73,7 +73,7 @@ def test_order_of_one_step_and_refusals():
     with pytest.raises(PhaseError, match="to_train"):
         h.to_train(e)
     out = h.to_rollout(e, probe=[[1, 2, 3]])
-    assert out == {"sync": {"bytes": 10}, "probe_max_abs": 0.0}
+    assert out == {"sync": {"bytes": 10}, "probe_max_abs": 0.0, "checksums_compared": None}
     with pytest.raises(PhaseError, match="to_rollout"):
         h.to_rollout(e)
     h.to_train(e)

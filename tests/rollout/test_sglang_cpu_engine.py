@@ -17,7 +17,10 @@ import time
 import pytest
 import torch
 
+from megatron_dapo.hybrid.probe import compare_checksums
+from megatron_dapo.hybrid.weight_sync import WeightSyncError
 from megatron_dapo.rollout.base import EngineReleasedError, Request, SamplingParams, WeightUpdateError
+from megatron_dapo.rollout.checksum import tensor_checksum
 from megatron_dapo.rollout.engine_host import SGLANG, EngineHost
 from tests.tiny import checkpoint_state_dict, random_hf_model, tiny_qwen2_config, tiny_qwen3_moe_config
 
@@ -184,6 +187,33 @@ def test_the_engines_weight_checker_names_what_a_sync_did_not_restore(engine, mo
     lines = engine.check_weights("compare")
     assert len(lines) == 1 and lines[0].startswith("model.layers.1.self_attn.qkv_proj.weight"), lines
     assert "model.layers.1.self_attn.k_proj.weight" in lines[0]
+    _sync(engine, model["weights"])  # leave the engine whole for what follows
+
+
+def test_a_probe_syncs_checksums_match_the_trainers_through_sglangs_checker(engine, model):
+    """The checksum half of --check-weight-sync-every for SGLang: after an armed sync every HF
+    tensor is vouched for by SGLang's own hash of the parameter it was loaded into (fused
+    q/k/v and gate/up, float32 here); the engine's parameters overwritten behind the sync's back
+    are named, as is a tensor changed on its way."""
+    reference = {n: tensor_checksum(t) for n, t in model["weights"].items()}
+    engine.arm_weight_checksums()
+    _sync(engine, model["weights"])
+    got = engine.weight_checksums()
+    assert compare_checksums(reference, [got]) == {"compared": len(reference), "skipped": 0}
+    with pytest.raises(NotImplementedError, match="not armed"):
+        engine.weight_checksums()  # one check per armed sync
+    engine.arm_weight_checksums()
+    _sync(engine, model["weights"])
+    engine.check_weights("reset_tensors")  # every parameter random, the adapter not told
+    with pytest.raises(WeightSyncError, match=f"{len(reference)} different from what the trainer sent") as e:
+        compare_checksums(reference, [engine.weight_checksums()])
+    assert "model.layers.0.self_attn.q_proj.weight" in str(e.value)  # the first 20 are named
+    assert "engine holds SGLang's lm_head.weight holds other bytes than the HF tensors received give" in str(e.value)
+    name = "model.layers.0.mlp.down_proj.weight"
+    engine.arm_weight_checksums()
+    _sync(engine, dict(model["weights"], **{name: model["weights"][name] * 2}))
+    with pytest.raises(WeightSyncError, match=f"1 different from what the trainer sent: {name}"):
+        compare_checksums(reference, [engine.weight_checksums()])
     _sync(engine, model["weights"])  # leave the engine whole for what follows
 
 

@@ -13,13 +13,17 @@ before the first sync, and after it every tensor must equal its record ("compare
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 import torch
 
 from megatron_dapo.hybrid.phases import HybridStep, LocalEngines
+from megatron_dapo.hybrid.probe import compare_checksums
 from megatron_dapo.hybrid.weight_sync import WeightSyncError
 from megatron_dapo.rollout import sglang_engine as se
 from megatron_dapo.rollout.base import MEMORY_TAGS, WEIGHTS, EngineReleasedError, SamplingParams
+from megatron_dapo.rollout.checksum import tensor_checksum
 from megatron_dapo.rollout.hf_engine import HFEngine
 from tests.rollout.helpers import PROMPTS, qwen2_config, random_model
 from tests.rollout.test_sglang_protocol import WheelEngine, src, wheel_modules, wheel_sglang  # noqa: F401 (fixtures)
@@ -168,6 +172,67 @@ def test_rank_checksums_diff():
         se.rank_checksums([info(0, {}), info(0, {})])
     with pytest.raises(se.WeightUpdateError, match="no per-rank checksums"):
         se.rank_checksums(None)
+
+
+def _sha(t):
+    return hashlib.sha256(t.detach().contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()[:16]
+
+
+def test_sglang_probe_checksums_vouch_for_a_tensor_only_when_its_parameter_holds_it():
+    """ProbeHashes (the per-probe checksum half for SGLang): the engine's parameters are built
+    here by hand the way SGLang's loaders lay them out at TP 1 (fused q/k/v, a vocabulary padded
+    with zero rows to 64), in bf16 while the trainer sends fp32."""
+    g = torch.Generator().manual_seed(0)
+    a = "model.layers.0.self_attn."
+    sent = {
+        "model.embed_tokens.weight": torch.randn(100, 8, generator=g),
+        a + "q_proj.weight": torch.randn(8, 8, generator=g),
+        a + "k_proj.weight": torch.randn(4, 8, generator=g),
+        a + "v_proj.weight": torch.randn(4, 8, generator=g),
+        "model.norm.weight": torch.randn(8, generator=g),
+        "model.layers.0.mlp.experts.0.gate_proj.weight": torch.randn(8, 8, generator=g),
+        "lm_head.weight": None,
+    }
+    sent["lm_head.weight"] = sent["model.embed_tokens.weight"].clone()
+    bf = torch.bfloat16
+    q, k, v = (sent[a + f"{p}_proj.weight"] for p in "qkv")
+    engine = {  # SGLang's names; the experts are stacked under another name (not comparable)
+        "model.embed_tokens.weight": _sha(torch.cat([sent["model.embed_tokens.weight"], torch.zeros(28, 8)]).to(bf)),
+        a + "qkv_proj.weight": _sha(torch.cat([q, k, v]).to(bf)),
+        "model.norm.weight": _sha(sent["model.norm.weight"].to(bf)),
+    }
+    reference = {n: tensor_checksum(t) for n, t in sent.items()}
+
+    def probe(names=sent, tied=True):
+        p = se.ProbeHashes(_sha, bf, tied=tied)
+        items = [(n, sent[n]) for n in names]
+        p.observe(items[:3])  # q_proj alone in the first bucket: its part waits for k and v
+        p.observe(items[3:])
+        return p
+
+    got = probe().verdicts(engine)
+    assert got["model.layers.0.mlp.experts.0.gate_proj.weight"] is None
+    assert compare_checksums(reference, [got]) == {"compared": 6, "skipped": 1}
+
+    wrong_order = dict(engine, **{a + "qkv_proj.weight": _sha(torch.cat([k, q, v]).to(bf))})
+    with pytest.raises(WeightSyncError, match="3 different from what the trainer sent") as e:
+        compare_checksums(reference, [probe().verdicts(wrong_order)])
+    assert "holds other bytes than the HF tensors received give" in str(e.value)
+    assert "model.layers.0.self_attn.q_proj.weight" in str(e.value)
+
+    no_v = [n for n in sent if n != a + "v_proj.weight"]
+    with pytest.raises(WeightSyncError, match=r"1 missing in the engine: model.layers.0.self_attn.v_proj.weight") as e:
+        compare_checksums(reference, [probe(no_v).verdicts(engine)])
+    assert "fused from model.layers.0.self_attn.v_proj.weight too, which never arrived" in str(e.value)
+
+    changed = dict(sent, **{"lm_head.weight": sent["lm_head.weight"] + 1})
+    p = se.ProbeHashes(_sha, bf, tied=True)
+    p.observe(list(changed.items()))
+    with pytest.raises(WeightSyncError, match="ties lm_head.weight to model.embed_tokens.weight"):
+        compare_checksums({n: tensor_checksum(t) for n, t in changed.items()}, [p.verdicts(engine)])
+    # a received tensor that differs from what the trainer recorded (a feeder's buffer overwritten)
+    with pytest.raises(WeightSyncError, match="1 different from what the trainer sent: lm_head.weight"):
+        compare_checksums(reference, [p.verdicts(dict(engine))])
 
 
 # --------------------------------------------------------------------------- HFEngine ----
