@@ -9,10 +9,14 @@ throughput of each on the same inputs in the same run (single process, one core)
 * benchmarks/data/verifier/hardverify-math-pairs.jsonl (when converted, see the README there):
   470 pairs from HardVerify-Math (model answers that rule-based checkers miss, with a wrong
   answer each), reported per split (`dev`, `heldout`).
+* benchmarks/data/verifier/grader-suites-cases.jsonl: 175 cases from ten other projects' grader
+  test suites (GRADER_SUITES.md: repository, commit and path of each), some of them whole
+  responses (`pred_kind`), reported per project.
 
-* `dapo`: ``is_equivalent(gold, pred, mode="dapo")`` - Minerva-normalised exact strings
-  (the official DAPO comparison applied to the bare texts).
-* `math`: ``is_equivalent(gold, pred, mode="math")``.
+* `dapo`: ``compute_score("Answer: " + pred, gold, mode="dapo")`` (a whole response as it is) -
+  Minerva-normalised exact strings, the official DAPO rule.
+* `math`: ``compute_score(pred, gold, mode="math")``, the trainer's entry (it reads a bare answer
+  and a whole response the same way ``is_equivalent`` does).
 * `math-verify`: math-verify 0.9.0 (benchmarks/requirements-verifier.txt pins it and its
   antlr4 runtime) with LaTeX + expression extraction on ``$gold$`` / ``$pred$``, the ``$``
   added only where the text has none (this reproduces the 203/218 reference point). Two
@@ -43,6 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 CASES_PATH = ROOT.parent / "shared" / "data" / "verifier" / "equivalence-cases.jsonl"
 UNSEEN_PATH = ROOT / "benchmarks" / "data" / "verifier" / "hardverify-math-pairs.jsonl"
+#: other projects' grader test suites (GRADER_SUITES.md there): cases this verifier was not written from
+GRADER_PATH = ROOT / "benchmarks" / "data" / "verifier" / "grader-suites-cases.jsonl"
 
 
 def load_cases(path: Path = CASES_PATH) -> list[dict]:
@@ -65,11 +71,11 @@ def make_math_verify(wrap=WRAPS["math-verify"]):
         return None, None
     config = [LatexExtractionConfig(), ExprExtractionConfig()]
 
-    def check(gold: str, pred: str) -> bool:
+    def check(gold: str, pred: str, kind: str = "answer") -> bool:
         try:
-            return bool(
-                verify(parse(wrap(gold), extraction_config=config), parse(wrap(pred), extraction_config=config))
-            )
+            # a whole response is parsed as math-verify grades responses: as it is
+            p = pred if kind == "response" else wrap(pred)
+            return bool(verify(parse(wrap(gold), extraction_config=config), parse(p, extraction_config=config)))
         except Exception:  # noqa: BLE001 - a crash is a "no"
             return False
 
@@ -85,7 +91,7 @@ def make_math_verify(wrap=WRAPS["math-verify"]):
 
 def run(check, cases: list[dict]) -> tuple[list[bool], float]:
     start = time.perf_counter()
-    verdicts = [check(c["gold"], c["pred"]) for c in cases]
+    verdicts = [check(c["gold"], c["pred"], c.get("pred_kind", "answer")) for c in cases]
     return verdicts, time.perf_counter() - start
 
 
@@ -100,6 +106,9 @@ def case_sets(paths: list[Path]) -> dict[str, list[dict]]:
         splits = sorted({c.get("split") for c in cases if c.get("split")})
         if not splits:
             sets[path.name] = cases
+        projects = sorted({c["source"].split("@")[0] for c in cases if "@" in c.get("source", "")})
+        for project in projects if len(projects) > 1 else []:  # other projects' grader suites, per project
+            sets[f"{path.name} [{project}]"] = [c for c in cases if c["source"].startswith(project + "@")]
         for split in splits:
             sets[f"{path.name} [{split}]"] = [c for c in cases if c.get("split") == split]
     return sets
@@ -158,11 +167,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    from megatron_dapo.reward import is_equivalent
+    from megatron_dapo.reward import compute_score
 
+    # the trainer's entry: compute_score reads a bare answer and a whole response alike
     verifiers = {
-        "dapo": lambda g, p: is_equivalent(g, p, mode="dapo"),
-        "math": lambda g, p: is_equivalent(g, p, mode="math"),
+        "dapo": lambda g, p, kind="answer": (
+            compute_score(p if kind == "response" else f"Answer: {p}", g, mode="dapo").acc
+        ),
+        "math": lambda g, p, kind="answer": compute_score(p, g, mode="math").acc,
     }
     mv, versions = make_math_verify()
     if mv is not None:
@@ -179,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for check in verifiers.values():  # warm-up: imports and first-call caches
         check("1", "1")
-    for name, cases in case_sets(args.cases or [CASES_PATH, UNSEEN_PATH]).items():
+    for name, cases in case_sets(args.cases or [CASES_PATH, UNSEEN_PATH, GRADER_PATH]).items():
         report(name, cases, verifiers, variants, args.repeats, args.show_disagreements)
     return 0
 

@@ -473,6 +473,18 @@ def _hedges(gold: str, value: Value, gtype: str, wrong: list[Answer], rng: rando
     return out
 
 
+def _corrections(gold: str, value: Value, wrong: list[Answer], rng: random.Random) -> tuple[list[Answer], list[Answer]]:
+    """Self-corrections in the open (the last committed answer counts): a wrong first answer
+    corrected to the gold (label 1), and the gold "corrected" to a wrong value (label 0)."""
+    wrong = [w for w in wrong if not w.candidates and not w.shape and w.style == "latex"]
+    if value.kind in ("text", "mcq") or not wrong:
+        return [], []
+    w = rng.choice(wrong).text
+    to_gold = Answer(gold, "latex", 1, "correction-to-gold", [w, gold], shape="correction")
+    away = Answer(w, "latex", 0, "correction-away-from-gold", [gold, w], shape="correction")
+    return [to_gold], [away]
+
+
 def _traps(gold: str, value: Value, gtype: str, wrong: list[Answer], rng: random.Random) -> list[Answer]:
     """Wrong answers whose last number is the gold, and a gold named before a wrong final answer."""
     out = []
@@ -508,10 +520,13 @@ def write_response(ans: Answer, gold: str, rng: random.Random) -> tuple[str, str
     lead = _lead(rng)
     if ans.shape:  # a fixed shape: two boxes, a box then a wrong line, the same value twice, ...
         first, second = (ans.candidates + [gold, gold])[:2]
-        if ans.shape == "two-boxes" and rng.random() < 0.5:
-            first, second = second, first
-        text = _RESPONSES["fixed"][ans.shape].format(lead=lead, gold=gold, text=ans.text, first=first, second=second)
-        return text, ans.shape
+        shape = ans.shape
+        if shape in ("boxes-or", "boxes-comma") and rng.random() < 0.5:
+            first, second = second, first  # a hedge: either order is wrong
+        if shape == "correction":  # a correction in the open: candidates in the order written
+            shape = rng.choice([k for k in _RESPONSES["fixed"] if k.startswith("correction-")])
+        text = _RESPONSES["fixed"][shape].format(lead=lead, gold=gold, text=ans.text, first=first, second=second)
+        return text, shape
     shape = rng.choice(_RESPONSES["shapes_by_style"].get(ans.style, _RESPONSES["shapes"]))
     bodies = _RESPONSES["bodies"]
     body = bodies[shape]
@@ -531,6 +546,13 @@ def write_response(ans: Answer, gold: str, rng: random.Random) -> tuple[str, str
 # --------------------------------------------------------------------------- labels
 def _prove(ans: Answer, gold_value: Value) -> bool | None:
     """Whether the written answer is proved to carry its label (None: unprovable, dropped)."""
+    if ans.shape == "correction":  # the first answer is superseded by the second
+        try:
+            first, second = (values_equal(gold_value, read_value(t)) for t in ans.candidates)
+        except Exception:  # noqa: BLE001 - unreadable or a sympy failure: unprovable
+            return None
+        want = (False, True) if ans.label == 1 else (True, False)
+        return (first, second) == want or None
     texts = ans.candidates or [ans.text]
     if ans.label == 1 and ans.candidates and ans.transform != "approx-gloss":
         texts = ans.candidates + [ans.text]  # a value written twice: both forms proved
@@ -594,7 +616,9 @@ def generate(
                 wrong.append(Answer(re.sub(r"\\text\{([^{}]*)\}", r"\1", rng.choice(others)), "text", 0, "text-other"))
             plain = re.sub(r"\\text\{([^{}]*)\}", r"\1", gold)
             wrong.append(Answer(f"{plain} and Bob", "text", 0, "text-extended"))
-        wrong = wrong + _hedges(gold, value, gtype, wrong, rng) + _traps(gold, value, gtype, wrong, rng)
+        fixed, broken = _corrections(gold, value, wrong, rng)
+        wrong = wrong + _hedges(gold, value, gtype, wrong, rng) + _traps(gold, value, gtype, wrong, rng) + broken
+        eq = eq + fixed
         eq, wrong = _distinct(eq), _distinct(wrong)
         chosen = rng.sample(eq, min(per_label, len(eq))) + rng.sample(wrong, min(per_label, len(wrong)))
         for ans in chosen:

@@ -271,4 +271,24 @@ def split_label(item: str) -> tuple[str | None, str, bool]:
         return None, lhs or rhs, False
     if is_label(lhs):
         return lhs, rhs, False
+    if is_computation(lhs):
+        return None, rhs, False  # "17 \\bmod 5 = 2", "\\det A = 3": the value is the answer
     return None, item, True
+
+
+_OPERATOR_HEAD = re.compile(
+    r"\s*\\(?:sum|prod|int|iint|oint|lim|det|binom|dbinom|tbinom|gcd|lcm|max|min|operatorname)(?![a-zA-Z])"
+)
+
+
+def is_computation(text: str) -> bool:
+    """Whether the left side of "lhs = value" is a calculation rather than an unknown: a big
+    operator, a determinant, a limit ... ("\\sum_{i=1}^n i", "\\det(A)"), or numbers and
+    operators with no free letter ("17 \\bmod 5", "3^2 + 4^2", "\\frac{1}{2} \\cdot 6")."""
+    if _OPERATOR_HEAD.match(text):
+        return True
+    if not re.search(r"[-+*/^!]|\\[a-zA-Z]+", text):
+        return False  # "7 = 11a + c": a number alone is a side of an equation, no calculation
+    bare = re.sub(r"[_^]\s*(?:\{[^{}]*\}|\\?\w)", " ", text)
+    bare = re.sub(r"\\[a-zA-Z]+", " ", bare)
+    return bool(re.search(r"\d", bare)) and not re.search(r"[A-Za-z]", bare)

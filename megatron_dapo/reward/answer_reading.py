@@ -22,6 +22,13 @@ MAX_TEXT_CHARS = 20000
 
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _HOPE = re.compile(r"\s*I hope it is correct.*$", re.IGNORECASE | re.DOTALL)
+#: Closing remarks after the answer ("I hope this helps.", "Let me know if you need anything
+#: else!", "This completes the solution."): not part of the final sentence.
+_SIGN_OFF = re.compile(
+    r"(?:\s*(?:I\s+hope\s+(?:this|that|it)\s+helps|hope\s+this\s+helps|let\s+me\s+know\s+if\s+[^.!?\n]{0,60}|"
+    r"this\s+completes\s+the\s+(?:solution|proof)|feel\s+free\s+to\s+ask[^.!?\n]{0,60})[.!]*)+\s*$",
+    re.IGNORECASE,
+)
 _MATH_SPAN = re.compile(
     r"(?<!\\)\$\$((?:\\.|[^$\\])+?)\$\$"  # $$...$$ (may span lines)
     r"|\\\[((?:(?!\\\[).)+?)\\\]"  # \[...\] (no \[ inside: linear on "\[\[\[...")
@@ -186,6 +193,28 @@ _ANSWER_SENTENCE = re.compile(
     re.IGNORECASE | re.MULTILINE,
 )
 _FINAL_SENTENCE = re.compile(r"\bfinal\s+answer\s+(?:is|would\s+be|will\s+be|=)\s*:?[ \t]*", re.IGNORECASE)
+#: "Answer $9$", "**Final answer** 12", "ANSWER 5": an answer line without a colon, at the start
+#: of a line and followed directly by the answer (math, a number, a bracket)
+_ANSWER_BARE = re.compile(
+    r"^[ \t>#*_]*(?:\\textbf\{)?(?:final\s+)?answer(?:\s*(?:\*\*|__|\}))?[ \t]+(?=[$\\\d(\[{+-])",
+    re.IGNORECASE | re.MULTILINE,
+)
+#: "the result is 3", "the value of the sum is $5$", "the solution to the system is $(7, 6)$"
+_RESULT_SENTENCE = re.compile(
+    r"\b(?:result|value|solution)s?(?:\s+(?:of|to|for)\s+(?:\$[^$\n]{1,40}\$|[^.$=\n]){1,60}?)?\s+"
+    r"(?:is|are|equals|=)\s*:?[ \t]*",
+    re.IGNORECASE,
+)
+#: A text that speaks of its answer ("the answer might be", "our answer is correct"): when none of
+#: the readings above found an answer in it, it has none.
+_MENTIONS_ANSWER = re.compile(r"\banswers?\b", re.IGNORECASE)
+#: A final sentence that sets up or restates instead of concluding ("we need $x > 0$",
+#: "suppose $n = 5$", "recall that $a + b = 10$"): its formula is no answer.
+_CONDITION = re.compile(
+    r"\b(?:if|suppose|assume|assuming|let(?!')|given|since|need|needs|want|to\s+find|such\s+that|where|"
+    r"whether|recall|consider|check|verify|must|should|try|compute|calculate|determine|solve|substitut\w*)\b|\?",
+    re.IGNORECASE,
+)
 _CONCLUSION = re.compile(
     r"(?:^[ \t]*|[.!?:][ \t]+)(?:therefore|thus|hence|so|consequently|in\s+conclusion|finally|overall|in\s+total|altogether)\b[ \t]*,?",
     re.IGNORECASE | re.MULTILINE,
@@ -432,6 +461,13 @@ class Reading:
     source: str
     others: list[list[str]] = field(default_factory=list)
     end: int = 0
+    #: the sentence or line the answer was read from (a box: its contents)
+    statement: str = ""
+
+
+def _offered_together(separator: str) -> bool:
+    """Two boxes in one sentence, at most three words apart."""
+    return not _SENTENCE_END.search(separator) and len(_WORDS.findall(separator)) <= 3
 
 
 def box_groups(text: str) -> list[tuple[int, int, list[str]]]:
@@ -451,51 +487,115 @@ def box_groups(text: str) -> list[tuple[int, int, list[str]]]:
             groups[-1] = (start, span[1], parts + [span[2]])
         else:
             groups.append((span[0], span[1], [span[2]]))
-    return [g for g in groups if any(p.strip() for p in g[2])]
+    groups = [g for g in groups if any(p.strip() for p in g[2])]
+    # Boxes a few words apart in one sentence are offered together ("\\boxed{3} and later
+    # \\boxed{4}"): one group.
+    while len(groups) > 1 and _offered_together(text[groups[-2][1] : groups[-1][0]]):
+        (start, _, first), (_, end, last) = groups[-2], groups[-1]
+        groups[-2:] = [(start, end, first + last)]
+    return groups
 
 
-def _answer_line(text: str) -> tuple[list[str], int] | None:
-    """The last "Answer:" line that states an answer: (its answer, its start offset)."""
-    matches = list(_ANSWER_LINE.finditer(text))[-20:]
+def _answer_line(text: str) -> tuple[list[str], int, str] | None:
+    """The last "Answer:" line (or "Answer $9$" without the colon, at a line's start) that
+    states an answer: (its answer, its start offset)."""
+    matches = sorted(
+        list(_ANSWER_LINE.finditer(text))[-20:] + list(_ANSWER_BARE.finditer(text))[-20:], key=lambda m: m.start()
+    )
     for m in reversed(matches):
         line = text[m.end() : m.end() + _SENTENCE_WINDOW].split("\n", 1)[0]
-        if not line.strip():  # "Answer:\n$$5$$"
+        if not line.strip() or line.count("$$") % 2 or ("\\[" in line and "\\]" not in line):  # "Answer:\n$$5$$"
             line = sentence_after(text, m.end())[0]
         inner = _ANSWER_SENTENCE.search(line)
         if inner:  # "Answer: The final answer is $5$."
             line = sentence_after(line, inner.end())[0]
         parts = _states_answer(line)
         if parts:
-            return parts, m.start()
+            return parts, m.start(), line
     return None
 
 
-def _answer_sentence(text: str, pattern: re.Pattern = _ANSWER_SENTENCE, after: int = 0) -> tuple[list[str], int] | None:
-    """The last answer sentence that states an answer: (its answer, its start offset)."""
+def _answer_sentence(
+    text: str, pattern: re.Pattern = _ANSWER_SENTENCE, after: int = 0
+) -> tuple[list[str], int, str] | None:
+    """The last answer sentence that states an answer: (its answer, its start offset, the
+    sentence after the trigger)."""
     matches = [m for m in pattern.finditer(text) if m.start() >= after][-20:]
     for m in reversed(matches):
         sentence, _ = sentence_after(text, m.end())
         parts = _states_answer(sentence)
         if parts:
-            return parts, m.start()
+            return parts, m.start(), sentence
     return None
 
 
-def _conclusion(text: str) -> tuple[list[str], int] | None:
+def _conclusion(text: str) -> tuple[list[str], int, str] | None:
     """The last "therefore ... = x" sentence near the end of the text, when it has math."""
     start = max(0, len(text.rstrip()) - _CONCLUSION_WINDOW)
     found = _answer_sentence(text, _CONCLUSION, after=start)
     if found is None:
         return None
-    parts, pos = found
-    sentence = _mask_math(sentence_after(text, pos)[0])
+    parts, _, sentence = found
+    sentence = _mask_math(sentence)
     if not re.search(r"=|\b(?:is|are|was|equals|gives|get|obtain)\b", sentence) and not re.search(
         r"=", " ".join(parts)
     ):
         return None  # "so we need to find $x$ such that": states no value
     if not re.search(r"[\d\\^=+*/]|(?<![A-Za-z])[A-Za-z](?![A-Za-z])", " ".join(parts)):
         return None  # a conclusion in words only ("so we are done"): no answer
-    return parts, pos
+    return found
+
+
+_CLOSING = re.compile(r"[\s.!]*$")
+_CLAUSE_END = re.compile(r"[.;!?:](?=\s)|\n")
+
+
+def _final_clause(body: str) -> int:
+    """Where the final clause of a text starts (after the last ". ", ";", ":", "?" or line
+    break outside math, at most a sentence window back)."""
+    masked = _mask_math(body)
+    ends = [m.end() for m in _CLAUSE_END.finditer(masked) if m.end() < len(masked.rstrip(" .!\n"))]
+    return max(ends[-1] if ends else 0, len(body) - _SENTENCE_WINDOW)
+
+
+def _final_formula(text: str) -> tuple[list[str], int, str] | None:
+    """The answer that closes a long text with no answer marker, when it ends a sentence:
+
+    1. its last math span(s) followed only by the text's final punctuation ("We find that
+       $x \\lt 3$.", "... the system is $(7, 6)$.");
+    2. else its final sentence's value after its last "is" / "are" / "=" ("... the probability
+       that Alice wins is 2/3.");
+    3. else a lone last number of the final sentence ("... increases by 100%.").
+
+    Not when that clause sets up or restates instead of concluding (`_CONDITION`: "we need
+    $x > 0$.", "suppose $n = 5$.", "is it $5$?"), nor when the text stops mid-sentence (a
+    truncated response: its last number is no answer)."""
+    body = _SIGN_OFF.sub("", _HOPE.sub("", text)).rstrip()
+    if not re.search(r"[.!]$|\$$|\\\]$", body):
+        return None  # cut off mid-sentence
+    start = _final_clause(body)
+    clause = body[start:]
+    if _CONDITION.search(_mask_math(clause)):
+        return None
+    spans = list(_MATH_SPAN.finditer(body))
+    if spans and spans[-1].start() >= start and _CLOSING.fullmatch(body[spans[-1].end() :]):
+        found = find_math_spans(body[start:])
+        if found:
+            return found, start, clause
+    if spans and spans[-1].end() > start:  # prose after the clause's last formula: read the prose
+        start = spans[-1].end()
+        clause = body[start:]
+    verb = list(re.finditer(r"\s(?:is|are|was|equals|=)\s", clause))
+    if verb:
+        parts = read_span(clause[verb[-1].end() :])
+        if parts:
+            return parts, start, clause
+    tail = clause.rstrip(" .!")[-80:]
+    last = re.search(r"(?:\d|\.\d)[\d,.]*(\s*(?:%|\\%|percent))?$", tail)
+    num = lone_number(tail[: last.start() + len(last.group()) - len(last.group(1) or "")]) if last else None
+    if num is not None:
+        return [num + ("%" if last.group(1) else "")], start, clause  # type: ignore[union-attr]
+    return None
 
 
 def lone_number(text: str) -> str | None:
@@ -511,56 +611,70 @@ def lone_number(text: str) -> str | None:
         return None
     if last.group()[0] in "+-" and before and (before.isalnum() or before in ")}]"):
         return None  # "2*pi+18": the sign is an operator
-    if after[:1].isalpha() or after[:1] in "^_(" or after.lstrip()[:1] in tuple("+-*/^×·=<>"):
+    if after[:1].isalpha() or (after[:1] and after[:1] in "^_(") or after.lstrip()[:1] in tuple("+-*/^×·=<>"):
         return None
     return normalize_plain_number(last.group())
 
 
-def read_answer(text: str, response: bool = False) -> Reading | None:
+#: Texts up to this long may be a bare answer or a short solution: they also get the readings
+#: of the whole text (its math, the text itself, a lone number).
+SHORT_TEXT = 300
+
+
+def read_answer(text: str) -> Reading | None:
     """The final answer of `text` by the documented order of readings (module comment above).
 
-    With `response=True` (a response scored by `compute_score`) only readings 1-4 count and
-    None means "no answer"; otherwise a bare answer or solution text always gets a reading.
+    One reading for every text: a whole response (`compute_score`) and a bare answer
+    (`is_equivalent`, the gold) go through the same steps. None means "no answer".
     """
     text = preprocess(text)
     boxes = box_groups(text)
-    line = _answer_line(text)
-    final = _answer_sentence(text, _FINAL_SENTENCE)
-    # The last final statement (a box group, an "Answer:" line, a "final answer is" sentence)
-    # is the answer: a statement after the last box supersedes the boxes (they were steps).
+    # The last committed statement (a box group, an "Answer:" line, a "final answer is" or
+    # "the answer is" sentence), whichever comes last: earlier ones were superseded.
     statements = []
     if boxes:
-        statements.append((boxes[-1][0], "boxed", boxes[-1][2]))
+        statements.append((boxes[-1][0], "boxed", boxes[-1][2], ", ".join(boxes[-1][2])))
+    line = _answer_line(text)
     if line is not None:
-        statements.append((line[1], "answer", line[0]))
-    if final is not None:
-        statements.append((final[1], "sentence", final[0]))
+        statements.append((line[1], "answer", line[0], line[2]))
+    for pattern in (_FINAL_SENTENCE, _ANSWER_SENTENCE):
+        found = _answer_sentence(text, pattern)
+        if found is not None and not any(_BOX_RE.search(p) for p in found[0]):
+            statements.append((found[1], "sentence", found[0], found[2]))
     if statements:
-        pos, source, parts = max(statements, key=lambda st: st[0])
-        # Hedges: when a box is the answer, every other box; and an answer sentence after it.
+        pos, source, parts, said = max(statements, key=lambda st: st[0])
+        # Earlier box groups: a list or set gold may be answered over several boxes.
         others = [g[2] for g in boxes[:-1]] if source == "boxed" else []
-        later = _answer_sentence(text, after=pos + 1)
-        if later is not None and later[0] != parts and not any(_BOX_RE.search(p) for p in later[0]):
-            others.append(later[0])
-        return Reading(parts, source, others, pos)
-    sentence = _answer_sentence(text)
-    if sentence is not None:
-        return Reading(sentence[0], "sentence")
-    conclusion = _conclusion(text)
-    if conclusion is not None:
-        return Reading(conclusion[0], "conclusion")
-    if response:
-        return None
+        return Reading(parts, source, others, pos, said)
+    for source, found in (("result", _answer_sentence(text, _RESULT_SENTENCE)), ("conclusion", _conclusion(text))):
+        if found is not None:
+            return Reading(found[0], source, statement=found[2])
+    if _MENTIONS_ANSWER.search(text):
+        return None  # it speaks of its answer without stating one ("the answer is not 5")
+    stripped = text.strip()
+    stripped = _SIGN_OFF.sub("", stripped).rstrip()
+    if len(stripped) > SHORT_TEXT:
+        found = _final_formula(stripped)
+        return None if found is None else Reading(found[0], "formula", statement=found[2])
+    prose = _outside_latex(_mask_math(stripped[_final_clause(stripped) :]))
+    if _CONDITION.search(prose):
+        return None  # a short sentence that sets up ("so we need to find $x$ such that")
+    return _short_text(stripped, stripped)
+
+
+def _short_text(text: str, stripped: str) -> Reading | None:
+    """Readings of a short text (a bare answer or a short solution) with no answer marker."""
     spans = find_math_spans(text)
     if spans:
         tail = text[text.rfind(spans[-1]) + len(spans[-1]) :]
         if len(tail) > 30 and (num := lone_number(tail)) is not None:
             return Reading([num], "number")
         return Reading(spans, "math")
-    stripped = text.strip()
     if len(stripped) <= 300 and has_colon_labels(stripped):
         return Reading([stripped], "raw")  # "Smallest: 2, Largest: 9"
     bare = stripped.strip("$€ ").rstrip(".")
+    if re.fullmatch(r"\[[^\[\],;]+\]", bare):
+        bare = bare[1:-1].strip()  # "[5]": one value in brackets (an interval has two)
     if _PLAIN_NUMBER.fullmatch(bare):
         return Reading([normalize_plain_number(bare)], "raw")
     unit = _NUMBER_WITH_UNIT.fullmatch(bare)
@@ -576,6 +690,8 @@ def read_answer(text: str, response: bool = False) -> Reading | None:
         num = lone_number(stripped)
         if num is not None:
             return Reading([num], "number")
+    if not stripped or (re.search(r"[A-Za-z]{2,}\s+[A-Za-z]{2,}", stripped) and "\\" not in stripped):
+        return None  # prose that states no answer ("I could not solve it.")
     return Reading([stripped], "raw")
 
 
@@ -585,4 +701,4 @@ def extract_final_answer(text: str) -> tuple[list[str], str]:
     Several parts mean several answers joined by "and"/","-like separators (a list).
     """
     reading = read_answer(text)
-    return reading.parts, reading.source
+    return (reading.parts, reading.source) if reading is not None else ([], "none")

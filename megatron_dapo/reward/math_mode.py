@@ -57,6 +57,21 @@ _MCQ_ENUM = re.compile(
 )
 
 
+# Letters ruled out ("not A", "can't be A or B", "rule out (C)", "不是 A", "排除 A、B"): removed
+# before the chosen letter is read. A letter list after the negation goes with it.
+_LETTER = r"\(?(?<![A-Za-z'])[A-E](?![A-Za-z'])\)?"
+_RULED_OUT = re.compile(
+    r"(?:\b(?:not|never|isn't|is\s+not|can't|cannot|can\s+not|couldn't|won't|rule[sd]?\s+out|ruling\s+out|"
+    r"eliminat\w*|exclud\w*|except|other\s+than|instead\s+of|rather\s+than)\b(?:\s+(?:be|option|choice|answer))*"
+    r"|不是|排除|并非|而非|不选|除了)\s*"
+    + _LETTER
+    + r"(?:\s*(?:,|，|、|/|\bor\b|\band\b|\bnor\b|或|和|与)\s*"
+    + _LETTER
+    + r")*",
+    re.IGNORECASE,
+)
+
+
 def mcq_pred_letter(pred: str) -> str | None:
     """The option letter a response chose, or None (also when it lists several options).
 
@@ -65,6 +80,7 @@ def mcq_pred_letter(pred: str) -> str | None:
     A letter named elsewhere in prose ("D, it can't be A or B") does not count against it.
     """
     text = re.sub(r"\\text\{\s*\(?([A-E])\)?\s*\}", r"\1", pred)
+    text = _RULED_OUT.sub(" ", text)
     for k, pattern in enumerate(_MCQ_PRED):
         matches = list(pattern.finditer(text))
         if matches:
@@ -135,10 +151,10 @@ def _fallback_equal(gold: str, pred: str) -> bool:
 
 
 def math_equivalent(gold: str, pred: str) -> bool:
-    """Whether `pred` is mathematically equivalent to `gold` (both answers or short texts).
+    """Whether `pred` (a bare answer or a whole response) is mathematically equivalent to `gold`.
 
-    When `pred` commits to several answers (two boxes that differ, a box and a different
-    "Answer:" line), every one must match: see `committed_equal`.
+    The answer of `pred` is read exactly as `math_score` reads a response (`read_answer`: its
+    last committed answer), so the two entries never disagree on what a text answers.
     """
     check_ground_truth(gold)
     if not isinstance(pred, str) or not pred.strip():
@@ -146,18 +162,17 @@ def math_equivalent(gold: str, pred: str) -> bool:
     if gold.strip() == pred.strip():
         return True
     reading = read_answer(pred)
-    if reading.others:
-        return committed_equal(gold, reading)
-    return _answer_equal(gold, pred)
+    return reading is not None and committed_equal(gold, reading, pred)
 
 
-def _answer_equal(gold: str, pred: str) -> bool:
-    """One answer against the gold (no hedge check)."""
+def _answer_equal(gold: str, pred: str, statement: str = "") -> bool:
+    """One answer against the gold. ``statement``: the whole statement it was read from (the
+    letter of a multiple-choice answer is read there: "the answer is D, not A or B")."""
     if gold.strip() == pred.strip():
         return True
     letter = mcq_gold_letter(gold)
     if letter is not None:
-        return mcq_pred_letter(pred) == letter
+        return mcq_pred_letter(statement or pred) == letter
     g_text = text_answer(gold)
     p_text = text_answer(pred) if g_text is not None else None
     if g_text is not None and p_text is not None:
@@ -206,30 +221,29 @@ def _element_of(elements: list, pred: str) -> bool:
         return False
 
 
-def committed_equal(gold: str, reading: Reading) -> bool:
-    """The hedge rule: a response that commits to several answers is right only when all of them
-    are (`reading.parts` and each of `reading.others`: other boxes, the "Answer:" line, a later
-    answer sentence). "\\boxed{3} ... \\boxed{4}" is wrong for a gold of 3 and for 4.
+#: Readings of a short text as a whole (no answer marker): the text itself is the answer, and
+#: `_answer_equal` reads it again with its other readings (a decimal comma or a list: "4,7").
+_WHOLE_TEXT = ("raw", "math", "number")
 
-    A gold that is a list or set is matched element-wise: each other answer may also be one
-    of its elements, and answers spread over several boxes are compared as their union
-    ("\\boxed{3} ... \\boxed{5}" against "3, 5"). One answer that is itself a list of
-    values ("3 or 4", "-3/4, 5/4, or 1/4") is compared as a list, so it is wrong against a
-    single value (`equiv._collection_equal`).
+
+def committed_equal(gold: str, reading: Reading, text: str = "") -> bool:
+    """The commitment rule: the last answer a response commits to is its answer (`read_answer`
+    found it; earlier boxes, lines and sentences were superseded). Several candidates offered
+    together in that final statement ("\\boxed{3} or \\boxed{4}", "the answer is 3 or 4",
+    "\\boxed{3}, \\boxed{4}") are one answer that is a list, wrong against a single value
+    (`equiv._collection_equal`). A gold that is a list or set may also be answered over
+    several boxes (`reading.others`, then the final one), compared as their union.
     """
     primary = _joined(reading.parts)
-    others = [_joined(o) for o in reading.others if _joined(o)]
     if not primary:
         return False
-    if _answer_equal(gold, primary):
-        if all(o == primary or _answer_equal(gold, o) for o in others):
-            return True
-        elements = gold_elements(gold)
-        return elements is not None and all(
-            o == primary or _answer_equal(gold, o) or _element_of(elements, o) for o in others
-        )
+    if text and reading.source in _WHOLE_TEXT:
+        return _answer_equal(gold, text)
+    if _answer_equal(gold, primary, statement=reading.statement):
+        return True
+    others = [_joined(o) for o in reading.others if _joined(o)]
     if others and gold_elements(gold) is not None:
-        return _answer_equal(gold, _joined([primary] + others))
+        return _answer_equal(gold, _joined(others + [primary]))
     return False
 
 
@@ -311,51 +325,108 @@ def _unit_readings(text: str, other: str) -> list[str]:
 
 
 # --------------------------------------------------------------------------- rounding
-_ROUNDED = re.compile(r"[-+]?\d+\.(\d{2,3})")
+#: A gold decimal read as rounded: two digits or more after the point (one digit, "0.5", "2.5",
+#: is usually an exact value, and 1/3 must not pass for 0.3).
+_ROUNDED = re.compile(r"[-+]?\d*\.(\d{2,})")
+_MATRIX = re.compile(r"\\begin\{([pbvBV]?matrix)\}(.*)\\end\{\1\}", re.DOTALL)
+
+
+def _rounds_to(value, gold_text: str) -> bool:
+    """Whether the exact `value` (a fraction, a radical, pi ...; not a decimal, not an integer)
+    rounds to the decimal `gold_text` at its stated digits: |value - gold| <= half a unit of
+    its last digit (a tolerance from the gold's precision, never a fixed epsilon)."""
+    m = _ROUNDED.fullmatch(gold_text.strip())
+    if m is None or not isinstance(value, sympy.Expr) or isinstance(value, sympy.Float) or value.has(sympy.Float):
+        return False
+    if not value.is_number or value.free_symbols or value.is_Integer:
+        return False
+    decimals = len(m.group(1))
+    try:
+        approx = sympy.N(value, decimals + 30)
+        if not approx.is_real:
+            return False
+        return bool(abs(approx - sympy.Rational(gold_text.strip())) <= sympy.Rational(5, 10 ** (decimals + 1)))
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _rounded_gold_equal(gold: str, pred: str) -> bool:
-    """A gold given to 2-3 decimals (0.43) against an exact response that rounds to it (3/7).
+    """A gold given in decimals (0.43, 4.123105625617661, "(-1.732, 1.732)") against an exact
+    response that rounds to it at the gold's digits (3/7, \\sqrt{17}, "(-\\sqrt3, \\sqrt3)").
 
-    One-sided: the gold must be a bare decimal and the response an exact value written
-    without a decimal point (a fraction, a radical, pi ...); a decimal response is compared
-    exactly, so 0.425 is not 0.43.
+    One-sided: each gold decimal must be a bare decimal and the response's value exact (a
+    decimal response is compared exactly, so 0.425 is not 0.43). Inside tuples, intervals,
+    lists and matrices it holds element by element, the brackets compared as usual.
     """
     g_parts, _ = extract_final_answer(gold)
     if len(g_parts) != 1:
         return False
     g_text = clean_answer(g_parts[0])
-    m = _ROUNDED.fullmatch(g_text)
-    if m is None:
+    if _ROUNDED.search(g_text) is None:
         return False
     # 6.67% against 1/15: the response, in percent, rounds to the gold's digits.
     scale = 100 if _PERCENT.search(g_parts[0]) and not _PERCENT.search(pred) else 1
     p_parts, _ = extract_final_answer(pred)
     p_text = clean_answer(",".join(p_parts))
-    if "." in p_text or not p_text:
-        return False
+    if not p_text or re.search(r"\d?\.\d", p_text):
+        return False  # a decimal response is compared exactly
     try:
         value, _ = answer_value(pred)
+        if isinstance(value, Labeled):
+            value = value.value
+        value = ratio_value(value) if ratio_value(value) is not None else value  # 20:3 is 20/3
+        if _ROUNDED.fullmatch(g_text):
+            return isinstance(value, sympy.Expr) and _rounds_to(value * scale, g_text)
+        return _rounded_elements_equal(g_text, value)
     except MemoryError:
         raise
     except Exception:  # noqa: BLE001
         return False
-    if isinstance(value, Labeled):
-        value = value.value
-    value = ratio_value(value) if ratio_value(value) is not None else value  # 20:3 is 20/3
-    if isinstance(value, sympy.Expr):
-        value = value * scale
-    if not (isinstance(value, sympy.Expr) and value.is_number and not value.free_symbols) or value.is_Integer:
+
+
+def _gold_items(g_text: str) -> tuple[list[str], str] | None:
+    """The element texts of a gold tuple / interval / list / set, or a matrix's entries (row by
+    row), with the kind of container ("seq" or "matrix")."""
+    m = _MATRIX.search(g_text)
+    if m is not None:
+        rows = [r for r in re.split(r"\\\\", m.group(2)) if r.strip()]
+        return [c for r in rows for c in r.split("&")], "matrix"
+    inner = g_text.strip()
+    inner = re.sub(r"^\\left\s*|\\right\s*(?=[)\]])", "", inner)
+    if inner[:2] == "\\{" and inner[-2:] == "\\}":
+        inner = inner[2:-2]
+    elif inner[:1] in "([" and inner[-1:] in ")]":
+        inner = inner[1:-1]
+    inner = re.sub(r"\\right\s*$", "", inner)
+    return split_top(inner), "seq"
+
+
+def _rounded_elements_equal(g_text: str, value) -> bool:
+    """Element by element: a gold decimal element takes the response's element when that
+    rounds to it; then the whole is compared as usual (kind, brackets, order)."""
+    found = _gold_items(g_text)
+    gold_value, _ = answer_value(g_text)
+    if found is None or gold_value is None:
         return False
-    decimals = len(m.group(1))
-    try:
-        approx = sympy.N(value, 30)
-        if not approx.is_real:
+    texts, kind = found
+    if kind == "matrix":
+        if not (isinstance(gold_value, sympy.MatrixBase) and isinstance(value, sympy.MatrixBase)):
             return False
-        target = sympy.Rational(g_text)
-        return bool(abs(approx - target) <= sympy.Rational(5, 10 ** (decimals + 1)))
-    except Exception:  # noqa: BLE001
-        return False
+        if gold_value.shape != value.shape or len(texts) != len(gold_value):
+            return False
+        g_items, p_items = list(gold_value), list(value)
+    else:
+        if not (isinstance(gold_value, Seq) and isinstance(value, Seq)) or len(gold_value.items) != len(value.items):
+            return False
+        if len(texts) != len(gold_value.items):
+            return False
+        g_items, p_items = list(gold_value.items), list(value.items)
+    merged = [p if _rounds_to(p, t) else g for g, p, t in zip(g_items, p_items, texts)]
+    if merged == g_items:
+        return False  # no element was rounded: the usual comparison already said no
+    if kind == "matrix":
+        return values_equal(sympy.ImmutableMatrix(gold_value.shape[0], gold_value.shape[1], merged), value)
+    return values_equal(Seq(tuple(merged), gold_value.kind, gold_value.left, gold_value.right), value)
 
 
 def _comma_readings(text: str) -> list[str]:
@@ -399,23 +470,23 @@ def _has_text(value) -> bool:
 
 
 def extract_response_answer(response: str) -> str | None:
-    """The final answer of a response for `math` mode (`answer_reading.read_answer`: the last box,
-    "Answer:" line, answer sentence or concluding sentence). None when it states none."""
-    reading = read_answer(response, response=True)
+    """The final answer of a response for `math` mode (`answer_reading.read_answer`: its last
+    committed answer). None when it states none."""
+    reading = read_answer(response)
     if reading is None:
         return None
     return _joined(reading.parts) or None
 
 
 def math_score(response: str, ground_truth: str) -> RewardResult:
-    """Score a response in `math` mode: +1.0 when its final answer is equivalent to the gold
-    and every other answer it commits to is too (`committed_equal`)."""
+    """Score a response in `math` mode: +1.0 when its last committed answer is equivalent to
+    the gold (`committed_equal`)."""
     check_ground_truth(ground_truth)
-    reading = read_answer(response, response=True)
+    reading = read_answer(response)
     answer = _joined(reading.parts) if reading is not None else ""
     if not answer:
         return RewardResult(-1.0, False, "", "no_answer")
-    ok = committed_equal(ground_truth, reading)
+    ok = committed_equal(ground_truth, reading, response)
     return RewardResult(1.0 if ok else -1.0, ok, answer[:200], "ok" if ok else "wrong")
 
 

@@ -31,7 +31,10 @@ def test_generator_is_seeded_split_by_problem_and_labelled():
         by_problem.setdefault(c["id"], set()).add(c["split"])
     assert all(len(s) == 1 for s in by_problem.values())  # a problem's rewrites stay in one half
     transforms = {c["transform"] for c in cases}
-    assert {"identity", "hedge-or", "hedge-two-boxes", "last-number"} <= transforms
+    assert {"identity", "hedge-or", "hedge-boxes-or", "last-number", "correction-to-gold"} <= transforms
+    # a correction in the open is labelled by its last answer: one proved wrong, then one proved right
+    fixes = [c for c in cases if c["transform"] == "correction-to-gold"]
+    assert fixes and all(c["label"] == 1 and c["shape"].startswith("correction-") for c in fixes)
     assert drops["unprovable"] < len(cases) / 5
 
 

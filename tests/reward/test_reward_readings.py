@@ -18,8 +18,8 @@ def score(response: str, gold: str):
     return compute_score(response, gold, mode="math")
 
 
-def reading(text: str, response: bool = True):
-    r = read_answer(text, response=response)
+def reading(text: str):
+    r = read_answer(text)
     return None if r is None else (r.parts, r.source)
 
 
@@ -72,8 +72,11 @@ def test_readings_of_a_response(response, parts, source):
         "So we need to find $x$ such that",  # a conclusion that states no value (a truncated response)
         "Therefore, we are done. "
         + "More reasoning follows here without any result. " * 10,  # beyond the last 300 characters
-        "We get $2\\pi+18$",  # bare math without an answer marker: no answer for a response
-        "... x is 15, so the total is 2*pi + 18",
+        "We need $x > 0$ for the logarithm to exist.",  # a restated condition, not a conclusion
+        "Suppose $n = 5$.",
+        "Let me recall that $a + b = 10$ and see where that leads.",
+        "Is it $5$?",
+        "Hmm, I am not sure where to go from here.",
     ],
 )
 def test_no_reading_means_no_answer(response):
@@ -104,6 +107,11 @@ def test_no_reading_means_no_answer(response):
         ("Answer: 12 (twelve)", "2", False),
         ("The answer is 3. So x = 4.", "3", True),  # the answer sentence beats a later conclusion
         ("The answer is 3. So x = 4.", "4", False),
+        # no marker: the formula that closes the final sentence
+        ("We get $2\\pi+18$", "18 + 2\\pi", True),
+        ("We get $2\\pi+18$", "18", False),
+        ("... x is 15, so the total is 2*pi + 18", "18 + 2\\pi", True),
+        ("... x is 15, so the total is 2*pi + 18", "15", False),
     ],
 )
 def test_each_reading_scores_with_near_misses(response, gold, ok):
@@ -139,8 +147,20 @@ def test_last_number_fallback_only_for_a_lone_number():
         ("Answer: $\\pm 3$", "\\pm 3", True),
         ("Answer: x = 3 or x = -3", "\\pm 3", True),
         # two boxes
-        ("First $\\boxed{3}$. Checking again, the answer is $\\boxed{4}$.", "4", False),
+        # a correction in the open: the last committed answer counts, earlier ones were superseded
+        ("First $\\boxed{3}$. Checking again, the answer is $\\boxed{4}$.", "4", True),
+        ("First $\\boxed{3}$. Checking again, the answer is $\\boxed{4}$.", "3", False),
         ("First $\\boxed{4}$. Checking again, the answer is $\\boxed{3}$.", "4", False),
+        ("A first pass gives $\\boxed{6}$. I find a slip, so the corrected answer is $\\boxed{7}$.", "7", True),
+        ("A first pass gives $\\boxed{6}$. I find a slip, so the corrected answer is $\\boxed{7}$.", "6", False),
+        ("Answer: 6\n\nWait, I made an error in step 2. Redoing it:\n\nAnswer: 7", "7", True),
+        ("Answer: 6\n\nWait, I made an error in step 2. Redoing it:\n\nAnswer: 7", "6", False),
+        # a hedge: candidates offered together in the final box group, sentence or line
+        ("So the answer is $\\boxed{3}$ or $\\boxed{4}$.", "4", False),
+        ("So the answer is $\\boxed{3}$ or $\\boxed{4}$.", "3", False),
+        ("Both work: $\\boxed{3}$, $\\boxed{4}$", "4", False),
+        ("Both work: $\\boxed{3}$, $\\boxed{4}$", "3, 4", True),
+        ("It is $\\boxed{3}$ and maybe later $\\boxed{4}$.", "4", False),
         ("First $\\boxed{\\frac{1}{2}}$. Simplifying, the answer is $\\boxed{0.5}$.", "\\frac12", True),
         ("The first root is $\\boxed{3}$. The second root is $\\boxed{5}$.", "3, 5", True),
         ("The first root is $\\boxed{3}$. The second root is $\\boxed{5}$.", "3", False),
@@ -151,12 +171,13 @@ def test_last_number_fallback_only_for_a_lone_number():
         ("So $\\boxed{0.5}$.\n\nAnswer: 1/2", "\\frac{1}{2}", True),
         ("Interest: $\\boxed{255}$. Total $10,455. The final answer is $10,455$.", "10455", True),
         ("Interest: $\\boxed{255}$. Total $10,455. The final answer is $10,455$.", "255", False),
-        # ... but an answer sentence after the final statement must agree with it
+        # ... and so does a later answer sentence
         ("So $\\boxed{5}$. Hence the answer is 6.", "5", False),
-        ("So $\\boxed{5}$. Hence the answer is 6.", "6", False),
+        ("So $\\boxed{5}$. Hence the answer is 6.", "6", True),
         ("So $\\boxed{5}$. Hence the answer is 5.", "5", True),
         # an "Answer:" line and a later answer sentence
         ("Answer: 3.\nThe answer is 4.", "3", False),
+        ("Answer: 3.\nThe answer is 4.", "4", True),
         ("Answer: 3.\nThe answer is 3.", "3", True),
         # the same value twice is no hedge
         ("Answer: 2 or 2.0", "2", True),
@@ -166,11 +187,34 @@ def test_hedge_rule(response, gold, ok):
     assert score(response, gold).acc is ok
 
 
-def test_hedges_through_is_equivalent():
+def test_hedges_and_corrections_through_is_equivalent():
+    """`is_equivalent` reads a text exactly as `compute_score` reads a response."""
     assert not is_equivalent("216", "215 or 216")
-    assert not is_equivalent("4", "\\boxed{3} and later \\boxed{4}")
-    assert not is_equivalent("4", "We found \\boxed{3}. On reflection the answer is \\boxed{4}.")
+    assert not is_equivalent("4", "\\boxed{3} and later \\boxed{4}")  # one sentence: offered together
+    assert is_equivalent("4", "We found \\boxed{3}. On reflection the answer is \\boxed{4}.")  # a correction
+    assert not is_equivalent("3", "We found \\boxed{3}. On reflection the answer is \\boxed{4}.")
     assert is_equivalent("3, 4", "3 or 4")
+
+
+ONE_READING = [
+    "We find that $x \\lt 3$.",
+    "Answer $ 9 $",
+    "After simplifying, the result is $3$.",
+    "Solving both equations, the solution to the system is $(7, 6)$.",
+    "So $17 \\bmod 5 = 2$.",
+    "A first pass gives $\\boxed{6}$. I find a slip, so the corrected answer is $\\boxed{7}$.",
+    "The answer is 3 or 4.",
+    "I could not solve it.",
+    "Final answer 12",
+    "The answer is for sure D, it can't be A or B",
+    "We need $x > 0$ here.",
+]
+
+
+@pytest.mark.parametrize("text", ONE_READING)
+def test_is_equivalent_and_compute_score_read_the_same_answer(text):
+    for gold in ("x < 3", "9", "3", "(7, 6)", "2", "7", "6", "4", "12", "D", "A", "0"):
+        assert is_equivalent(gold, text) is score(text, gold).acc, (gold, text)
 
 
 # --------------------------------------------------------------------------- forms
