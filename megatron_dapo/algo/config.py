@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Optional
 
+from ..ranges import ABOVE_ONE, COUNT, EVERY, FINITE, FRACTION, NONNEGATIVE
 from .advantages import ADVANTAGE_ESTIMATORS
 from .dynamic_sampling import DYNAMIC_SAMPLING_METRICS
 from .kl import KL_ESTIMATORS
@@ -51,18 +52,23 @@ class AlgorithmConfig:
         choices=ALGORITHMS,
     )
     eps_clip_low: float = _f(
-        0.2, "Lower clip range eps_low: ratio clipped at 1 - eps_low (in [0, 1]; 1: no lower clip).", "--eps-clip-low"
+        0.2,
+        "Lower clip range eps_low: ratio clipped at 1 - eps_low (in [0, 1]; 1: no lower clip).",
+        "--eps-clip-low",
+        range=FRACTION,
     )
     eps_clip_high: float = _f(
         0.28,
         "Upper clip range eps_high: ratio clipped at 1 + eps_high (DAPO clip-higher: 0.28; GRPO: 0.2).",
         "--eps-clip-high",
+        range=NONNEGATIVE,
     )
     clip_ratio_c: Optional[float] = _f(
         10.0,
         "Dual-clip constant c > 1: for negative advantages the per-token loss is capped at -c*A. "
         "'none' disables it (the paper's objective); the official DAPO script uses 10.",
         "--clip-ratio-c",
+        range=ABOVE_ONE,
     )
     policy_loss: str = _f(
         "decoupled-clip",
@@ -89,7 +95,9 @@ class AlgorithmConfig:
         "--advantage-estimator",
         choices=ADVANTAGE_ESTIMATORS,
     )
-    adv_eps: float = _f(1e-6, "Epsilon added to the std that divides the advantage (>= 0).", "--adv-eps")
+    adv_eps: float = _f(
+        1e-6, "Epsilon added to the std that divides the advantage (>= 0).", "--adv-eps", range=NONNEGATIVE
+    )
     overlong_filter: bool = _f(
         True, "Overlong filtering: responses truncated at the length limit get loss mask 0.", "--overlong-filter"
     )
@@ -100,14 +108,19 @@ class AlgorithmConfig:
         20480,
         "L_max: maximum response length in tokens (generation cap and end of the punishment ramp).",
         "--max-response-length",
+        range=COUNT,
     )
     overlong_buffer_length: int = _f(
         4096,
         "L_cache: length of the soft punishment buffer before L_max (in [0, --max-response-length]).",
         "--overlong-buffer-length",
+        range=EVERY,
     )
     overlong_penalty_factor: float = _f(
-        1.0, "Scale of the soft overlong punishment (penalty in [-factor, 0]).", "--overlong-penalty-factor"
+        1.0,
+        "Scale of the soft overlong punishment (penalty in [-factor, 0]).",
+        "--overlong-penalty-factor",
+        range=NONNEGATIVE,
     )
     dynamic_sampling: bool = _f(
         True,
@@ -123,12 +136,14 @@ class AlgorithmConfig:
         "--dynamic-sampling-metric",
         choices=DYNAMIC_SAMPLING_METRICS,
     )
-    kl_coef: float = _f(0.0, "Coefficient of the KL penalty to the reference model (DAPO: 0 = none).", "--kl-coef")
+    kl_coef: float = _f(
+        0.0, "Coefficient of the KL penalty to the reference model (DAPO: 0 = none).", "--kl-coef", range=NONNEGATIVE
+    )
     kl_estimator: str = _f(
         "k3", "KL estimator used when --kl-coef > 0: k1, k2 or k3.", "--kl-estimator", choices=KL_ESTIMATORS
     )
     entropy_coef: float = _f(
-        0.0, "Coefficient of the entropy bonus (loss -= coef * entropy; DAPO: 0).", "--entropy-coef"
+        0.0, "Coefficient of the entropy bonus (loss -= coef * entropy; DAPO: 0).", "--entropy-coef", range=FINITE
     )
     tis_mode: str = _f(
         "none",
@@ -144,12 +159,14 @@ class AlgorithmConfig:
         2.0,
         "The cap C > 1 of --tis-mode token-truncate / token-mask (and of --partial-rollout-offpolicy correct).",
         "--tis-cap",
+        range=ABOVE_ONE,
     )
     tis_seq_cap: float = _f(
         TIS_SEQ_CAP_DEFAULT,
         "The band [1/C_s, C_s] of --tis-mode sequence-mask, on the geometric mean of a sequence's ratios, which sits "
         "much closer to 1 than a token's ratio (verl's rollout-correction guide: 1.0002-1.001).",
         "--tis-seq-cap",
+        range=ABOVE_ONE,
     )
 
     # ------------------------------------------------------------------ helpers

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..algo.config import AlgorithmConfig
+from ..ranges import COUNT, EVERY, NONNEGATIVE, OPEN_FRACTION, POSITIVE, SEED, Range
 from ..reward.api import REWARD_MODES
 from ..rollout.engines import engine_choices
 
@@ -34,7 +35,9 @@ class ModelConfig:
     )
     pretrained_checkpoint: Optional[str] = _f(None, "A converted torch_dist checkpoint to initialise weights from.")
     tokenizer: Optional[str] = _f(None, "Tokenizer directory (default: --hf-checkpoint).")
-    make_vocab_size_divisible_by: int = _f(128, "Pad the vocabulary to a multiple of this x TP (Megatron-LM).")
+    make_vocab_size_divisible_by: int = _f(
+        128, "Pad the vocabulary to a multiple of this x TP (Megatron-LM).", range=COUNT
+    )
     bf16: bool = _f(False, "bf16 parameters and compute (GPU); CPU runs are fp32.")
     recompute_granularity: Optional[str] = _f(
         None, "Activation recompute: full or selective.", choices=(None, "full", "selective")
@@ -48,7 +51,9 @@ class ModelConfig:
     recompute_method: Optional[str] = _f(
         None, "uniform or block (with --recompute-granularity full).", choices=(None, "uniform", "block")
     )
-    recompute_num_layers: Optional[int] = _f(None, "Layers per recompute chunk (uniform) or recomputed layers (block).")
+    recompute_num_layers: Optional[int] = _f(
+        None, "Layers per recompute chunk (uniform) or recomputed layers (block).", range=COUNT
+    )
     ref_load: Optional[str] = _f(
         None, "Reference model checkpoint for KL (default: the initial policy) when --kl-coef > 0."
     )
@@ -56,54 +61,63 @@ class ModelConfig:
 
 @dataclass
 class ParallelConfig:
-    tensor_model_parallel_size: int = _f(1, "Tensor model parallel size.")
-    pipeline_model_parallel_size: int = _f(1, "Pipeline model parallel size.")
+    tensor_model_parallel_size: int = _f(1, "Tensor model parallel size.", range=COUNT)
+    pipeline_model_parallel_size: int = _f(1, "Pipeline model parallel size.", range=COUNT)
     context_parallel_size: int = _f(
         1,
         "Context parallel size: every packed sequence is split into 2 x CP chunks in the load-balanced (zigzag) "
         "order (packing is on; needs --max-tokens-per-gpu).",
+        range=COUNT,
     )
     sequence_parallel: bool = _f(False, "Sequence parallelism with TP (GPU/TE only).")
     use_distributed_optimizer: bool = _f(False, "Shard optimizer state over data-parallel ranks.")
-    nnodes: int = _f(1, "Number of nodes.", "--actor-num-nodes")
-    gpus_per_node: int = _f(1, "GPUs (CPU demo: worker processes) per node.", "--actor-num-gpus-per-node")
+    nnodes: int = _f(1, "Number of nodes.", "--actor-num-nodes", range=COUNT)
+    gpus_per_node: int = _f(1, "GPUs (CPU demo: worker processes) per node.", "--actor-num-gpus-per-node", range=COUNT)
     expert_model_parallel_size: int = _f(
         1,
         "Expert parallel size (mixture-of-experts models): each EP rank holds num_experts / EP experts; EP ranks "
         "are drawn from the TP x CP x DP ranks of a pipeline stage (docs/moe.md).",
+        range=COUNT,
     )
     expert_tensor_parallel_size: Optional[int] = _f(
-        None, "Tensor parallel size of each expert (default: --tensor-model-parallel-size)."
+        None, "Tensor parallel size of each expert (default: --tensor-model-parallel-size).", range=COUNT
     )
 
 
 @dataclass
 class OptimConfig:
-    lr: float = _f(1e-6, "Learning rate (constant after warm-up).")
-    lr_warmup_iters: int = _f(0, "Linear warm-up length in optimizer steps.")
+    lr: float = _f(1e-6, "Learning rate (constant after warm-up).", range=POSITIVE)
+    lr_warmup_iters: int = _f(0, "Linear warm-up length in optimizer steps.", range=EVERY)
     lr_warmup_rollout_steps: Optional[int] = _f(
-        None, "Linear warm-up length in rollout steps (converted to optimizer steps; wins over --lr-warmup-iters)."
+        None,
+        "Linear warm-up length in rollout steps (converted to optimizer steps; wins over --lr-warmup-iters).",
+        range=EVERY,
     )
-    weight_decay: float = _f(0.1, "AdamW weight decay.")
-    clip_grad: float = _f(1.0, "Gradient clipping by global norm (0 = off).")
-    adam_beta1: float = _f(0.9, "AdamW beta1.")
-    adam_beta2: float = _f(0.999, "AdamW beta2.")
-    adam_eps: float = _f(1e-8, "AdamW epsilon.")
+    weight_decay: float = _f(0.1, "AdamW weight decay.", range=NONNEGATIVE)
+    clip_grad: float = _f(1.0, "Gradient clipping by global norm (0 = off).", range=NONNEGATIVE)
+    adam_beta1: float = _f(0.9, "AdamW beta1.", range=Range(0, 1, hi_open=True))
+    adam_beta2: float = _f(0.999, "AdamW beta2.", range=Range(0, 1, hi_open=True))
+    adam_eps: float = _f(1e-8, "AdamW epsilon.", range=POSITIVE)
     micro_batch_size: int = _f(
         1,
         "Responses per micro-batch (consecutive responses; upper bound when --max-tokens-per-gpu also limits "
         "them); with --use-packing micro-batches are bounded by --max-tokens-per-gpu only.",
+        range=COUNT,
     )
-    global_batch_size: int = _f(512, "Responses per optimizer step (all DP ranks).")
-    max_tokens_per_gpu: Optional[int] = _f(None, "Token budget of one micro-batch; micro-batches are packed to it.")
+    global_batch_size: int = _f(512, "Responses per optimizer step (all DP ranks).", range=COUNT)
+    max_tokens_per_gpu: Optional[int] = _f(
+        None, "Token budget of one micro-batch; micro-batches are packed to it.", range=COUNT
+    )
     use_packing: bool = _f(
         False,
         "Group responses into the fewest micro-batches of at most --max-tokens-per-gpu tokens, balanced by "
         "tokens, instead of consecutive groups of --micro-batch-size (micro-batches are THD either way: each "
         "sequence padded only to what TP/CP need). Always on with --context-parallel-size > 1.",
     )
-    seed: int = _f(1234, "Random seed.")
-    max_skipped_steps: int = _f(3, "Stop after this many consecutive skipped (non-finite) optimizer steps.")
+    seed: int = _f(1234, "Random seed.", range=SEED)
+    max_skipped_steps: int = _f(
+        3, "Stop after this many consecutive skipped (non-finite) optimizer steps.", range=EVERY
+    )
 
 
 @dataclass
@@ -114,39 +128,56 @@ class RolloutConfig:
         "--rollout-engine",
         choices=engine_choices(),
     )
-    rollout_batch_size: int = _f(512, "Prompts per rollout step (groups kept after dynamic sampling).")
-    n_samples_per_prompt: int = _f(16, "Responses per prompt (group size G).")
+    rollout_batch_size: int = _f(512, "Prompts per rollout step (groups kept after dynamic sampling).", range=COUNT)
+    n_samples_per_prompt: int = _f(16, "Responses per prompt (group size G).", range=COUNT)
     over_sampling_batch_size: Optional[int] = _f(
         None,
         "Prompts generating at once (the window, default: --rollout-batch-size); a group that ends and is "
         "verified frees its place for a new prompt while more are needed (docs/rollout.md, Streaming).",
+        range=COUNT,
     )
     max_num_gen_batches: int = _f(
         10,
         "The step's request budget in windows (>= 1): at most this many x --over-sampling-batch-size prompts are "
         "started before the step fails with what to change.",
+        range=COUNT,
     )
     temperature: float = _f(
         1.0,
         "Sampling temperature for training rollouts; the trainer divides its logits by it for old and new "
         "logprobs, entropy and the KL reference.",
         "--rollout-temperature",
+        range=POSITIVE,
     )
     top_p: float = _f(
-        1.0, "Top-p for training rollouts (must be 1.0: truncated sampling is refused for training).", "--rollout-top-p"
+        1.0,
+        "Top-p for training rollouts (must be 1.0: truncated sampling is refused for training).",
+        "--rollout-top-p",
+        range=OPEN_FRACTION,
     )
     top_k: int = _f(
-        -1, "Top-k for training rollouts (must be -1: truncated sampling is refused for training).", "--rollout-top-k"
+        -1,
+        "Top-k for training rollouts (must be -1: truncated sampling is refused for training).",
+        "--rollout-top-k",
+        range=Range(-1, integer=True),
     )
     stop: list = _f([], "Stop strings (repeatable).", "--rollout-stop", nargs="*")
-    num_gpus_per_engine: int = _f(1, "GPUs per rollout engine (engine TP size).", "--rollout-num-gpus-per-engine")
-    mem_fraction_static: float = _f(0.7, "SGLang static memory fraction.", "--sglang-mem-fraction-static")
-    update_weight_buffer_size: int = _f(512 * 1024**2, "Weight-sync bucket size in bytes.")
+    num_gpus_per_engine: int = _f(
+        1, "GPUs per rollout engine (engine TP size).", "--rollout-num-gpus-per-engine", range=COUNT
+    )
+    mem_fraction_static: float = _f(
+        0.7,
+        "SGLang static memory fraction.",
+        "--sglang-mem-fraction-static",
+        range=Range(0, 1, lo_open=True, hi_open=True),
+    )
+    update_weight_buffer_size: int = _f(512 * 1024**2, "Weight-sync bucket size in bytes.", range=COUNT)
     check_weight_sync_every: int = _f(
         1,
         "Check the engines after every N-th weight sync (0 = never): exact per-tensor checksums of what the "
         "engine holds against what the trainer sent (engines that can report them: hf), and engine vs trainer "
         "logprobs on the probe's first 256 tokens.",
+        range=EVERY,
     )
     check_weight_sync_init: bool = _f(
         False,
@@ -160,6 +191,7 @@ class RolloutConfig:
         None,
         "Mean |logp_engine - logp_trainer| tolerated on the weight-sync probe; its 90th percentile may reach "
         "3x this, its max is logged only (default by parameter dtype: fp32 1e-4, fp16 0.03, bf16 0.1).",
+        range=POSITIVE,
     )
     offload_train: Optional[bool] = _f(
         None,
@@ -171,7 +203,7 @@ class RolloutConfig:
         "Carry mixed groups generated beyond --rollout-batch-size over to the next step (with their old-policy "
         "logprobs) instead of dropping them. Not part of any --algorithm preset; the paper drops them.",
     )
-    engine_timeout_s: float = _f(600.0, "A generation call slower than this restarts the engine.")
+    engine_timeout_s: float = _f(600.0, "A generation call slower than this restarts the engine.", range=POSITIVE)
     partial_rollout: bool = _f(
         False,
         "Partial rollout: when a step's batch is full, in-flight generations are stopped and their prefixes "
@@ -188,6 +220,7 @@ class RolloutConfig:
         2,
         "A kept prefix whose oldest token is more than this many steps old is dropped and its sample "
         "regenerated from the prompt (>= 1).",
+        range=COUNT,
     )
 
 
@@ -211,21 +244,25 @@ class RewardConfig:
         nargs="*",
     )
     remote_timeout_s: float = _f(
-        30.0, "Budget of one request to a remote reward model, seconds.", "--reward-remote-timeout"
+        30.0, "Budget of one request to a remote reward model, seconds.", "--reward-remote-timeout", range=POSITIVE
     )
     remote_max_retries: int = _f(
-        3, "Retries of a failed request to a remote reward model.", "--reward-remote-max-retries"
+        3, "Retries of a failed request to a remote reward model.", "--reward-remote-max-retries", range=EVERY
     )
-    remote_batch_size: int = _f(64, "Samples per request to a remote reward model.", "--reward-remote-batch-size")
-    num_workers: int = _f(2, "Verifier processes.", "--reward-num-workers")
-    timeout_s: float = _f(10.0, "Per-item verifier timeout.", "--reward-timeout")
+    remote_batch_size: int = _f(
+        64, "Samples per request to a remote reward model.", "--reward-remote-batch-size", range=COUNT
+    )
+    num_workers: int = _f(2, "Verifier processes.", "--reward-num-workers", range=COUNT)
+    timeout_s: float = _f(10.0, "Per-item verifier timeout.", "--reward-timeout", range=POSITIVE)
 
 
 @dataclass
 class DataConfig:
     prompt_data: Optional[str] = _f(None, "Training prompts: parquet or jsonl in the verl schema.")
     eval_data: list = _f([], "Evaluation sets (parquet/jsonl), repeatable.", nargs="*")
-    max_prompt_length: int = _f(2048, "Prompts longer than this many tokens are skipped or left-truncated.")
+    max_prompt_length: int = _f(
+        2048, "Prompts longer than this many tokens are skipped or left-truncated.", range=COUNT
+    )
     prompt_overflow: str = _f(
         "skip", "What to do with long prompts: skip (counted) or truncate-left.", choices=("skip", "truncate-left")
     )
@@ -239,9 +276,11 @@ class DataConfig:
 class CheckpointConfig:
     load: Optional[str] = _f(None, "Resume a run from this checkpoint directory (weights, optimizer, trainer state).")
     save: Optional[str] = _f(None, "Directory for checkpoints.")
-    save_interval: int = _f(0, "Save every N rollout steps (0 = only at the end when --save is given).")
+    save_interval: int = _f(0, "Save every N rollout steps (0 = only at the end when --save is given).", range=EVERY)
     keep_last: int = _f(
-        2, "Keep the N newest checkpoints of this run (older ones of the same run are removed; another run's never)."
+        2,
+        "Keep the N newest checkpoints of this run (older ones of the same run are removed; another run's never).",
+        range=COUNT,
     )
     start_over: bool = _f(
         False,
@@ -250,7 +289,9 @@ class CheckpointConfig:
         "a rollback. Without it such a run is refused.",
     )
     save_hf_interval: int = _f(
-        0, "Export the trainer's weights as an HF checkpoint every N rollout steps to RUN_DIR/hf/step_XXXXXX (0 = off)."
+        0,
+        "Export the trainer's weights as an HF checkpoint every N rollout steps to RUN_DIR/hf/step_XXXXXX (0 = off).",
+        range=EVERY,
     )
     save_hf_final: bool = _f(False, "Export the trainer's final weights as an HF checkpoint to RUN_DIR/final_hf.")
 
@@ -263,26 +304,31 @@ class LoggingConfig:
         "offline", "wandb mode: offline, online or disabled.", choices=("offline", "online", "disabled")
     )
     tensorboard: bool = _f(False, "Also write tensorboard event files.")
-    dump_rollouts_every: int = _f(0, "Write rollouts to RUN_DIR/rollouts/step_XXXXXX.jsonl every N steps.")
-    eval_interval: int = _f(0, "Evaluate on --eval-data every N steps (0 = off).")
-    eval_k: int = _f(32, "Samples per problem for avg@k / pass@k / maj@k (DAPO: 32).")
-    eval_temperature: float = _f(1.0, "Evaluation sampling temperature (DAPO: 1.0).")
-    eval_top_p: float = _f(0.7, "Evaluation top-p (DAPO: 0.7).")
+    dump_rollouts_every: int = _f(0, "Write rollouts to RUN_DIR/rollouts/step_XXXXXX.jsonl every N steps.", range=EVERY)
+    eval_interval: int = _f(0, "Evaluate on --eval-data every N steps (0 = off).", range=EVERY)
+    eval_k: int = _f(32, "Samples per problem for avg@k / pass@k / maj@k (DAPO: 32).", range=COUNT)
+    eval_temperature: float = _f(1.0, "Evaluation sampling temperature (DAPO: 1.0).", range=NONNEGATIVE)
+    eval_top_p: float = _f(0.7, "Evaluation top-p (DAPO: 0.7).", range=OPEN_FRACTION)
     eval_prompt_style: Optional[str] = _f(None, "Prompt style for eval sets without chat prompts (see tools/eval.py).")
     progress: bool = _f(True, "Progress bars.")
 
 
 @dataclass
 class RunConfig:
-    num_rollout_steps: int = _f(100, "Rollout steps to run.", "--num-rollout")
+    num_rollout_steps: int = _f(100, "Rollout steps to run.", "--num-rollout", range=COUNT)
     deterministic: bool = _f(False, "Per-sample seeds, fixed generation rounds: reruns and resumes are identical.")
     dry_run: bool = _f(False, "Validate configuration, data and paths, print the plan, start nothing.")
-    inject_nan_at_step: Optional[int] = _f(None, "Testing: make the loss NaN at this step.", "--debug-inject-nan-step")
+    inject_nan_at_step: Optional[int] = _f(
+        None, "Testing: make the loss NaN at this step.", "--debug-inject-nan-step", range=COUNT
+    )
     kill_engine_at_step: Optional[int] = _f(
-        None, "Testing: SIGKILL the engine process mid-generation at this step.", "--debug-kill-engine-step"
+        None,
+        "Testing: SIGKILL the engine process mid-generation at this step.",
+        "--debug-kill-engine-step",
+        range=COUNT,
     )
     crash_during_save_at_step: Optional[int] = _f(
-        None, "Testing: SIGKILL the driver mid-save at this step.", "--debug-crash-during-save-step"
+        None, "Testing: SIGKILL the driver mid-save at this step.", "--debug-crash-during-save-step", range=COUNT
     )
     dump_train_batch: Optional[str] = _f(
         None, "Testing: write the training batch and weights of each step here.", "--debug-dump-train-batch"
@@ -304,13 +350,14 @@ class MoEConfig:
         None,
         "Coefficient of the load-balancing loss, as the mean over the step's micro-batches (default: the HF "
         "config's router_aux_loss_coef, 0.001 for Qwen3-MoE).",
+        range=NONNEGATIVE,
     )
     moe_router_enable_expert_bias: bool = _f(
         False,
         "Aux-loss-free balancing (DeepSeek-V3): a per-expert bias on the routing scores, updated after each "
         "step. megatron-core supports it with sigmoid scores only: refused for Qwen3-MoE's softmax router.",
     )
-    moe_router_bias_update_rate: float = _f(1e-3, "Update rate of that bias (DeepSeek-V3's gamma).")
+    moe_router_bias_update_rate: float = _f(1e-3, "Update rate of that bias (DeepSeek-V3's gamma).", range=NONNEGATIVE)
     moe_token_dispatcher_type: str = _f(
         "alltoall",
         "How tokens reach their experts' EP ranks: alltoall or allgather.",

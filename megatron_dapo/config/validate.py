@@ -9,11 +9,12 @@ import os
 from typing import Optional
 
 from ..models.hf_config import ModelConfigError
+from ..ranges import numeric_fields, range_error
 from ..reward.api import RewardConfigError
 from ..reward.plugins import RewardRouter, parse_reward_sources
 from ..rollout.engines import AUTO, ENGINE_KINDS, resolve_engine_kind
 from .cli import ConfigError
-from .schema import DAPOConfig
+from .schema import DAPOConfig, flag_of
 
 
 def world_size(cfg: DAPOConfig) -> int:
@@ -183,11 +184,22 @@ def check_expert_layout(cfg: DAPOConfig, arch=None) -> None:
         )
 
 
+def check_ranges(cfg: DAPOConfig) -> None:
+    """Every numeric field against the range declared next to its default (``_f(..., range=)``,
+    megatron_dapo/ranges.py): NaN, the infinities and out-of-range values are refused in one
+    line naming the flag."""
+    for f, flag, value in numeric_fields(cfg, flag_of):
+        err = range_error(f, flag, value)
+        if err:
+            raise ConfigError(err)
+
+
 def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[str]:
     """Raise ConfigError on the first invalid combination; return a list of warnings.
 
     ``arch`` (a ModelArch) enables the model-shape checks.
     """
+    check_ranges(cfg)
     if on_gpu is None:
         import torch
 
