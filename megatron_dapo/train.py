@@ -44,6 +44,7 @@ from .hybrid.phases import HybridStep
 from .launch.preflight import check_before_launch, dry_run
 from .models import parse_hf_config
 from .outputs import checkpoint_dirs as checkpoints
+from .outputs import run_lock
 from .outputs.run_dir import prepare_outputs, write_config
 from .reward import BatchScorer, reward_needs_label
 
@@ -339,6 +340,7 @@ def main(argv=None) -> int:
         t = locals().get("trainer")
         if t is not None and getattr(t, "cluster", None) is not None:
             t.cluster.shutdown(t.engines.handles if getattr(t, "engines", None) else ())
+        run_lock.release_all()  # --run-dir and --save are free for the next run (after the cluster ended)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     return 0

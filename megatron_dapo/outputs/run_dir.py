@@ -25,6 +25,7 @@ import torch
 
 from ..config import ConfigError
 from . import checkpoint_dirs as checkpoints
+from . import run_lock
 
 #: What the trainer writes into its run directory (the entries --start-over moves aside).
 RUN_OUTPUTS = ("config.json", "metrics.jsonl", "hybrid_events.jsonl", "rollouts", "eval", "hf", "final_hf",
@@ -84,8 +85,29 @@ def prepare_outputs(cfg, dry_run: bool = False) -> Outputs:
         out.lines.append(f"--load {out.resume_dir}: resumes after step {out.resume_step}")
     out.run_id = (out.state or {}).get("run_id") or new_run_id()
 
-    # the run directory
+    # ownership: nothing below moves or writes anything before this run holds both directories
     _writable(run_dir, "--run-dir")
+    owned = [(run_dir, "--run-dir")]
+    if save and _inside(save, run_dir) is None:
+        _writable(save, "--save")
+        owned.append((save, "--save"))
+    taken = []
+    try:
+        for directory, flag in owned:
+            if dry_run:
+                out.lines += run_lock.check_free(directory, flag)
+            else:
+                out.lines += run_lock.acquire(directory, flag, out.run_id)
+                taken.append(directory)
+        _check_directories(out, run_dir, save, start_over, dry_run)
+    except BaseException:
+        run_lock.release(taken)  # a refused run leaves the directories as they were
+        raise
+    return out
+
+
+def _check_directories(out: Outputs, run_dir: str, save: Optional[str], start_over: bool, dry_run: bool) -> None:
+    # the run directory
     previous = [n for n in RUN_MARKERS if os.path.exists(os.path.join(run_dir, n))]
     if previous and out.resume_dir is None:
         keep = _inside(save, run_dir) if save else None
@@ -118,7 +140,6 @@ def prepare_outputs(cfg, dry_run: bool = False) -> Outputs:
             else:
                 dest = checkpoints.move_aside(save, e.names)
                 out.lines.append(f"--save {save}: {len(e.names)} checkpoint(s) moved to {dest}")
-    return out
 
 
 def write_config(run_dir: str, cfg_dict: dict) -> str:

@@ -41,8 +41,11 @@ def test_fresh_run_refuses_a_save_dir_of_another_run(tmp_path):
     _save(tmp_path, 4, "B")
     _save(tmp_path, 6, "B")
     cd.check_save_dir(str(tmp_path / "new"), "A", None)  # absent or empty: fine
-    with pytest.raises(cd.SaveDirConflict, match=r"another run \(2 checkpoints, step_000004 .. step_000006\).*"
-                                                 r"new --save.*--load .*--start-over") as e:
+    with pytest.raises(
+        cd.SaveDirConflict,
+        match=r"another run \(2 checkpoints, step_000004 .. step_000006\).*"
+        r"new --save.*--load .*--start-over",
+    ) as e:
         cd.check_save_dir(str(tmp_path), "A", None)
     assert e.value.names == ["step_000004", "step_000006"]
     assert _names(tmp_path) == ["step_000004", "step_000006"]  # refused, nothing changed

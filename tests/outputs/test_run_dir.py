@@ -13,6 +13,7 @@ import torch
 
 from megatron_dapo.config import ConfigError, parse_args
 from megatron_dapo.outputs import checkpoint_dirs as cd
+from megatron_dapo.outputs import run_lock
 from megatron_dapo.driver.logging import MetricsLogger
 from megatron_dapo.outputs.run_dir import prepare_outputs
 from tests.e2e.fixtures import make_prompts, make_tiny_qwen2_dir
@@ -40,23 +41,42 @@ def _checkpoint(save, step, run_id):
 
 
 def _tree(d):
-    return sorted(os.path.relpath(os.path.join(r, f), d) for r, _, fs in os.walk(d) for f in fs)
+    """The files under ``d``, the live run's lock file (this test process's) left out."""
+    return sorted(
+        os.path.relpath(os.path.join(r, f), d) for r, _, fs in os.walk(d) for f in fs if f != run_lock.LOCK_NAME
+    )
+
+
+@pytest.fixture(autouse=True)
+def _release_locks():
+    yield
+    run_lock.release_all()
 
 
 def test_fresh_run_refuses_a_previous_runs_directory_then_start_over_moves_it_aside(tmp_path):
     run = tmp_path / "run"
     _previous_run(run)
     before = _tree(run)
-    with pytest.raises(ConfigError, match=r"--run-dir .*run holds a previous run's files \(config.json, metrics.jsonl, "
-                                          r"hybrid_events.jsonl\).*--load.*new --run-dir.*--start-over"):
+    with pytest.raises(
+        ConfigError,
+        match=r"--run-dir .*run holds a previous run's files \(config.json, metrics.jsonl, "
+        r"hybrid_events.jsonl\).*--load.*new --run-dir.*--start-over",
+    ):
         prepare_outputs(_cfg(run))
     assert _tree(run) == before
     dry = prepare_outputs(_cfg(run, "--start-over"), dry_run=True)
     assert any("would move 4 entries aside" in line for line in dry.lines) and _tree(run) == before
     out = prepare_outputs(_cfg(run, "--start-over"))
     aside = [n for n in os.listdir(run) if n.startswith("aside-")]
-    assert len(aside) == 1 and sorted(os.listdir(run)) == sorted(aside + ["notes.txt"])  # not the user's file
-    assert _tree(run / aside[0]) == ["config.json", "hybrid_events.jsonl", "metrics.jsonl", "rollouts/step_000001.jsonl"]
+    assert len(aside) == 1 and sorted(os.listdir(run)) == sorted(
+        aside + ["notes.txt", run_lock.LOCK_NAME]
+    )  # not the user's file
+    assert _tree(run / aside[0]) == [
+        "config.json",
+        "hybrid_events.jsonl",
+        "metrics.jsonl",
+        "rollouts/step_000001.jsonl",
+    ]
     assert out.resume_dir is None and len(out.run_id) == 16
 
 
@@ -122,8 +142,14 @@ def tiny(tmp_path_factory):
 def _train(*args):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     env.pop("MEGATRON_DAPO_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "megatron_dapo.train", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "megatron_dapo.train", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
@@ -132,8 +158,22 @@ def test_the_driver_leaves_a_previous_run_untouched_when_it_refuses_or_fails(tin
     run = tmp_path / "run"
     _previous_run(run)
     before = {p: (run / p).read_bytes() for p in _tree(run)}
-    base = ["--hf-checkpoint", hf, "--run-dir", str(run), "--wandb-mode", "disabled", "--num-rollout", "1",
-            "--max-prompt-length", "64", "--max-response-length", "12", "--overlong-buffer-length", "4"]
+    base = [
+        "--hf-checkpoint",
+        hf,
+        "--run-dir",
+        str(run),
+        "--wandb-mode",
+        "disabled",
+        "--num-rollout",
+        "1",
+        "--max-prompt-length",
+        "64",
+        "--max-response-length",
+        "12",
+        "--overlong-buffer-length",
+        "4",
+    ]
     p = _train(*base, "--prompt-data", str(tmp_path / "typo.jsonl"))  # fails on the mistyped path
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
     assert len(p.stderr.strip().splitlines()) == 1 and "typo.jsonl" in p.stderr, p.stderr
