@@ -32,6 +32,7 @@ class Sample:
     acc: bool = False
     pred: str = ""
     reason: str = ""
+    reward_error: Optional[str] = None  # the reward's own error when reason is "error"
     overlong_penalty: float = 0.0
     reward: float = 0.0  # score + overlong penalty: what the advantage sees
     advantage: float = 0.0

@@ -52,6 +52,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..algo import DYNAMIC_SAMPLING_METRICS, dynamic_sampling_mask
+from ..errors import RewardConfigError
 from ..reward.api import RewardInput
 from ..rollout.base import Request, SamplingParams, derive_seed
 from ..rollout.routing import extend_routing
@@ -167,6 +168,8 @@ class _Run:
         self.new_prompts = self.reused = self.resumed = self.dropped = 0
         self.aborted = self.discarded = self.untrainable = 0
         self.t_verify = 0.0
+        self.scored = self.reward_errors = 0  # samples scored this step, and those the reward failed on
+        self.first_reward_error: Optional[str] = None
 
 
 class RolloutManager:
@@ -219,11 +222,13 @@ class RolloutManager:
                     self._refill(run)
                     self._flush(run)
                     if not run.flights:
+                        self._check_reward_failed(run)  # every sample failed in the reward: say so, not "stalled"
                         raise self._stall(run)
                 for f in self.engines.wait(WAIT_S):
                     self._on_finished(run, f)
                 self._admit_ready(run)
             self._stop(run)
+            self._check_reward_failed(run)
         except Exception:  # (not on SIGTERM / Ctrl-C: the driver's cleanup kills the engines at once)
             self._abort_quietly()
             raise
@@ -377,6 +382,7 @@ class RolloutManager:
         tv = time.perf_counter()
         self._verify([g])
         run.t_verify += time.perf_counter() - tv
+        self._count_reward_errors(run, g)
         g.scored_at = self.engines.clock()
         run.generated.append(g)
         run.bars.verified(len(g.samples))
@@ -429,6 +435,41 @@ class RolloutManager:
                 run.discarded += len(g.samples)
         run.flights = {}
 
+    def _count_reward_errors(self, run: _Run, g: Group) -> None:
+        for s in g.samples:
+            run.scored += 1
+            if s.reason == "error":
+                run.reward_errors += 1
+                if run.first_reward_error is None:
+                    prompt = self.dataset[s.prompt_index].prompt_text.strip().replace("\n", " ")
+                    run.first_reward_error = (
+                        f"{s.reward_error or 'the reward failed'} (first on prompt #{s.prompt_index}: {prompt[:60]!r})"
+                    )
+
+    def _check_reward_failed(self, run: _Run) -> None:
+        """The reward failed on every sample scored this step: stop naming its own error (a
+        broken --reward-fn would otherwise read as data that is too easy or too hard); some
+        failed: one warning line."""
+        if not run.reward_errors:
+            return
+        rc = self.cfg.reward
+        which = (
+            f"--reward-fn {rc.reward_fn}"
+            if rc.reward_fn
+            else (f"--reward-source {rc.reward_source}" if rc.reward_source else f"--reward-mode {rc.mode}")
+        )
+        if run.reward_errors == run.scored:
+            raise RewardConfigError(
+                f"{which} failed on every sample of step {run.step} ({run.scored} of {run.scored}): "
+                f"{run.first_reward_error}; fix the reward function (it must take the documented arguments and "
+                "return a finite score, docs/reward.md)"
+            )
+        print(
+            f"[reward] step {run.step}: {which} failed on {run.reward_errors} of {run.scored} samples (scored -1): "
+            f"{run.first_reward_error}",
+            flush=True,
+        )
+
     def _stall(self, run: _Run) -> RolloutStallError:
         r = self.cfg.rollout
         return RolloutStallError(
@@ -463,6 +504,7 @@ class RolloutManager:
         results = self.scorer.score([self.reward_input(s) for s in samples])
         for s, res in zip(samples, results):
             s.score, s.acc, s.pred, s.reason = float(res.score), bool(res.acc), res.pred, res.reason
+            s.reward_error = str(res.extra.get("error", "")) if res.reason == "error" else None
         shape_rewards(samples, self.cfg.algo)
 
     # ---------------------------------------------------------------- checkpoint ----

@@ -36,6 +36,8 @@ class RewardResult:
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if isinstance(self.score, bool) or not isinstance(self.score, (int, float)) or not math.isfinite(self.score):
+            raise ValueError(f"a reward score must be a finite number, got {self.score!r}")
         if self.reason not in REASONS:
             raise ValueError(f"RewardResult.reason must be one of {REASONS}, got {self.reason!r}")
 
@@ -73,8 +75,8 @@ def to_reward_result(value: Any) -> RewardResult:
         return RewardResult(1.0 if value else -1.0, value, "", "ok" if value else "wrong")
     if isinstance(value, (int, float)):
         score = float(value)
-        if math.isnan(score):
-            raise ValueError("reward function returned NaN")
+        if not math.isfinite(score):
+            raise ValueError(f"the reward function returned {score}: a reward must be a finite number")
         return RewardResult(score, score > 0, "", "ok" if score > 0 else "wrong")
     if isinstance(value, dict):
         if "score" not in value:

@@ -115,7 +115,7 @@ def test_every_extra_generation_round_prints_a_line_and_zero_rounds_is_refused(c
     # the first prompt of the second window starts as soon as the first group is rejected
     assert "0/4 mixed-correctness groups so far (0 all-correct, 1 all-wrong)" in lines[0]
     cfg = parse_args(["--max-num-gen-batches", "0"])
-    with pytest.raises(ConfigError, match="--max-num-gen-batches must be >= 1, got 0"):
+    with pytest.raises(ConfigError, match="--max-num-gen-batches must be an integer >= 1, got 0"):
         validate(cfg)
 
 
@@ -203,3 +203,68 @@ def test_reward_sees_the_whole_record_and_is_chosen_by_data_source():
         (False, "judged|prompt zero||Answer: 1"),
     ]
     assert [(s.acc, s.pred, s.reason) for s in by_prompt[1]] == [(True, "1", "ok"), (False, "0", "wrong")]
+
+
+def _broken_reward_mgr(spec, dynamic=True):
+    """A real BatchScorer over a reward function of tests/driver/record_rewards.py."""
+    from megatron_dapo.reward import BatchScorer
+
+    cfg = parse_args(
+        [
+            "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4",
+            "--max-response-length", "8", "--overlong-buffer-length", "4", "--over-sampling-batch-size", "2",
+            "--max-num-gen-batches", "2", "--dynamic-sampling", str(dynamic).lower(),
+            "--reward-fn", f"tests.driver.record_rewards:{spec}",
+        ]
+    )  # fmt: skip
+    ds = [PromptRecord(i, [i, 7], f"prompt {'zero' if i == 0 else i}", "1", "x") for i in range(6)]
+
+    class Answers(Tok):
+        def decode(self, ids, skip_special_tokens=True):
+            return f"Answer: {ids[0]}"
+
+    pool = ScriptedPool(lambda i, j: j == 0)
+    scorer = BatchScorer(num_workers=1, timeout_s=30, reward_fn=cfg.reward.reward_fn)
+    mgr = RolloutManager(cfg, ds, ResumableSampler(len(ds), seed=0, shuffle=False), pool.pool, scorer, Answers())
+    return mgr, scorer
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_a_reward_that_fails_on_every_sample_stops_the_step_with_its_own_error(dynamic):
+    """Not "the data is too easy or too hard": the reward's TypeError, the flag, the first sample
+    (with and without dynamic sampling, which would otherwise train on all -1 rewards)."""
+    from megatron_dapo.errors import RewardConfigError
+
+    mgr, scorer = _broken_reward_mgr("wrong_signature", dynamic)
+    with scorer, pytest.raises(RewardConfigError) as e:
+        mgr.collect(1)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("--reward-fn tests.driver.record_rewards:wrong_signature failed on every")
+    assert "TypeError: wrong_signature() got an unexpected keyword argument" in msg
+    assert "first on prompt #0: 'prompt zero'" in msg
+
+
+def test_a_non_finite_reward_is_refused_in_one_line():
+    from megatron_dapo.errors import RewardConfigError
+    from megatron_dapo.reward.result import RewardResult as RR
+    from megatron_dapo.reward.result import to_reward_result
+
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        with pytest.raises(ValueError, match="finite"):
+            to_reward_result(bad)
+        with pytest.raises(ValueError, match="finite"):
+            RR(bad, True)
+    mgr, scorer = _broken_reward_mgr("infinite")
+    with scorer, pytest.raises(RewardConfigError, match="infinite failed on every sample.*returned inf.*finite"):
+        mgr.collect(1)
+
+
+def test_a_reward_that_fails_on_some_samples_warns_once_per_step(capsys):
+    mgr, scorer = _broken_reward_mgr("broken_on_prompt_zero", dynamic=False)
+    with scorer:
+        res = mgr.collect(1)
+    out = capsys.readouterr().out
+    assert "[reward] step 1: --reward-fn tests.driver.record_rewards:broken_on_prompt_zero failed on 2 of 4" in out
+    assert "KeyError" in out and "first on prompt #0" in out
+    failed = [s for g in res.groups for s in g.samples if s.reason == "error"]
+    assert len(failed) == 2 and all(s.score == -1.0 and "KeyError" in s.reward_error for s in failed)
