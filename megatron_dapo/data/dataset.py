@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 from typing import Callable, Optional
 
@@ -129,14 +130,49 @@ def check_columns(rows: list, path: str) -> None:
         )
 
 
+class _BadRow(Exception):
+    """A row that cannot be used (skipped with --skip-bad-rows); the message names the field."""
+
+
+def _content(content, k: int) -> str:
+    """A message's text: a string, or the text parts of a content-part list (the form most chat
+    APIs write: ``[{"type": "text", "text": ...}, ...]``) joined by newlines."""
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            if kind != "text" or not isinstance(part.get("text"), str):
+                raise _BadRow(
+                    f"message {k} has a content part of type {kind!r}: only text parts are supported (drop that part)"
+                )
+            texts.append(part["text"])
+        content = "\n".join(texts)
+    if not isinstance(content, str) or not content.strip():
+        what = "null" if content is None else ("empty" if isinstance(content, str) else type(content).__name__)
+        raise _BadRow(f"message {k} has no text content ({what})")
+    return content
+
+
 def _messages(prompt, path, i):
     if isinstance(prompt, str):
         return [{"role": "user", "content": prompt}]
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) and "content" in m for m in prompt):
-        return [{"role": m.get("role", "user"), "content": m["content"]} for m in prompt]
+        return [{"role": m.get("role", "user"), "content": _content(m["content"], k)} for k, m in enumerate(prompt)]
     raise DataError(
         f"{path}: row {i} field 'prompt' must be a string or a list of chat messages, got {type(prompt).__name__}"
     )
+
+
+def _label(gt) -> str:
+    """The label as text: a string, or a number written as the dataset has it (42, 0.5). Booleans,
+    lists, NaN and objects are refused: "Answer: True" must never score +1 by accident."""
+    if isinstance(gt, str):
+        return gt
+    if isinstance(gt, bool) or not isinstance(gt, (int, float)) or (isinstance(gt, float) and not math.isfinite(gt)):
+        raise _BadRow(
+            f"field 'reward_model.ground_truth' must be a string or a finite number, got {type(gt).__name__} {gt!r:.40}"
+        )
+    return str(gt)
 
 
 def render_prompt(messages: list, tokenizer, apply_chat_template: bool) -> str:
@@ -201,6 +237,8 @@ def load_prompt_dataset(
         problem = None
         if prompt is None or (isinstance(prompt, (str, list)) and len(prompt) == 0):
             problem = "prompt"
+        elif isinstance(prompt, str) and not prompt.strip():
+            problem = "prompt"  # only whitespace
         elif gt is None or (isinstance(gt, str) and not gt.strip()):
             if needs_label is None or needs_label(source):
                 problem = "reward_model.ground_truth"
@@ -214,7 +252,14 @@ def load_prompt_dataset(
                 continue
             why = f"; the reward of data source {source!r} needs a label" if problem != "prompt" else ""
             raise DataError(f"{path}: row {i} has no '{problem}'{why} (use --skip-bad-rows to skip such rows)")
-        msgs = _messages(prompt, path, i)
+        try:
+            gt = _label(gt)
+            msgs = _messages(prompt, path, i)
+        except _BadRow as e:
+            if skip_bad_rows:
+                stats.bad_rows += 1
+                continue
+            raise DataError(f"{path}: row {i} {e} (fix the row, or --skip-bad-rows to skip such rows)") from None
         raw = json.dumps([msgs, str(gt)], sort_keys=True, ensure_ascii=False, default=str)
         if raw in seen_raw:
             stats.duplicates_removed += 1

@@ -207,3 +207,47 @@ def test_identical_rows_are_rendered_once_and_the_result_is_unchanged(tmp_path):
         texts.append(text)
         h.update(text.encode() + b"\0" + str(gt).encode() + b"\1")
     assert [r.prompt_text for r in d.records] == texts and d.fingerprint == h.hexdigest()[:16]
+
+
+def test_chat_api_rows_and_labels_that_are_not_strings(tmp_path):
+    """Issue 38: content written as a list of parts (text joined; any other part refused by its
+    type), null or empty content refused, a label that is a number kept as written, one that is
+    a list, a boolean or NaN refused (``Answer: True`` must not score +1), each naming the row."""
+    parts = {"role": "user", "content": [{"type": "text", "text": "What is"}, {"type": "text", "text": "2 + 3?"}]}
+    ok = [
+        {"prompt": [parts], "reward_model": {"ground_truth": "5"}},
+        {"prompt": [{"role": "user", "content": "forty-two"}], "reward_model": {"ground_truth": 42}},
+        {"prompt": [{"role": "user", "content": "half"}], "reward_model": {"ground_truth": 0.5}},
+    ]
+    d = load_prompt_dataset(_write(tmp_path, ok), CharTok(), 100, apply_chat_template=False)
+    assert [r.prompt_text for r in d.records] == ["What is\n2 + 3?", "forty-two", "half"]
+    assert [r.ground_truth for r in d.records] == ["5", "42", "0.5"]
+
+    image = {"role": "user", "content": [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {}}]}
+    bad = [
+        (
+            {"prompt": [image], "reward_model": {"ground_truth": "1"}},
+            "message 0 has a content part of type 'image_url'",
+        ),
+        (
+            {"prompt": [{"role": "user", "content": None}], "reward_model": {"ground_truth": "1"}},
+            "no text content (null)",
+        ),
+        (
+            {"prompt": [{"role": "user", "content": " "}], "reward_model": {"ground_truth": "1"}},
+            "no text content (empty)",
+        ),
+        ({"prompt": "   ", "reward_model": {"ground_truth": "1"}}, "has no 'prompt'"),
+        (_row("a", [1, 2]), "must be a string or a finite number, got list [1, 2]"),
+        (_row("b", True), "got bool True"),
+        (_row("c", float("nan")), "got float nan"),
+        (_row("d", {"x": 1}), "got dict"),
+    ]
+    for row, needle in bad:
+        p = _write(tmp_path, [_row("fine"), row], name="bad.jsonl")
+        with pytest.raises(DataError) as e:
+            load_prompt_dataset(p, CharTok(), 100, apply_chat_template=False)
+        msg = str(e.value)
+        assert "\n" not in msg and "bad.jsonl: row 1 " in msg and needle in msg, (needle, msg)
+        d = load_prompt_dataset(p, CharTok(), 100, apply_chat_template=False, skip_bad_rows=True)
+        assert len(d) == 1 and d.stats.bad_rows == 1

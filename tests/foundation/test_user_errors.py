@@ -204,6 +204,20 @@ def test_data_mistakes_are_one_line(tiny, tmp_path, capfd):
         "typo.jsonl",
     )
     assert not (tmp_path / "run").exists()  # nothing written
+    truthy = tmp_path / "truthy.jsonl"
+    truthy.write_text('{"prompt": "Is it?", "reward_model": {"ground_truth": true}}\n')
+    one_line(
+        _train(capfd, _args(tiny, tmp_path, "--prompt-data", str(truthy))),
+        "truthy.jsonl: row 0",
+        "reward_model.ground_truth",
+        "got bool True",
+    )
+    parts = tmp_path / "parts.jsonl"
+    parts.write_text(
+        '{"prompt": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], '
+        '"reward_model": {"ground_truth": "1"}}\n'
+    )
+    one_line(_train(capfd, _args(tiny, tmp_path, "--prompt-data", str(parts))), "parts.jsonl: row 0", "'image_url'")
 
 
 # --------------------------------------------------------------------------------- checkpoint
