@@ -12,14 +12,13 @@ import os
 import shutil
 from typing import List, Optional, Tuple
 
-import torch
-
 from ..checkpoint import dist_ckpt
 from ..checkpoint.dist_ckpt import CheckpointError, check_metadata, read_metadata
 from ..config.validate import data_parallel_size, world_size
 from ..data.dataset import DataError, check_fingerprint
 from ..errors import one_line
 from ..outputs import checkpoint_dirs as checkpoints
+from ..outputs import manifest
 from ..training.train_checkpoint import run_layout
 from .preflight_result import FAIL, OK, SHAPE_ONLY_FILE, WARN, Check, _strip
 
@@ -192,6 +191,12 @@ def check_torch_dist(cfg, arch, flag: str, path: str) -> Check:
     return Check(name, OK, path, detail)
 
 
+def _state_problem(e: Exception) -> str:
+    if isinstance(e, ValueError):  # manifest.load_state's one line
+        return one_line(e)
+    return f"{checkpoints.STATE_FILE} cannot be read ({type(e).__name__})"
+
+
 def check_load(cfg, arch, dataset=None, dry_run: bool = True) -> Check:
     """``--load``: the resumed checkpoint (metadata against the model, its saved layout against
     this run's) and, with the prompt data loaded, the data fingerprint it recorded. The node
@@ -207,6 +212,15 @@ def check_load(cfg, arch, dataset=None, dry_run: bool = True) -> Check:
             load,
             f"--load: no checkpoint found (no '{checkpoints.LATEST}' pointer or "
             f"{checkpoints.STATE_FILE}); give a run's --save directory or one step_* in it",
+        )
+    damaged = manifest.verify(resolved)
+    if damaged:
+        return Check(
+            "load",
+            FAIL,
+            load,
+            f"--load: {os.path.basename(resolved)}/{damaged}; resume from an earlier checkpoint of the run "
+            "(--load <its --save>/step_...) or restore the file",
         )
     meta, why = _torch_dist_meta("--load", resolved, arch)
     if why:
@@ -255,7 +269,7 @@ def check_load(cfg, arch, dataset=None, dry_run: bool = True) -> Check:
     detail = f"{os.path.basename(resolved)}: torch_dist, architecture matches the model, {layout}"
     if dataset is not None:
         try:
-            state = torch.load(os.path.join(resolved, checkpoints.STATE_FILE), weights_only=False)
+            state = manifest.load_state(os.path.join(resolved, checkpoints.STATE_FILE))
             check_fingerprint(
                 state.get("data_fingerprint"), dataset.fingerprint, cfg.data.allow_data_change, cfg.data.prompt_data
             )
@@ -264,14 +278,10 @@ def check_load(cfg, arch, dataset=None, dry_run: bool = True) -> Check:
             return Check("load", FAIL, load, f"--prompt-data {pd}: {_strip(one_line(e), pd)}")
         except Exception as e:  # noqa: BLE001 - a truncated state file (prepare_outputs names it too)
             return Check(
-                "load",
-                FAIL,
-                load,
-                f"--load: {os.path.basename(resolved)}/{checkpoints.STATE_FILE} cannot be read "
-                f"({type(e).__name__}); give another checkpoint",
+                "load", FAIL, load, f"--load: {os.path.basename(resolved)}/{_state_problem(e)}; give another checkpoint"
             )
         detail += f"; step {state.get('step')}, the same prompt data"
-    return Check("load", status, load, detail)
+    return Check("load", status, load, f"{detail}; checksums: {manifest.describe(resolved)}")
 
 
 # ----------------------------------------------------------------------------- disk

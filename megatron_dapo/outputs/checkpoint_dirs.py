@@ -4,6 +4,7 @@ Layout under ``--save``::
 
     step_000004/            torch_dist model + optimizer (all ranks) + trainer_state.pt
         run.json            {"run_id", "step"}: which run wrote it
+        checksums.json      every file's size and digest (outputs/manifest.py), verified before a resume
     latest                  text file with the name of the newest complete checkpoint
     aside-<time>/           checkpoints moved out of the way by --start-over (never deleted)
 
@@ -25,6 +26,8 @@ import re
 import shutil
 import time
 from typing import List, Optional, Tuple
+
+from . import manifest
 
 LATEST = "latest"
 STATE_FILE = "trainer_state.pt"
@@ -81,6 +84,7 @@ def commit(save_root: str, step: int, keep_last: int, run_id: Optional[str] = No
     src, dst = tmp_dir(save_root, step), os.path.join(save_root, step_dir_name(step))
     if run_id is not None:
         write_run_file(src, run_id, step)
+    manifest.write_manifest(src)  # every file's checksum, verified before a resume reads them
     if os.path.exists(dst):
         if run_id is None or run_id_of(dst) != run_id:
             raise FileExistsError(f"{dst} exists and was not written by this run: it is left as it is")
@@ -193,6 +197,7 @@ def write_dir_atomically(directory: str, write) -> str:
     tmp = directory.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     write(tmp)
+    manifest.write_manifest(tmp)
     shutil.rmtree(directory, ignore_errors=True)
     os.makedirs(os.path.dirname(os.path.abspath(directory)), exist_ok=True)
     os.replace(tmp, directory)

@@ -21,11 +21,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-import torch
 
 from ..config import ConfigError
 from . import checkpoint_dirs as checkpoints
-from . import run_lock
+from . import manifest, run_lock
 
 #: What the trainer writes into its run directory (the entries --start-over moves aside).
 RUN_OUTPUTS = ("config.json", "metrics.jsonl", "hybrid_events.jsonl", "rollouts", "eval", "hf", "final_hf",
@@ -77,11 +76,11 @@ def prepare_outputs(cfg, dry_run: bool = False) -> Outputs:
             raise ConfigError(f"--load {cfg.checkpoint.load}: no checkpoint found (no '{checkpoints.LATEST}' "
                               f"pointer or {checkpoints.STATE_FILE}); give a run's --save directory or one step_* in it")
         try:
-            out.state = torch.load(os.path.join(out.resume_dir, checkpoints.STATE_FILE), weights_only=False)
+            out.state = manifest.load_state(os.path.join(out.resume_dir, checkpoints.STATE_FILE))
             out.resume_step = int(out.state["step"])
         except Exception as e:  # noqa: BLE001 - a truncated or foreign file
-            raise ConfigError(f"--load {cfg.checkpoint.load}: {out.resume_dir}/{checkpoints.STATE_FILE} cannot be "
-                              f"read ({type(e).__name__}: {e}); give another checkpoint") from None
+            why = str(e) if isinstance(e, ValueError) else f"{checkpoints.STATE_FILE} cannot be read ({type(e).__name__})"
+            raise ConfigError(f"--load {cfg.checkpoint.load}: {out.resume_dir}/{why}; give another checkpoint") from None
         out.lines.append(f"--load {out.resume_dir}: resumes after step {out.resume_step}")
     out.run_id = (out.state or {}).get("run_id") or new_run_id()
 

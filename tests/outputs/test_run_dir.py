@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from megatron_dapo.config import ConfigError, parse_args
+from megatron_dapo.driver.logging import MetricsLogger
 from megatron_dapo.outputs import checkpoint_dirs as cd
 from megatron_dapo.outputs import run_lock
-from megatron_dapo.driver.logging import MetricsLogger
 from megatron_dapo.outputs.run_dir import prepare_outputs
 from tests.e2e.fixtures import make_prompts, make_tiny_qwen2_dir
 
