@@ -9,7 +9,8 @@ Each kind of mistake has its error type, raised where it is found:
 | checkpoint | ``CheckpointError`` (``checkpoint.dist_ckpt``) | a missing ``.metadata``, a non-empty ``--save`` |
 | model      | ``ModelConfigError`` (``models.hf_config``) | an unsupported architecture in config.json, a tokenizer that does not load |
 | reward     | ``RewardConfigError`` (``reward.api``)      | an unknown reward mode, a ``--reward-fn`` that does not import |
-| file       | ``OSError`` that names a file               | a path that cannot be created or read (``/proc/run``, a full disk) |
+| file       | ``OSError`` that names a file               | a path that cannot be created or read (``/proc/run``) |
+| disk       | :class:`DiskFullError` (this module)        | a checkpoint, export, rollout dump or metrics line the device refuses (ENOSPC, EDQUOT) |
 | machine    | :class:`StartupError` (this module)         | the local Ray node does not come up on a machine too busy for it |
 
 :func:`exit_on_user_error` wraps a command's body: such an error ends the command with
@@ -25,8 +26,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import errno
 import os
+import shutil
 import sys
+from typing import Optional
 
 DEBUG_ENV = "MEGATRON_DAPO_DEBUG"
 EXIT_USER_ERROR = 2
@@ -58,10 +62,79 @@ class StartupError(RuntimeError):
     message names the cause and what to try. Not a bug of the program: reported in one line."""
 
 
+class DiskFullError(OSError):
+    """A write refused by the device (ENOSPC, EDQUOT, or torch's writer failing on a full disk):
+    one line naming the path, what was being written, the bytes needed and free there."""
+
+
+#: errno values of a full device or an exceeded quota
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+#: how a full device reads when the errno is lost (torch's zip writer, a remote traceback)
+_DISK_FULL_TEXT = (
+    "No space left on device",
+    "Disk quota exceeded",
+    "unexpected pos",
+    "file write failed",
+    "iostream error",
+)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it, also across a Ray task) is a write the device refused."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+            return True
+        if any(t in str(exc) for t in _DISK_FULL_TEXT):
+            return True
+        exc = getattr(exc, "cause", None) or exc.__cause__ or exc.__context__
+    return False
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def disk_full_error(path: str, what: str, need_bytes: Optional[float] = None, kept: str = "") -> DiskFullError:
+    """The one-line error of a write to ``path`` that the device refused."""
+    probe = path
+    while probe and not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    try:
+        free = f"{_human(shutil.disk_usage(probe or '.').free)} free there"
+    except OSError:
+        free = "free space unknown"
+    need = f"about {_human(need_bytes)} needed, " if need_bytes else ""
+    msg = (
+        f"{what}: the device of {path} refused the write (no space left or quota exceeded; {need}{free}): free space "
+        f"or choose another directory{'; ' + kept if kept else ''}"
+    )
+    err = DiskFullError(errno.ENOSPC, msg)
+    return err
+
+
+@contextlib.contextmanager
+def writing(path: str, what: str, need_bytes: Optional[float] = None, kept: str = ""):
+    """Inside: a write the device refuses becomes :class:`DiskFullError` (one line)."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except Exception as e:
+        if is_disk_full(e):
+            raise disk_full_error(path, what, need_bytes, kept) from None
+        raise
+
+
 def user_error_types() -> tuple:
     """Every kind of mistake of the user's (the table above); all defined here, at the bottom of
     the package's layers, and re-exported where they are raised."""
-    return (ConfigError, DataError, CheckpointError, ModelConfigError, RewardConfigError, StartupError)
+    return (ConfigError, DataError, CheckpointError, ModelConfigError, RewardConfigError, StartupError, DiskFullError)
 
 
 def is_user_error(exc: BaseException) -> bool:
@@ -87,6 +160,8 @@ def _names_a_file(exc: BaseException) -> bool:
 
 def one_line(exc: BaseException) -> str:
     """The message of ``exc`` on one line (an OSError that names a file: ``FILE: what``)."""
+    if isinstance(exc, DiskFullError):
+        return " ".join(str(exc.strerror).split())
     if isinstance(exc, OSError) and _names_a_file(exc):
         where = f"{exc.filename}" + (f" -> {exc.filename2}" if exc.filename2 else "")
         return f"{where}: {exc.strerror or type(exc).__name__}"

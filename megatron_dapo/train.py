@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import sys
 import time
@@ -38,10 +39,11 @@ from .driver.plots import plot_training_curves
 from .driver.rollout_manager import EnginePool, RolloutManager
 from .driver.signals import SIGTERM_SEEN as _SIGTERM  # noqa: F401
 from .driver.signals import check_not_terminated, stop_on_sigterm
-from .errors import report_user_error
+from .errors import DiskFullError, report_user_error, writing
 from .eval.runner import evaluate_in_training
 from .hybrid.phases import HybridStep
 from .launch.preflight import check_before_launch, dry_run
+from .launch.preflight_checkpoints import checkpoint_bytes
 from .models import parse_hf_config
 from .outputs import checkpoint_dirs as checkpoints
 from .outputs import run_lock
@@ -165,7 +167,8 @@ class Trainer:
                     last["time_save"] = time.perf_counter() - t
                 if cfg.checkpoint.save_hf_interval and self.step % cfg.checkpoint.save_hf_interval == 0:
                     self.export_hf(os.path.join(self.run_dir, "hf", f"step_{self.step:06d}"))
-                self.logger.log(last)
+                with writing(self.logger.path, f"step {self.step}: writing its metrics"):
+                    self.logger.log(last)
         finally:
             self.logger.close()
             self.scorer.close()
@@ -249,7 +252,9 @@ class Trainer:
         gen_tokens = sum(len(s.response_ids) for g in roll.generated for s in g.samples)
         m["tokens_per_second"] = gen_tokens / max(m["time_step"], 1e-9)
         if cfg.logging.dump_rollouts_every and step % cfg.logging.dump_rollouts_every == 0:
-            debug.dump_rollouts(self.run_dir, self.dataset, step, roll)
+            where = os.path.join(self.run_dir, "rollouts")
+            with writing(where, f"step {step}: dumping its rollouts (--dump-rollouts-every)"):
+                debug.dump_rollouts(self.run_dir, self.dataset, step, roll)
         if cfg.logging.eval_interval and step % cfg.logging.eval_interval == 0 and cfg.data.eval_data:
             m.update(
                 evaluate_in_training(
@@ -284,20 +289,39 @@ class Trainer:
     def save_checkpoint(self) -> str:
         root = self.cfg.checkpoint.save
         tmp = checkpoints.tmp_dir(root, self.step)
-        meta = checkpoint_metadata(self.hf_dir, "bf16" if self.cfg.model.bf16 else "fp32", extra={"step": self.step})
-        self.hybrid.while_trainer_resident(self.trainers.save, tmp, meta)
-        state = resume.driver_state(self)
-        state["rank_rng"] = self.trainers.rng_states()
-        if self.cfg.run.crash_during_save_at_step == self.step:  # testing: die mid-save
-            debug.crash_now()
-        torch.save(state, os.path.join(tmp, checkpoints.STATE_FILE))
-        return checkpoints.commit(root, self.step, self.cfg.checkpoint.keep_last, run_id=self.run_id)
+        previous = checkpoints.resolve(root)
+        kept = (
+            f"the previous checkpoint {os.path.basename(previous)} and '{checkpoints.LATEST}' are intact"
+            if previous
+            else "no earlier checkpoint of this run"
+        )
+        need, _ = checkpoint_bytes(self.arch, self.cfg.model.bf16)
+        try:
+            with writing(root, f"step {self.step}: saving the checkpoint", need, kept):
+                meta = checkpoint_metadata(
+                    self.hf_dir, "bf16" if self.cfg.model.bf16 else "fp32", extra={"step": self.step}
+                )
+                self.hybrid.while_trainer_resident(self.trainers.save, tmp, meta)
+                state = resume.driver_state(self)
+                state["rank_rng"] = self.trainers.rng_states()
+                if self.cfg.run.crash_during_save_at_step == self.step:  # testing: die mid-save
+                    debug.crash_now()
+                torch.save(state, os.path.join(tmp, checkpoints.STATE_FILE))
+                return checkpoints.commit(root, self.step, self.cfg.checkpoint.keep_last, run_id=self.run_id)
+        except DiskFullError:
+            shutil.rmtree(tmp, ignore_errors=True)  # the partial save: its space back, 'latest' untouched
+            raise
 
     def export_hf(self, directory: str) -> str:
         """The trainer's weights as an HF checkpoint (written aside, renamed into place)."""
-        return checkpoints.write_dir_atomically(
-            directory, lambda tmp: self.hybrid.while_trainer_resident(self.trainers.export_hf, tmp)
-        )
+        try:
+            with writing(directory, "exporting the HF checkpoint", self.arch.num_parameters * 4):
+                return checkpoints.write_dir_atomically(
+                    directory, lambda tmp: self.hybrid.while_trainer_resident(self.trainers.export_hf, tmp)
+                )
+        except DiskFullError:
+            shutil.rmtree(directory.rstrip("/") + ".tmp", ignore_errors=True)
+            raise
 
     def finish(self) -> None:
         try:
