@@ -99,6 +99,8 @@ class Trainer:
         outs = prepare_outputs(cfg)
         for line in outs.lines:
             print(f"[outputs] {line}")
+        if outs.nothing_to_do:  # said by the line above; start nothing
+            return {}
         self.run_id = outs.run_id
         write_config(self.run_dir, cfg.to_dict())
         resume_dir, state = outs.resume_dir, outs.state
@@ -337,7 +339,8 @@ class Trainer:
 def main(argv=None) -> int:
     """The driver's entry point. A mistake of the user's (megatron_dapo/errors.py: config, data,
     checkpoint, model, reward, an unusable path) ends it with one line on stderr and exit code 2;
-    ``MEGATRON_DAPO_DEBUG=1`` shows the traceback. SIGTERM: exit code 143 after the cleanup."""
+    ``MEGATRON_DAPO_DEBUG=1`` shows the traceback. SIGTERM: exit code 143 after the cleanup; Ctrl-C
+    (SIGINT): one stopping line, the same cleanup, exit code 130."""
     previous = stop_on_sigterm()
     try:
         cfg = parse_args(argv)
@@ -356,6 +359,14 @@ def main(argv=None) -> int:
         if _SIGTERM.is_set():  # whatever a library made of the interruption
             return 128 + signal.SIGTERM
         return report_user_error("megatron_dapo.train", e)  # re-raises anything but a user error
+    except KeyboardInterrupt:  # Ctrl-C: one line, the cleanup below, exit 130 (no traceback)
+        print(
+            "[stop] interrupted (Ctrl-C): stopping the engines, the trainer ranks and Ray; resume with --load "
+            "<its --save> from the last checkpoint",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 128 + signal.SIGINT
     except BaseException:
         if not _SIGTERM.is_set():
             raise

@@ -46,6 +46,7 @@ class Outputs:
     resume_step: Optional[int] = None
     state: Optional[dict] = None
     lines: List[str] = field(default_factory=list)  # one per check, for the log and the dry run
+    nothing_to_do: bool = False  # the resumed step is already --num-rollout's
 
 
 def _inside(path: str, root: str) -> Optional[str]:
@@ -81,7 +82,20 @@ def prepare_outputs(cfg, dry_run: bool = False) -> Outputs:
         except Exception as e:  # noqa: BLE001 - a truncated or foreign file
             why = str(e) if isinstance(e, ValueError) else f"{checkpoints.STATE_FILE} cannot be read ({type(e).__name__})"
             raise ConfigError(f"--load {cfg.checkpoint.load}: {out.resume_dir}/{why}; give another checkpoint") from None
+        saved_seed = (out.state.get("sampler") or {}).get("seed")
+        if saved_seed is not None and saved_seed != cfg.optim.seed:
+            raise ConfigError(
+                f"--seed {cfg.optim.seed}: the resumed run (--load {cfg.checkpoint.load}) was started with --seed "
+                f"{saved_seed}, and its data order and every random stream derive from it; an exact resume needs "
+                f"--seed {saved_seed} (a new seed is a new run: start it without --load)"
+            )
         out.lines.append(f"--load {out.resume_dir}: resumes after step {out.resume_step}")
+        if out.resume_step >= cfg.run.num_rollout_steps:
+            out.lines.append(
+                f"--load {out.resume_dir}: step {out.resume_step} is already done and --num-rollout is "
+                f"{cfg.run.num_rollout_steps}: nothing left to do (raise --num-rollout to train further)"
+            )
+            out.nothing_to_do = True
     out.run_id = (out.state or {}).get("run_id") or new_run_id()
 
     # ownership: nothing below moves or writes anything before this run holds both directories

@@ -137,6 +137,23 @@ def test_a_crash_during_a_save_keeps_the_previous_checkpoint_and_the_resume_is_e
     for k in wa:
         assert (wa[k] == wb[k]).all(), k  # bitwise
 
+    # issue 38, through the real driver on B's real checkpoint (each refused or ended before Ray starts):
+    # nothing left to do at step 2 of 2; another --seed; then a damaged shard
+    again = _run(_cmd(hf, prompts, run_b, save_b, 2, nodes=2, extra=["--load", save_b]))
+    assert "step 2 is already done and --num-rollout is 2: nothing left to do" in again.stdout
+    assert [r["step"] for r in read_metrics(run_b)] == [1, 2]
+    seeded = _run(_cmd(hf, prompts, run_b, save_b, 3, nodes=2, extra=["--load", save_b, "--seed", "4"]), check=False)
+    assert seeded.returncode == 2 and "Traceback" not in seeded.stderr
+    assert "--seed 4: the resumed run" in seeded.stderr and "--seed 3" in seeded.stderr
+    step2 = os.path.join(save_b, "step_000002")
+    shard = sorted(n for n in os.listdir(step2) if n.endswith(".distcp"))[0]
+    with open(os.path.join(step2, shard), "r+b") as f:
+        f.seek(100)
+        f.write(b"\xff" * 8)
+    damaged = _run(_cmd(hf, prompts, run_b, save_b, 3, nodes=2, extra=["--load", save_b]), check=False)
+    assert damaged.returncode == 2 and "Traceback" not in damaged.stderr
+    assert f"step_000002/{shard} is damaged" in damaged.stderr + damaged.stdout
+
 
 def test_a_two_node_checkpoint_resumes_on_one_node(tiny, run_a, tmp_path):
     from megatron_dapo.checkpoint.dist_ckpt import read_metadata

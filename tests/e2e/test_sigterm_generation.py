@@ -36,7 +36,10 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_sigterm_during_a_generation_round_stops_the_run_and_its_engines(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_sigterm_during_a_generation_round_stops_the_run_and_its_engines(tmp_path, sig):
+    """SIGTERM (scancel) and Ctrl-C (SIGINT, issue 38): one stopping line, no traceback, the same
+    cleanup; exit codes 143 and 130."""
     hf = make_tiny_qwen2_dir(str(tmp_path / "hf"))
     prompts = make_prompts(str(tmp_path / "prompts.jsonl"), n=8)
     marker = tmp_path / "shutdown"
@@ -64,7 +67,7 @@ def test_sigterm_during_a_generation_round_stops_the_run_and_its_engines(tmp_pat
         assert len(engine_pids) == 2 and all(_alive(x) for x in engine_pids), line
         time.sleep(3)  # inside the round: EnginePool.wait waits in ray.wait
         t0 = time.monotonic()
-        os.kill(p.pid, signal.SIGTERM)  # the driver only, as scancel does
+        os.kill(p.pid, sig)  # the driver only, as scancel (or a terminal's Ctrl-C to the driver) does
         try:
             code = p.wait(timeout=STOP_BOUND_S)
             elapsed = time.monotonic() - t0
@@ -74,11 +77,15 @@ def test_sigterm_during_a_generation_round_stops_the_run_and_its_engines(tmp_pat
         left = leftovers(p, grace_s=RAY_SHUTDOWN_GRACE_S)  # the whole session; killed if still there
         p.wait()
     stderr = p.stderr.read()
-    assert code == 128 + signal.SIGTERM, (
-        f"exit code {code} (None: still running {STOP_BOUND_S} s after SIGTERM):\n{stderr[-3000:]}"
+    assert code == 128 + sig, (
+        f"exit code {code} (None: still running {STOP_BOUND_S} s after {sig!r}):\n{stderr[-3000:]}"
     )
-    assert "SIGTERM: stopping the run" in stderr
+    assert "Traceback" not in stderr, stderr[-3000:]
+    if sig == signal.SIGTERM:
+        assert "SIGTERM: stopping the run" in stderr
+    else:
+        assert "[stop] interrupted (Ctrl-C): stopping the engines" in stderr
     assert marker.read_text() == "shutdown 2 engines\n"  # main's cleanup killed the generating engines
     assert not any(_alive(x) for x in engine_pids), engine_pids
     assert left == [], left
-    print(f"stopped {elapsed:.1f} s after SIGTERM")
+    print(f"stopped {elapsed:.1f} s after {sig!r}")
