@@ -199,7 +199,6 @@ class SGLangEngine(SGLangStreaming, RolloutEngine):
             # patch_torch._modify_tuple), so a CPU engine's adapter leaves torch's own.
             monkey_patch_torch_reductions()
         self._serializer = MultiprocessingSerializer.serialize
-        self._deserialize = MultiprocessingSerializer.deserialize  # what the scheduler reads payloads with
         self._metadata_cls = FlattenedTensorMetadata
 
         self.tied = False
@@ -362,7 +361,9 @@ class SGLangEngine(SGLangStreaming, RolloutEngine):
             raise WeightUpdateError(f"names {list(names)} differ from the payload's {[n for n, _ in entries]}")
         checked = self._check_entries(entries)
         if self._probe is not None:  # a probe sync: the tensors are read here (rank 0's copy)
-            obj = self._deserialize(payloads[0])
+            from sglang.srt.utils.common import MultiprocessingSerializer  # what the scheduler reads payloads with
+
+            obj = MultiprocessingSerializer.deserialize(payloads[0])
             self._probe.observe(reconstruct_bucket(obj["flattened_tensor"], obj["metadata"]))
         self._send(list(payloads), hold=None)
         self._received.update(checked)
