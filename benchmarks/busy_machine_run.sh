@@ -28,5 +28,5 @@ OMP_NUM_THREADS=1 "$PY" -m megatron_dapo.train --hf-checkpoint "$OUT/hf" --promp
   --run-dir "$OUT/run" --wandb-mode disabled --no-progress > "$OUT/driver.txt" 2>&1
 rc=$?
 echo "driver exit $rc in $(( $(date +%s) - start )) s; $(uptime)"
-grep -E '^\[step 1\]' "$OUT/driver.txt" | sed 's/.*time/step time/'
+grep -E '^\[step 1[]/]' "$OUT/driver.txt" | sed 's/.*time/step time/'
 exit $rc

@@ -10,7 +10,9 @@
 # product's engine, its CPU engine here) where the environment has SGLang (the primary stack),
 # else hf (docs/benchmarks.md, "CPU engines": SGLang generates the demo's rounds 4x faster).
 # --dry-run: prepare the model directory and the data, validate, print the plan, train nothing.
-# A rerun moves the previous run (its files and checkpoints) into RUN_DIR/aside-<time>/ (--start-over).
+# A rerun after an interruption resumes from the run's last checkpoint (RUN_DIR/checkpoints, every
+# 6 steps); --fresh starts over instead, moving the previous run's files and checkpoints into
+# RUN_DIR/aside-<time>/ (--start-over: nothing is deleted).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 default_stack=$(sed -n 's/^DEFAULT_STACK=//p' scripts/setup_env.sh)
@@ -27,17 +29,30 @@ HF=$WORK/smollm2-hf
 CKPT=$WORK/smollm2-torch_dist
 DATA=$WORK/addition
 DRY_RUN=0
-for a in "$@"; do [ "$a" = "--dry-run" ] && DRY_RUN=1; done
+FRESH=0
+ARGS=()
+for a in "$@"; do
+  case "$a" in
+    --dry-run) DRY_RUN=1; ARGS+=("$a");;
+    --fresh) FRESH=1;;
+    *) ARGS+=("$a");;
+  esac
+done
+RESUME=0
+if [ $FRESH = 0 ] && [ -f "$RUN_DIR/checkpoints/latest" ]; then RESUME=1; fi
 mkdir -p "$RUN_DIR" "$WORK"
 t0=$(date +%s)
 
 $PY tools/prepare_smollm2.py --out "$HF"
 $PY examples/demo/make_addition_data.py --out "$DATA" --train 2000 --heldout 128
-INIT=()
-if [ $DRY_RUN = 0 ]; then
+INIT=(--start-over)
+if [ $RESUME = 1 ]; then
+  echo "[demo] resuming $RUN_DIR from its last checkpoint ($(cat "$RUN_DIR/checkpoints/latest")); --fresh starts over"
+  INIT=(--load "$RUN_DIR/checkpoints")
+elif [ $DRY_RUN = 0 ]; then
   rm -f "$RUN_DIR/demo_eval.json"
   [ -f "$CKPT/megatron_dapo_checkpoint.json" ] || $PY tools/convert_hf_to_megatron.py --hf-checkpoint "$HF" --save "$CKPT" --dtype fp32
-  INIT=(--pretrained-checkpoint "$CKPT")
+  INIT=(--pretrained-checkpoint "$CKPT" --start-over)
   $PY examples/demo/evaluate_demo.py --model "$HF" --data "$DATA/heldout.jsonl" --n 128 --out "$RUN_DIR/demo_eval.json" --phase before
 fi
 
@@ -54,7 +69,7 @@ $PY -m megatron_dapo.train --save-hf-final --rollout-engine "$ENGINE" \
   --lr 1e-5 --weight-decay 0.0 --clip-grad 1.0 --adam-beta2 0.99 \
   --num-rollout "$STEPS" --seed 1 --reward-num-workers 1 \
   --run-dir "$RUN_DIR" --save "$RUN_DIR/checkpoints" --save-interval 6 --keep-last 1 \
-  --dump-rollouts-every 4 --wandb-mode offline --start-over "$@"
+  --dump-rollouts-every 4 --wandb-mode offline ${ARGS[@]+"${ARGS[@]}"}
 [ $DRY_RUN = 1 ] && exit 0
 
 $PY examples/demo/evaluate_demo.py --model "$RUN_DIR/final_hf" --data "$DATA/heldout.jsonl" --n 128 --out "$RUN_DIR/demo_eval.json" --phase after

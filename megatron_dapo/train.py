@@ -86,6 +86,7 @@ class Trainer:
         self.step = 0
         self.skipped_in_a_row = 0
         self.run_id = None
+        self.step_times: list = []  # this session's step times (the ETA of the step line)
         self.offload_train = (
             cfg.rollout.offload_train if cfg.rollout.offload_train is not None else torch.cuda.is_available()
         )
@@ -269,7 +270,10 @@ class Trainer:
                     os.path.join(self.run_dir, "eval", f"step_{step:06d}"),
                 )
             )
-        print(summary_line(m), flush=True)
+        self.step_times.append(m["time_step"])
+        remaining = cfg.run.num_rollout_steps - step
+        eta = sum(self.step_times) / len(self.step_times) * remaining
+        print(summary_line(m, cfg.run.num_rollout_steps, eta), flush=True)
         return m
 
     def _train(self, mbs: list, inject_nan: bool) -> dict:

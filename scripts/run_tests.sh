@@ -18,8 +18,8 @@ second=""
 if [ -n "${STACK:-}" ] && [ "$STACK" != "$default_stack" ]; then second=1; export VENV=${VENV:-.venv-$STACK}; fi
 bash scripts/setup_env.sh || exit 1
 VENV=${VENV:-.venv}
-has_path=0  # test paths among the arguments: those only
-for a in "$@"; do case "$a" in tests|tests/*) has_path=1;; esac; done
+has_path=0  # test paths among the arguments (a file or directory, maybe with ::test): those only
+for a in "$@"; do case "$a" in -*) ;; *) if [ -e "${a%%::*}" ]; then has_path=1; fi;; esac; done
 if [ $has_path -eq 1 ]; then
   paths=()
 elif [ -n "$second" ]; then

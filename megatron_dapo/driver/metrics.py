@@ -72,12 +72,23 @@ def step_metrics(
     }
 
 
-def summary_line(m: dict) -> str:
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    return f"{h}h{rest // 60:02d}m" if h else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def summary_line(m: dict, total: int | None = None, eta_s: float | None = None) -> str:
+    """The step's one line: ``[step k/N]`` and, when ``eta_s`` is known, the time the remaining
+    steps take at this run's mean step time so far."""
     probe = m["weight_sync_probe_diff"]
+    where = f"{m['step']}/{total}" if total else f"{m['step']}"
+    eta = f" eta {_clock(eta_s)}" if eta_s is not None else ""
     return (
-        f"[step {m['step']}] acc {m['acc_mean']:.3f} reward {m['reward_mean']:+.3f} kept {m['kept_group_ratio']:.2f} "
+        f"[step {where}] acc {m['acc_mean']:.3f} reward {m['reward_mean']:+.3f} kept {m['kept_group_ratio']:.2f} "
         f"rounds {m['num_gen_batches']} len {m['response_length_mean']:.1f} ent {m.get('entropy', 0):.3f} "
         f"clip {m.get('clip_frac_low', 0):.3f}/{m.get('clip_frac_high', 0):.3f} gnorm {m.get('grad_norm', 0):.3f} "
         f"probe {probe if probe is not None else '-'} "
         f"time {m['time_step']:.1f}s (gen {m['time_generate']:.1f} train {m['time_train']:.1f} sync {m['time_sync']:.2f})"
+        f"{eta}"
     )

@@ -36,7 +36,7 @@ def _script_train_argv() -> list:
     for x in argv:
         if x == "${INIT[@]}":
             out += ["--pretrained-checkpoint", "$CKPT"]
-        elif x != "$@":
+        elif x not in ("$@", "${ARGS[@]+${ARGS[@]}}"):  # the user's extra flags
             out.append(x)
     out = [x.replace("$CKPT", "$WORK/smollm2-torch_dist") for x in out]
     for k, v in subst.items():

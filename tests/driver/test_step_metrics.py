@@ -34,3 +34,26 @@ def test_skipped_steps_and_non_finite_norms():
     assert m["skipped_optimizer_steps"] == 1 and m["grad_norm"] == 2.0
     m = reduce_step_stats([[_out(1.0, 1, float("inf"), ok=False)]], {0: 0})
     assert math.isnan(m["grad_norm"])
+
+
+def test_the_step_line_shows_k_of_n_and_an_eta():
+    """Issue 38, item 8: a newcomer sees how far the run is and how long the rest takes."""
+    from megatron_dapo.driver.metrics import summary_line
+
+    m = {
+        "step": 3,
+        "acc_mean": 0.5,
+        "reward_mean": 0.0,
+        "kept_group_ratio": 1.0,
+        "num_gen_batches": 1,
+        "response_length_mean": 10.0,
+        "weight_sync_probe_diff": None,
+        "time_step": 12.0,
+        "time_generate": 8.0,
+        "time_train": 3.0,
+        "time_sync": 0.5,
+    }
+    line = summary_line(m, total=20, eta_s=17 * 12.0)
+    assert line.startswith("[step 3/20] ") and line.endswith(" eta 3m24s")
+    assert summary_line(m, total=20, eta_s=2 * 3600 + 5 * 60).endswith(" eta 2h05m")
+    assert summary_line(m).startswith("[step 3] ") and " eta " not in summary_line(m)
