@@ -79,8 +79,9 @@ _DISK_FULL_TEXT = (
 )
 
 
-def is_disk_full(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what caused it, also across a Ray task) is a write the device refused."""
+def is_disk_full(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it, also across a Ray task) is a write the device refused."""
+    exc: Optional[BaseException] = error
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))

@@ -364,6 +364,8 @@ def main(argv=None) -> int:
             return 128 + signal.SIGTERM
         return report_user_error("megatron_dapo.train", e)  # re-raises anything but a user error
     except KeyboardInterrupt:  # Ctrl-C: one line, the cleanup below, exit 130 (no traceback)
+        if _SIGTERM.is_set():  # the SIGTERM handler interrupts the same way: its own line was printed
+            return 128 + signal.SIGTERM
         print(
             "[stop] interrupted (Ctrl-C): stopping the engines, the trainer ranks and Ray; resume with --load "
             "<its --save> from the last checkpoint",
