@@ -12,6 +12,7 @@ tokenizer files of --tokenizer; the result loads with
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -24,7 +25,7 @@ if _ROOT not in sys.path:
 
 from megatron_dapo.checkpoint.hf_export import torch_dist_to_hf  # noqa: E402 - after the sys.path line
 from megatron_dapo.checkpoint.output_dir import check_output_dir  # noqa: E402
-from megatron_dapo.errors import exit_on_user_error  # noqa: E402
+from megatron_dapo.errors import ConfigError, exit_on_user_error  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -51,6 +52,11 @@ def main(argv=None) -> int:
 
 
 def _convert(args) -> int:
+    if not (math.isfinite(args.max_shard_size_gb) and args.max_shard_size_gb > 0):
+        raise ConfigError(
+            f"--max-shard-size-gb must be a finite number > 0, got {args.max_shard_size_gb} (the size of one "
+            "safetensors file; 5 is the HF default)"
+        )
     check_output_dir(args.save, "--save", args.overwrite)
 
     t0 = time.time()

@@ -237,6 +237,21 @@ def test_checkpoint_mistakes_are_one_line(tiny, tmp_path, capfd):
     )
     one_line(err, "not-a-checkpoint", "not a megatron-dapo torch_dist checkpoint")
     assert not (tmp_path / "out").exists()
+    for size in ("0", "-1", "nan"):  # issue 38: a shard size that cannot be, before anything is read or written
+        err = _exits_2(
+            capfd,
+            to_hf.main,
+            [
+                "--load",
+                str(tmp_path / "not-a-checkpoint"),
+                "--save",
+                str(tmp_path / "out"),
+                "--max-shard-size-gb",
+                size,
+            ],
+        )
+        one_line(err, "--max-shard-size-gb must be a finite number > 0", size)
+    assert not (tmp_path / "out").exists()
 
 
 # -------------------------------------------------------------------------------------- model
