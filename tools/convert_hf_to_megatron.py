@@ -27,7 +27,7 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 from megatron_dapo.checkpoint.hf_export import hf_to_torch_dist  # noqa: E402 - after the sys.path line
-from megatron_dapo.checkpoint.model_io import HFWeights  # noqa: E402
+from megatron_dapo.checkpoint.model_io import HFWeights, check_float_weights  # noqa: E402
 from megatron_dapo.checkpoint.output_dir import check_output_dir  # noqa: E402
 from megatron_dapo.errors import exit_on_user_error  # noqa: E402
 
@@ -89,6 +89,8 @@ def main(argv=None) -> int:
 
 def _convert(args) -> int:
     check_output_dir(args.save, "--save", args.overwrite)
+    if os.path.isdir(args.hf_checkpoint):
+        check_float_weights(args.hf_checkpoint)  # headers only, before anything is built or written
 
     t0 = time.time()
     dtype = args.dtype or source_dtype(args.hf_checkpoint)

@@ -11,6 +11,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from ..errors import CheckpointError
 from ..models.hf_config import ModelArch
 from . import mapping
 
@@ -91,6 +92,29 @@ class HFWeights:
         if fname not in self._open:
             self._open[fname] = self._safe_open(os.path.join(self.directory, fname), "pt")
         return self._open[fname].get_tensor(name)
+
+
+#: safetensors dtypes of model weights (the header's "dtype"); anything else is not a weight
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+
+
+def check_float_weights(directory: str) -> None:
+    """Every tensor of the HF checkpoint in ``directory`` is floating point, read from the
+    safetensors headers alone (no tensor is loaded); CheckpointError naming the file and the
+    first tensor that is not (an int64 "weight" would be cast silently into the model)."""
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".safetensors"):
+            continue
+        path = os.path.join(directory, name)
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+        for tensor, info in sorted(header.items()):
+            if tensor != "__metadata__" and info.get("dtype") not in FLOAT_DTYPES:
+                raise CheckpointError(
+                    f"{path}: tensor {tensor!r} has dtype {info.get('dtype')}, not a floating-point weight; give "
+                    "the model's own checkpoint (weights are bf16, fp16 or fp32)"
+                )
 
 
 def check_hf_tensors(arch: ModelArch, names) -> None:

@@ -19,6 +19,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from megatron_dapo import train
 from megatron_dapo.errors import DEBUG_ENV
@@ -252,6 +253,21 @@ def test_checkpoint_mistakes_are_one_line(tiny, tmp_path, capfd):
         )
         one_line(err, "--max-shard-size-gb must be a finite number > 0", size)
     assert not (tmp_path / "out").exists()
+    # an HF checkpoint with an integer "weight": refused from the headers, nothing built or written
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    ints = tmp_path / "int-weights"
+    shutil.copytree(tiny[0], ints)
+    tensors = load_file(str(ints / "model.safetensors"))
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name].to(torch.int64)
+    save_file(tensors, str(ints / "model.safetensors"))
+    to_mg = _tool("convert_hf_to_megatron")
+    err = _exits_2(capfd, to_mg.main, ["--hf-checkpoint", str(ints), "--save", str(tmp_path / "mg")])
+    one_line(err, "model.safetensors", repr(name), "dtype I64", "not a floating-point weight")
+    assert not (tmp_path / "mg").exists()
 
 
 # -------------------------------------------------------------------------------------- model
