@@ -92,19 +92,10 @@ def load_tokenizer(path: str, flag: str):
 
 
 def check_reward(cfg: DAPOConfig) -> None:
-    """The reward settings: numbers in range, and every ``--reward-fn`` / ``--reward-source`` spec
-    well formed and importable (its module is imported once here). Raises RewardConfigError
+    """The reward settings (their numbers are range-checked by ``check_ranges``): every
+    ``--reward-fn`` / ``--reward-source`` spec well formed and importable (its module is imported once here). Raises RewardConfigError
     naming the flag."""
     rc = cfg.reward
-    for flag, v, ok, need in (
-        ("--reward-timeout", rc.timeout_s, rc.timeout_s > 0, "> 0"),
-        ("--reward-num-workers", rc.num_workers, rc.num_workers >= 1, ">= 1"),
-        ("--reward-remote-timeout", rc.remote_timeout_s, rc.remote_timeout_s > 0, "> 0"),
-        ("--reward-remote-max-retries", rc.remote_max_retries, rc.remote_max_retries >= 0, ">= 0"),
-        ("--reward-remote-batch-size", rc.remote_batch_size, rc.remote_batch_size >= 1, ">= 1"),
-    ):
-        if not ok:
-            raise RewardConfigError(f"{flag} must be {need}, got {v}")
 
     def named(flag, e):
         msg = " ".join(str(e).split())
@@ -125,7 +116,7 @@ def check_reward(cfg: DAPOConfig) -> None:
 
 
 def check_expert_layout(cfg: DAPOConfig, arch=None) -> None:
-    """Expert parallelism (docs/moe.md): sizes >= 1, the world divisible by ETP x EP x PP, the
+    """Expert parallelism (docs/moe.md; sizes and rates are range-checked by ``check_ranges``): the world divisible by ETP x EP x PP, the
     experts by EP, each expert's width by ETP; a dense model has no experts to split; megatron
     trains a MoE layer with TP > 1 only under sequence parallelism; the aux-loss-free bias
     needs sigmoid router scores, which Qwen3-MoE does not have."""
@@ -133,8 +124,6 @@ def check_expert_layout(cfg: DAPOConfig, arch=None) -> None:
     tp, pp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size
     ep = p.expert_model_parallel_size
     etp = p.expert_tensor_parallel_size or tp
-    if ep < 1 or etp < 1:
-        raise ConfigError(f"--expert-model-parallel-size {ep} and --expert-tensor-parallel-size {etp} must be >= 1")
     world = world_size(cfg)
     if world % (etp * ep * pp):
         raise ConfigError(
@@ -142,10 +131,6 @@ def check_expert_layout(cfg: DAPOConfig, arch=None) -> None:
             f"--expert-model-parallel-size {ep} x --pipeline-model-parallel-size {pp} (experts are laid out over the "
             "same ranks as the dense layers, per pipeline stage)"
         )
-    if m.moe_router_bias_update_rate < 0:
-        raise ConfigError(f"--moe-router-bias-update-rate must be >= 0, got {m.moe_router_bias_update_rate}")
-    if m.moe_aux_loss_coeff is not None and m.moe_aux_loss_coeff < 0:
-        raise ConfigError(f"--moe-aux-loss-coeff must be >= 0, got {m.moe_aux_loss_coeff}")
     if arch is None:
         return
     if not arch.is_moe:
@@ -207,20 +192,6 @@ def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[
     warnings: list[str] = []
     p, o, r, a = cfg.parallel, cfg.optim, cfg.rollout, cfg.algo
     tp, pp, cp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size
-    for flag, v in (
-        ("--tensor-model-parallel-size", tp),
-        ("--pipeline-model-parallel-size", pp),
-        ("--context-parallel-size", cp),
-        ("--actor-num-nodes", p.nnodes),
-        ("--actor-num-gpus-per-node", p.gpus_per_node),
-        ("--micro-batch-size", o.micro_batch_size),
-        ("--global-batch-size", o.global_batch_size),
-        ("--rollout-batch-size", r.rollout_batch_size),
-        ("--n-samples-per-prompt", r.n_samples_per_prompt),
-        ("--rollout-num-gpus-per-engine", r.num_gpus_per_engine),
-    ):
-        if v < 1:
-            raise ConfigError(f"{flag} must be >= 1, got {v}")
     world = world_size(cfg)
     if world % (tp * pp * cp):
         raise ConfigError(
@@ -267,16 +238,6 @@ def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[
             f"responses per DP rank per optimizer step ({o.global_batch_size} / DP {dp}) not divisible by "
             f"--micro-batch-size {o.micro_batch_size}"
         )
-    if r.over_sampling_batch_size is not None and r.over_sampling_batch_size < 1:
-        raise ConfigError(f"--over-sampling-batch-size must be >= 1, got {r.over_sampling_batch_size}")
-    if r.partial_rollout and r.partial_rollout_max_staleness < 1:
-        raise ConfigError(f"--partial-rollout-max-staleness must be >= 1, got {r.partial_rollout_max_staleness}")
-    if r.max_num_gen_batches < 1:
-        raise ConfigError(
-            f"--max-num-gen-batches must be >= 1, got {r.max_num_gen_batches}: it bounds the generation rounds of a "
-            "step (on data the model always solves or always fails, an unbounded search would never end); give a "
-            "larger number for hard data, or --no-dynamic-sampling"
-        )
     if a.dynamic_sampling and r.n_samples_per_prompt < 2:
         raise ConfigError(
             f"--dynamic-sampling needs --n-samples-per-prompt >= 2 (a group of 1 is never mixed), got {r.n_samples_per_prompt}"
@@ -298,10 +259,6 @@ def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[
         raise ConfigError(
             "--loss-agg-mode seq-mean-token-mean divides each sequence by its own length, which a CP rank holding a "
             "share of it does not see: use token-mean or seq-mean-token-sum with --context-parallel-size > 1"
-        )
-    if r.temperature <= 0:
-        raise ConfigError(
-            f"--rollout-temperature must be > 0 for training (the trainer divides logits by it), got {r.temperature}"
         )
     if r.top_p < 1.0 or r.top_k > 0:
         raise ConfigError(
@@ -328,12 +285,6 @@ def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[
         raise ConfigError(
             f"--recompute-method {cfg.model.recompute_method} needs --recompute-granularity full, "
             f"got {cfg.model.recompute_granularity}"
-        )
-    if o.lr <= 0:
-        raise ConfigError(f"--lr must be > 0, got {o.lr}")
-    if cfg.checkpoint.save_interval < 0 or cfg.checkpoint.keep_last < 1:
-        raise ConfigError(
-            f"--save-interval must be >= 0 and --keep-last >= 1, got {cfg.checkpoint.save_interval}, {cfg.checkpoint.keep_last}"
         )
     check_paths(cfg)
     if cfg.rollout.check_weight_sync_init and (cfg.checkpoint.load or cfg.model.pretrained_checkpoint):

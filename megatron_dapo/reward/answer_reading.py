@@ -659,18 +659,19 @@ def read_answer(text: str) -> Reading | None:
     prose = _outside_latex(_mask_math(stripped[_final_clause(stripped) :]))
     if _CONDITION.search(prose):
         return None  # a short sentence that sets up ("so we need to find $x$ such that")
-    return _short_text(stripped, stripped)
+    return _short_text(stripped)
 
 
-def _short_text(text: str, stripped: str) -> Reading | None:
+def _short_text(stripped: str) -> Reading | None:
     """Readings of a short text (a bare answer or a short solution) with no answer marker."""
+    text = stripped
     spans = find_math_spans(text)
     if spans:
         tail = text[text.rfind(spans[-1]) + len(spans[-1]) :]
         if len(tail) > 30 and (num := lone_number(tail)) is not None:
             return Reading([num], "number")
         return Reading(spans, "math")
-    if len(stripped) <= 300 and has_colon_labels(stripped):
+    if has_colon_labels(stripped):
         return Reading([stripped], "raw")  # "Smallest: 2, Largest: 9"
     bare = stripped.strip("$€ ").rstrip(".")
     if re.fullmatch(r"\[[^\[\],;]+\]", bare):
