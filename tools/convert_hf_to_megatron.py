@@ -26,10 +26,12 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
+from megatron_dapo.checkpoint.hf_check import check_hf_checkpoint  # noqa: E402
 from megatron_dapo.checkpoint.hf_export import hf_to_torch_dist  # noqa: E402 - after the sys.path line
-from megatron_dapo.checkpoint.model_io import HFWeights, check_float_weights  # noqa: E402
+from megatron_dapo.checkpoint.model_io import HFWeights  # noqa: E402
 from megatron_dapo.checkpoint.output_dir import check_output_dir  # noqa: E402
-from megatron_dapo.errors import exit_on_user_error  # noqa: E402
+from megatron_dapo.errors import CheckpointError, ConfigError, exit_on_user_error  # noqa: E402
+from megatron_dapo.models.hf_config import load_hf_config, parse_hf_config  # noqa: E402
 
 #: safetensors dtype names -> our dtype names (megatron_dapo.checkpoint.dist_ckpt).
 SAFETENSORS_DTYPES = {"BF16": "bf16", "F16": "fp16", "F32": "fp32"}
@@ -80,6 +82,27 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def check_launch(args) -> None:
+    """TP x PP ranks need as many launched processes (torchrun); one process converts any size."""
+    ranks = args.tensor_model_parallel_size * args.pipeline_model_parallel_size
+    for flag, v in (
+        ("--tensor-model-parallel-size", args.tensor_model_parallel_size),
+        ("--pipeline-model-parallel-size", args.pipeline_model_parallel_size),
+    ):
+        if v < 1:
+            raise ConfigError(f"{flag} must be an integer >= 1, got {v}")
+    started = dist.is_initialized()  # called collectively by ranks already started (tests, a driver)
+    world = dist.get_world_size() if started else int(os.environ.get("WORLD_SIZE", "1"))
+    launcher = "" if started or "WORLD_SIZE" in os.environ else " (no launcher)"
+    if ranks > 1 and world % ranks:
+        raise ConfigError(
+            f"--tensor-model-parallel-size {args.tensor_model_parallel_size} x --pipeline-model-parallel-size "
+            f"{args.pipeline_model_parallel_size} needs a multiple of {ranks} processes, this is {world}{launcher}: "
+            f"run it under `torchrun --nproc-per-node {ranks} {os.path.relpath(__file__)} ...`, or leave both at 1 "
+            "(one process converts any model; the trainer reshards on load)"
+        )
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
 
@@ -88,9 +111,13 @@ def main(argv=None) -> int:
 
 
 def _convert(args) -> int:
+    check_launch(args)
     check_output_dir(args.save, "--save", args.overwrite)
-    if os.path.isdir(args.hf_checkpoint):
-        check_float_weights(args.hf_checkpoint)  # headers only, before anything is built or written
+    if not os.path.isdir(args.hf_checkpoint):
+        what = "not a directory" if os.path.exists(args.hf_checkpoint) else "directory not found"
+        raise CheckpointError(f"--hf-checkpoint: {what}: {args.hf_checkpoint} (give an HF checkpoint directory)")
+    arch = parse_hf_config(load_hf_config(args.hf_checkpoint))
+    check_hf_checkpoint(args.hf_checkpoint, arch)  # headers only, before anything is built or written
 
     t0 = time.time()
     dtype = args.dtype or source_dtype(args.hf_checkpoint)

@@ -45,6 +45,7 @@ from .. import platform, platform_imports
 from ..distributed import collective_device
 from ..errors import CheckpointError
 from ..models.hf_config import ModelArch, hf_config_hash, load_hf_config, parse_hf_config
+from . import manifest
 from .model_io import unwrap
 
 FORMAT = "megatron_dapo/torch_dist"
@@ -161,8 +162,13 @@ def read_metadata(directory) -> dict:
         else:
             hint = ""
         raise CheckpointError(f"{directory}: not a megatron-dapo torch_dist checkpoint, {METADATA_FILE} missing{hint}")
-    with open(path) as f:
-        meta = json.load(f)
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+        if not isinstance(meta, dict):
+            raise ValueError("not a JSON object")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: damaged ({type(e).__name__}: {e}); {FIX_DAMAGED}") from None
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{path}: format={meta.get('format')!r}, expected {FORMAT!r}")
     if int(meta.get("format_version", -1)) > FORMAT_VERSION:
@@ -318,7 +324,7 @@ _TORCH_STRATEGY_LOGGER = "megatron.core.dist_checkpointing.strategies.torch"
 
 # ---------------------------------------------------------------- files
 
-_FIX = "copy or write this checkpoint again, or resume from an earlier step of the run (--load SAVE_DIR/step_N)"
+FIX_DAMAGED = "copy or write this checkpoint again, or resume from an earlier step of the run (--load SAVE_DIR/step_N)"
 
 
 def verify_checkpoint_files(directory) -> None:
@@ -331,13 +337,15 @@ def verify_checkpoint_files(directory) -> None:
         ("metadata.json", "megatron-core's dist_checkpointing config"),
     ):
         if not os.path.exists(os.path.join(directory, name)):
-            raise CheckpointError(f"{directory}: incomplete checkpoint, {name} ({what}) is missing; {_FIX}")
+            raise CheckpointError(f"{directory}: incomplete checkpoint, {name} ({what}) is missing; {FIX_DAMAGED}")
     from torch.distributed.checkpoint import FileSystemReader
 
     try:
         md = FileSystemReader(directory).read_metadata()
     except Exception as e:  # a truncated or overwritten index
-        raise CheckpointError(f"{directory}: .metadata does not read ({type(e).__name__}: {e}); {_FIX}") from None
+        raise CheckpointError(
+            f"{directory}: .metadata does not read ({type(e).__name__}: {e}); {FIX_DAMAGED}"
+        ) from None
     if common_state_layout(directory, md) == "inline" and _release(megatron_core_version()) < INLINE_COMMON_STATE_SINCE:
         raise CheckpointError(
             f"{directory}: written by megatron-core {_written_by(directory)}, which keeps the non-tensor state "
@@ -360,7 +368,7 @@ def verify_checkpoint_files(directory) -> None:
             bad.append(f"{path} truncated ({have} of {size} bytes)")
     if bad:
         shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-        raise CheckpointError(f"{directory}: incomplete checkpoint, {shown}; {_FIX}")
+        raise CheckpointError(f"{directory}: incomplete checkpoint, {shown}; {FIX_DAMAGED}")
 
 
 def common_state_layout(directory, md=None) -> str:
@@ -378,7 +386,7 @@ def common_state_layout(directory, md=None) -> str:
         return "inline"
     raise CheckpointError(
         f"{directory}: incomplete checkpoint, common.pt (the non-tensor state) is missing and .metadata lists "
-        f"no {INLINE_COMMON_STATE_KEY.split('/')[0]} (megatron-core 0.19's place for it); {_FIX}"
+        f"no {INLINE_COMMON_STATE_KEY.split('/')[0]} (megatron-core 0.19's place for it); {FIX_DAMAGED}"
     )
 
 
@@ -522,6 +530,7 @@ def save_checkpoint(
     platform.in_process_write_results()
     platform_imports.drop_log_lines(_TORCH_STRATEGY_LOGGER, ASYNC_SAVE_DEPRECATION)
     dist_checkpointing.save(ssd, directory)
+    manifest.record_rank_files(directory, rank)  # this rank's shards, hashed while in its page cache
     if rank == 0:
         tmp = os.path.join(directory, METADATA_FILE + ".tmp")
         with open(tmp, "w") as f:

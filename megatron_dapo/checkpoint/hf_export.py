@@ -17,9 +17,11 @@ from typing import Optional
 import torch
 
 from ..distributed import free_port, init_distributed, init_parallel
+from ..errors import CheckpointError
 from ..models.hf_config import ModelArch, load_hf_config, padded_vocab_size, parse_hf_config
-from . import dist_ckpt, mapping
-from .model_io import HFWeights, check_hf_tensors, gather_full_weights, load_hf_weights
+from . import dist_ckpt, manifest, mapping
+from .hf_check import check_hf_checkpoint
+from .model_io import HFWeights, gather_full_weights, load_hf_weights
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -78,8 +80,8 @@ def hf_to_torch_dist(
     hf_dir = os.fspath(hf_dir)
     cfg = load_hf_config(hf_dir)
     arch = parse_hf_config(cfg)
+    check_hf_checkpoint(hf_dir, arch)  # before building anything: whole files, names, shapes, dtypes
     weights = HFWeights(hf_dir)
-    check_hf_tensors(arch, weights.keys())  # before building anything: missing/unexpected listed
     ensure_distributed()
     model, arch, padded = _build(
         cfg,
@@ -93,6 +95,11 @@ def hf_to_torch_dist(
     load_hf_weights(model, arch, lambda name: read_hf_tensor(hf_dir, weights.weight_map, name).to(target), padded)
     meta = dist_ckpt.checkpoint_metadata(cfg, dtype, extra={"source": os.path.abspath(hf_dir)})
     dist_ckpt.save_checkpoint(model, save_dir, meta, release_model_memory=True)
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        manifest.write_manifest(save_dir)  # the ranks' shard digests merged; verified before a read
+    dist.barrier()
     return meta
 
 
@@ -113,7 +120,13 @@ def hf_config_for(meta: dict, hf_config_dir=None) -> dict:
     checkpoint) or the one stored in the metadata."""
     if hf_config_dir is not None:
         cfg = load_hf_config(hf_config_dir)
-        dist_ckpt.check_metadata(meta, parse_hf_config(cfg), where=f"checkpoint (vs --hf-config {hf_config_dir})")
+        try:
+            dist_ckpt.check_metadata(meta, parse_hf_config(cfg), where="the checkpoint")
+        except CheckpointError as e:
+            raise CheckpointError(
+                f"--hf-config {hf_config_dir}: its config.json does not describe the checkpoint ({e}); give the "
+                "config the checkpoint was converted from, or leave --hf-config out (the checkpoint's own is written)"
+            ) from None
     elif meta.get("hf_config"):
         cfg = dict(meta["hf_config"])
     else:
@@ -238,12 +251,26 @@ def write_config_and_tokenizer(save_dir: str, cfg: dict, tokenizer_dir=None) -> 
     return ["config.json"] + (copy_tokenizer(tokenizer_dir, save_dir) if tokenizer_dir is not None else [])
 
 
-def copy_tokenizer(src, dst) -> list[str]:
-    """Copy the tokenizer files found in ``src`` into ``dst``; error if there are none."""
+def check_tokenizer_dir(src) -> list[str]:
+    """The tokenizer files in ``src`` (None: no tokenizer asked for); CheckpointError, one line,
+    when there are none (before anything is loaded or written)."""
+    if src is None:
+        return []
     src = os.fspath(src)
     found = [f for f in TOKENIZER_FILES if os.path.exists(os.path.join(src, f))]
     if not any(f.startswith("tokenizer") or f in ("vocab.json",) for f in found):
-        raise FileNotFoundError(f"--tokenizer {src}: no tokenizer files ({', '.join(TOKENIZER_FILES[:5])} ...)")
+        what = "no tokenizer files there" if os.path.isdir(src) else "directory not found"
+        raise CheckpointError(
+            f"--tokenizer {src}: {what} ({', '.join(TOKENIZER_FILES[:5])} ...); give the directory of the "
+            "model's tokenizer (its HF checkpoint) or leave --tokenizer out"
+        )
+    return found
+
+
+def copy_tokenizer(src, dst) -> list[str]:
+    """Copy the tokenizer files found in ``src`` into ``dst``; error if there are none."""
+    src = os.fspath(src)
+    found = check_tokenizer_dir(src)
     for f in found:
         shutil.copyfile(os.path.join(src, f), os.path.join(dst, f))
     return found
@@ -266,10 +293,15 @@ def torch_dist_to_hf(
     """
     import torch.distributed as dist
 
-    ensure_distributed()
     load_dir, save_dir = os.fspath(load_dir), os.fspath(save_dir)
     meta = dist_ckpt.read_metadata(load_dir)
     cfg = hf_config_for(meta, hf_config_dir)  # validated before the (long) load
+    check_tokenizer_dir(tokenizer_dir)
+    dist_ckpt.verify_checkpoint_files(load_dir)
+    damaged = manifest.verify(load_dir)  # the digests recorded at save (none: written before they existed)
+    if damaged:
+        raise CheckpointError(f"{load_dir}: {damaged}; {dist_ckpt.FIX_DAMAGED}")
+    ensure_distributed()  # every check above reads files only
     arch = dist_ckpt.metadata_arch(meta)
     model, arch, _ = _build(arch, dist_ckpt.torch_dtype(meta["dtype"]), 1, 1, make_vocab_size_divisible_by)
     dist_ckpt.load_checkpoint(model, load_dir, arch)
@@ -282,6 +314,7 @@ def torch_dist_to_hf(
             for hf_name, t in mapping.megatron_to_hf(arch, name, full):
                 writer.add(hf_name, t.to(out_dtype))
         written = writer.close() + write_config_and_tokenizer(save_dir, cfg, tokenizer_dir)
+        manifest.write_manifest(save_dir)
     dist.barrier()
     return written
 

@@ -5,15 +5,14 @@ Built on :mod:`megatron_dapo.checkpoint.mapping`; no layout logic of its own.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Callable, Iterator
 
 import torch
 
-from ..errors import CheckpointError
 from ..models.hf_config import ModelArch
 from . import mapping
+from .hf_check import weight_files
 
 
 def layer_offset(model) -> int:
@@ -63,19 +62,7 @@ class HFWeights:
         from safetensors import safe_open
 
         self.directory = directory
-        index = os.path.join(directory, "model.safetensors.index.json")
-        if os.path.exists(index):
-            with open(index) as f:
-                weight_map = json.load(f)["weight_map"]
-        else:
-            single = os.path.join(directory, "model.safetensors")
-            if not os.path.exists(single):
-                raise FileNotFoundError(f"{directory}: no model.safetensors or model.safetensors.index.json")
-            from safetensors import safe_open as _so
-
-            with _so(single, "pt") as f:
-                weight_map = {k: "model.safetensors" for k in f.keys()}
-        self.weight_map = weight_map
+        self.weight_map = weight_files(directory)  # CheckpointError when there are no weights
         self._open = {}
         self._safe_open = safe_open
 
@@ -92,29 +79,6 @@ class HFWeights:
         if fname not in self._open:
             self._open[fname] = self._safe_open(os.path.join(self.directory, fname), "pt")
         return self._open[fname].get_tensor(name)
-
-
-#: safetensors dtypes of model weights (the header's "dtype"); anything else is not a weight
-FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
-
-
-def check_float_weights(directory: str) -> None:
-    """Every tensor of the HF checkpoint in ``directory`` is floating point, read from the
-    safetensors headers alone (no tensor is loaded); CheckpointError naming the file and the
-    first tensor that is not (an int64 "weight" would be cast silently into the model)."""
-    for name in sorted(os.listdir(directory)):
-        if not name.endswith(".safetensors"):
-            continue
-        path = os.path.join(directory, name)
-        with open(path, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(n))
-        for tensor, info in sorted(header.items()):
-            if tensor != "__metadata__" and info.get("dtype") not in FLOAT_DTYPES:
-                raise CheckpointError(
-                    f"{path}: tensor {tensor!r} has dtype {info.get('dtype')}, not a floating-point weight; give "
-                    "the model's own checkpoint (weights are bf16, fp16 or fp32)"
-                )
 
 
 def check_hf_tensors(arch: ModelArch, names) -> None:

@@ -12,13 +12,12 @@ import os
 import shutil
 from typing import List, Optional, Tuple
 
-from ..checkpoint import dist_ckpt
+from ..checkpoint import dist_ckpt, hf_check, manifest
 from ..checkpoint.dist_ckpt import CheckpointError, check_metadata, read_metadata
 from ..config.validate import data_parallel_size, world_size
 from ..data.dataset import DataError, check_fingerprint
 from ..errors import one_line
 from ..outputs import checkpoint_dirs as checkpoints
-from ..outputs import manifest
 from ..training.train_checkpoint import run_layout
 from .preflight_result import FAIL, OK, SHAPE_ONLY_FILE, WARN, Check, _strip
 
@@ -95,6 +94,10 @@ def check_hf_checkpoint(cfg, arch, dry_run: bool) -> Check:
             "model.safetensors.index.json, and the trainer's initial weights come from here (no --load or "
             "--pretrained-checkpoint); give the HF checkpoint directory with its weights",
         )
+    try:  # the headers only: whole files, float tensors, the names and shapes config.json gives
+        hf_check.check_hf_checkpoint(hf, arch)
+    except CheckpointError as e:
+        return Check("hf-checkpoint", FAIL, hf, one_line(e))
     return Check(
         "hf-checkpoint", OK, hf, f"{shape}; initial weights: {len(present)} safetensors file(s), {_bytes(size)}"
     )
@@ -120,6 +123,9 @@ def _torch_dist_meta(flag: str, path: str, arch) -> Tuple[Optional[dict], Option
             verify(path)
         except CheckpointError as e:
             return None, f"{flag}: {_strip(one_line(e), path)}"
+    damaged = manifest.verify(path)  # the digests recorded at save (none: written before they existed)
+    if damaged:
+        return None, f"{flag}: {damaged}; {dist_ckpt.FIX_DAMAGED}"
     if not os.path.exists(os.path.join(path, "metadata.json")) or not any(
         n.endswith(".distcp") for n in os.listdir(path)
     ):

@@ -4,7 +4,7 @@ Layout under ``--save``::
 
     step_000004/            torch_dist model + optimizer (all ranks) + trainer_state.pt
         run.json            {"run_id", "step"}: which run wrote it
-        checksums.json      every file's size and digest (outputs/manifest.py), verified before a resume
+        checksums.json      every file's size and digest (checkpoint/manifest.py), verified before a resume
     latest                  text file with the name of the newest complete checkpoint
     aside-<time>/           checkpoints moved out of the way by --start-over (never deleted)
 
@@ -27,7 +27,7 @@ import shutil
 import time
 from typing import List, Optional, Tuple
 
-from . import manifest
+from ..checkpoint import manifest
 
 LATEST = "latest"
 STATE_FILE = "trainer_state.pt"

@@ -24,7 +24,8 @@ from typing import List, Optional
 
 from ..config import ConfigError
 from . import checkpoint_dirs as checkpoints
-from . import manifest, run_lock
+from ..checkpoint import manifest
+from . import run_lock
 
 #: What the trainer writes into its run directory (the entries --start-over moves aside).
 RUN_OUTPUTS = ("config.json", "metrics.jsonl", "hybrid_events.jsonl", "rollouts", "eval", "hf", "final_hf",

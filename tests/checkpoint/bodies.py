@@ -29,10 +29,10 @@ def allow_children() -> None:
     multiprocessing.current_process()._config["daemon"] = False
 
 
-def convert_hf(hf_dir: str, out_dir: str, dtype: str = "fp32") -> int:
+def convert_hf(hf_dir: str, out_dir: str, dtype: str = "fp32", *extra: str) -> int:
     """tools/convert_hf_to_megatron.py's main, collectively on every rank."""
     allow_children()
-    return tool("convert_hf_to_megatron").main(["--hf-checkpoint", hf_dir, "--save", out_dir, "--dtype", dtype])
+    return tool("convert_hf_to_megatron").main(["--hf-checkpoint", hf_dir, "--save", out_dir, "--dtype", dtype, *extra])
 
 
 def export_hf(ckpt_dir: str, out_dir: str, *extra: str) -> int:

@@ -302,7 +302,7 @@ def test_torch_dist_paths_are_checked_against_the_model(tmp_path, converted):
 def test_load_reports_its_layout_and_refuses_changed_data(tmp_path, converted, tok):
     import torch
 
-    from megatron_dapo.checkpoint import dist_ckpt
+    from megatron_dapo.checkpoint import dist_ckpt, manifest
 
     hf, td = converted
     arch = parse_hf_config(hf)
@@ -349,6 +349,7 @@ def test_load_reports_its_layout_and_refuses_changed_data(tmp_path, converted, t
         # what a trainer saved with --use-distributed-optimizer records; resumed without it: refused by the verdict
         meta["layout"]["distributed_optimizer"] = True
         meta_file.write_text(json.dumps(meta))
+        manifest.write_manifest(str(save / "step_000003"))  # as a save with that metadata would record it
         c = check_load(_cfg(hf, "--load", str(save)), arch)
         assert c.status == FAIL and "cannot resume at this layout" in c.detail, c.line
 

@@ -14,8 +14,9 @@ import torch
 
 from megatron_dapo import train
 from megatron_dapo.config import ConfigError, parse_args
+from megatron_dapo.checkpoint import manifest
 from megatron_dapo.outputs import checkpoint_dirs as cd
-from megatron_dapo.outputs import manifest, run_lock
+from megatron_dapo.outputs import run_lock
 from megatron_dapo.outputs.run_dir import prepare_outputs
 from tests.foundation.test_user_errors import _args, _no_debug, tiny  # noqa: F401 (fixtures)
 
@@ -70,6 +71,29 @@ def test_a_commit_records_every_file_and_verify_names_the_damaged_one(tmp_path):
     # a checkpoint written before checksums existed is not refused
     os.unlink(os.path.join(step, manifest.MANIFEST))
     assert manifest.verify(step) is None and "no checksums recorded" in manifest.describe(step)
+
+
+def test_each_rank_hashes_its_own_shards_and_the_commit_hashes_only_the_rest(tmp_path, monkeypatch):
+    """Ranks 0 and 1 record the shards they wrote; the committer reads only the files no rank
+    recorded (and a recorded file whose size changed since), then removes the ranks' records."""
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    for name, n in (("__0_0.distcp", 5000), ("__0_1.distcp", 700), ("__1_0.distcp", 3000), ("metadata.json", 40)):
+        (d / name).write_bytes(os.urandom(n))
+    assert os.path.basename(manifest.record_rank_files(str(d), 0)) == "checksums.rank0.json"
+    manifest.record_rank_files(str(d), 1)
+    assert sorted(manifest.recorded_by_rank(str(d))) == ["__0_0.distcp", "__0_1.distcp", "__1_0.distcp"]
+    (d / "__0_1.distcp").write_bytes(os.urandom(701))  # rewritten after its rank hashed it
+    hashed = []
+    real = manifest._digest
+    monkeypatch.setattr(manifest, "_digest", lambda path: hashed.append(os.path.basename(path)) or real(path))
+    manifest.write_manifest(str(d))
+    assert sorted(hashed) == ["__0_1.distcp", "metadata.json"]
+    assert sorted(os.listdir(d)) == ["__0_0.distcp", "__0_1.distcp", "__1_0.distcp", "checksums.json", "metadata.json"]
+    monkeypatch.setattr(manifest, "_digest", real)
+    assert manifest.verify(str(d)) is None
+    for name, entry in manifest.recorded(str(d)).items():
+        assert real(str(d / name)) == (entry["bytes"], entry["digest"]), name
 
 
 def test_the_entry_point_and_the_dry_run_name_a_damaged_shard_in_one_line(tiny, tmp_path, capfd):

@@ -2,10 +2,13 @@
 committed and checked before anything reads it back (docs/reliability.md, "Verified bytes").
 
 ``checksums.json`` beside the files: ``{"algorithm": "blake2b-128", "files": {relative path:
-{"bytes": n, "digest": hex}}}``. It is written by the process that commits the directory, just
-before the rename that publishes it, while the files it hashes are still in the page cache
-(threads over files; hashlib releases the GIL), so it costs a read from memory of what was just
-written. ``verify`` re-reads every file and names the first one that is missing, of another
+{"bytes": n, "digest": hex}}}``. The tensor shards are hashed where they are written: every rank,
+right after ``dist_checkpointing.save`` returns, hashes the ``.distcp`` files it wrote
+(:func:`record_rank_files`, from the page cache, on every node at once) into a small
+``checksums.rank<r>.json``; the process that commits the directory merges those and hashes only
+what no rank recorded (the metadata, the trainer state; threads over files, hashlib releases
+the GIL), just before the rename that publishes it. A rank's record is used only for a file
+still of the size it recorded. ``verify`` re-reads every file and names the first one that is missing, of another
 size, or of other bytes; a directory without the file (written before checksums existed) is
 reported as unverified, not refused.
 
@@ -23,6 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, Optional
 
 MANIFEST = "checksums.json"
+#: a rank's record of the shard files it wrote: ``checksums.rank<r>.json``
+RANK_RECORD = "checksums.rank"
 ALGORITHM = "blake2b-128"
 _CHUNK = 8 << 20
 
@@ -37,12 +42,16 @@ def _digest(path: str) -> tuple[int, str]:
     return n, h.hexdigest()
 
 
+def _is_record(rel: str) -> bool:
+    return rel == MANIFEST or (rel.startswith(RANK_RECORD) and rel.endswith(".json"))
+
+
 def _files(directory: str) -> list[str]:
     out = []
     for root, _, names in os.walk(directory):
         for name in names:
             rel = os.path.relpath(os.path.join(root, name), directory)
-            if rel != MANIFEST:
+            if not _is_record(rel):
                 out.append(rel)
     return sorted(out)
 
@@ -51,18 +60,63 @@ def _threads() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
-def write_manifest(directory: str) -> str:
-    """Hash every file under ``directory`` into ``directory/checksums.json`` (atomic)."""
-    files = _files(directory)
-    with ThreadPoolExecutor(_threads()) as pool:
-        sums = list(pool.map(lambda rel: _digest(os.path.join(directory, rel)), files))
-    record = {"algorithm": ALGORITHM, "files": {rel: {"bytes": n, "digest": d} for rel, (n, d) in zip(files, sums)}}
-    path = os.path.join(directory, MANIFEST)
+def _write_json(path: str, record: dict) -> None:
     with open(path + ".tmp", "w") as f:
         json.dump(record, f, indent=0)
         f.flush()
         os.fsync(f.fileno())
     os.replace(path + ".tmp", path)
+
+
+def _digests(directory: str, files: list[str]) -> Dict[str, dict]:
+    with ThreadPoolExecutor(_threads()) as pool:
+        sums = list(pool.map(lambda rel: _digest(os.path.join(directory, rel)), files))
+    return {rel: {"bytes": n, "digest": d} for rel, (n, d) in zip(files, sums)}
+
+
+def record_rank_files(directory: str, rank: int) -> str:
+    """Hash the ``.distcp`` files that ``rank`` has just written into ``directory`` (torch's
+    naming: ``__<rank>_<i>.distcp``) into ``checksums.rank<rank>.json``; called by every rank
+    right after its save, while the bytes are in its page cache. Returns the record's path."""
+    prefix = f"__{int(rank)}_"
+    mine = sorted(n for n in os.listdir(directory) if n.startswith(prefix) and n.endswith(".distcp"))
+    path = os.path.join(directory, f"{RANK_RECORD}{int(rank)}.json")
+    _write_json(path, {"algorithm": ALGORITHM, "files": _digests(directory, mine)})
+    return path
+
+
+def recorded_by_rank(directory: str) -> Dict[str, dict]:
+    """The digests the ranks recorded, for files still of the recorded size."""
+    known: Dict[str, dict] = {}
+    for name in sorted(os.listdir(directory)):
+        if not (name.startswith(RANK_RECORD) and name.endswith(".json")):
+            continue
+        try:
+            with open(os.path.join(directory, name)) as f:
+                record = json.load(f)
+            if record.get("algorithm") != ALGORITHM:
+                continue
+            for rel, entry in record["files"].items():
+                full = os.path.join(directory, rel)
+                if os.path.isfile(full) and os.path.getsize(full) == int(entry["bytes"]):
+                    known[rel] = {"bytes": int(entry["bytes"]), "digest": str(entry["digest"])}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # an unreadable record: its files are hashed here
+    return known
+
+
+def write_manifest(directory: str) -> str:
+    """Record every file under ``directory`` in ``directory/checksums.json`` (atomic): the
+    digests the ranks recorded (:func:`record_rank_files`), the rest hashed here; the ranks'
+    records are then removed. Returns the manifest's path."""
+    files = _files(directory)
+    known = recorded_by_rank(directory)
+    sums = {**_digests(directory, [rel for rel in files if rel not in known]), **known}
+    path = os.path.join(directory, MANIFEST)
+    _write_json(path, {"algorithm": ALGORITHM, "files": {rel: sums[rel] for rel in files}})
+    for name in os.listdir(directory):
+        if name.startswith(RANK_RECORD) and name.endswith(".json"):
+            os.remove(os.path.join(directory, name))
     return path
 
 
@@ -97,11 +151,9 @@ def verify(directory: str) -> Optional[str]:
         size = os.path.getsize(path)
         if size != want["bytes"]:
             return f"{rel} is damaged: {size} bytes, {want['bytes']} recorded at save (truncated or overwritten)"
-    names = sorted(files)
-    with ThreadPoolExecutor(_threads()) as pool:
-        sums = list(pool.map(lambda rel: _digest(os.path.join(directory, rel)), names))
-    for rel, (_, digest) in zip(names, sums):
-        if digest != files[rel]["digest"]:
+    sums = _digests(directory, sorted(files))
+    for rel, got in sorted(sums.items()):
+        if got["digest"] != files[rel]["digest"]:
             return f"{rel} is damaged: its bytes differ from those recorded at save ({ALGORITHM})"
     return None
 
