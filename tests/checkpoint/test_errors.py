@@ -119,5 +119,7 @@ def test_export_refuses_mismatched_hf_config(gloo, tiny_ckpt, tmp_path):
     cfg_dir.mkdir()
     json.dump(dict(TINY["qwen2"], num_hidden_layers=2), open(cfg_dir / "config.json", "w"))
     errs = gloo(2).run(bodies.export_error, tiny_ckpt["qwen2"], str(tmp_path / "hf"), "--hf-config", str(cfg_dir))
-    assert all(e and "num_layers (HF num_hidden_layers): the checkpoint has" in e and "--hf-config" in e for e in errs), errs
+    assert all(
+        e and "num_layers (HF num_hidden_layers): the checkpoint has" in e and "--hf-config" in e for e in errs
+    ), errs
     assert not os.path.exists(tmp_path / "hf")
