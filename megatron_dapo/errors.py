@@ -12,6 +12,7 @@ Each kind of mistake has its error type, raised where it is found:
 | file       | ``OSError`` that names a file               | a path that cannot be created or read (``/proc/run``) |
 | disk       | :class:`DiskFullError` (this module)        | a checkpoint, export, rollout dump or metrics line the device refuses (ENOSPC, EDQUOT) |
 | machine    | :class:`StartupError` (this module)         | the local Ray node does not come up on a machine too busy for it |
+| run        | :class:`RunStoppedError` (this module)      | dynamic sampling finds no mixed group within its budget; non-finite gradients step after step |
 
 :func:`exit_on_user_error` wraps a command's body: such an error ends the command with
 ``<command>: error: <message>`` (one line) on stderr and exit code 2 (:data:`EXIT_USER_ERROR`);
@@ -60,6 +61,12 @@ class RewardConfigError(ValueError):
 class StartupError(RuntimeError):
     """A service the run needs (the local Ray node) could not be started on this machine; the
     message names the cause and what to try. Not a bug of the program: reported in one line."""
+
+
+class RunStoppedError(RuntimeError):
+    """The run cannot go on for a reason of its data or settings that the message names, with
+    what to change (``RolloutStallError``, the trainer's ``TrainingError``); the last checkpoint
+    is kept. One line, like a mistake in the input: it is not a bug of the program."""
 
 
 class DiskFullError(OSError):
@@ -135,7 +142,16 @@ def writing(path: str, what: str, need_bytes: Optional[float] = None, kept: str 
 def user_error_types() -> tuple:
     """Every kind of mistake of the user's (the table above); all defined here, at the bottom of
     the package's layers, and re-exported where they are raised."""
-    return (ConfigError, DataError, CheckpointError, ModelConfigError, RewardConfigError, StartupError, DiskFullError)
+    return (
+        ConfigError,
+        DataError,
+        CheckpointError,
+        ModelConfigError,
+        RewardConfigError,
+        StartupError,
+        DiskFullError,
+        RunStoppedError,
+    )
 
 
 def is_user_error(exc: BaseException) -> bool:

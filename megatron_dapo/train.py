@@ -39,9 +39,10 @@ from .driver.plots import plot_training_curves
 from .driver.rollout_manager import EnginePool, RolloutManager
 from .driver.signals import SIGTERM_SEEN as _SIGTERM  # noqa: F401
 from .driver.signals import check_not_terminated, stop_on_sigterm
-from .errors import DiskFullError, report_user_error, writing
+from .errors import DiskFullError, RunStoppedError, report_user_error, writing
 from .eval.runner import evaluate_in_training
 from .hybrid.phases import HybridStep
+from .known_warnings import quiet_known_warnings
 from .launch.preflight import check_before_launch, dry_run
 from .launch.preflight_checkpoints import checkpoint_bytes
 from .models import parse_hf_config
@@ -51,8 +52,8 @@ from .outputs.run_dir import prepare_outputs, write_config
 from .reward import BatchScorer, reward_needs_label
 
 
-class TrainingError(RuntimeError):
-    pass
+class TrainingError(RunStoppedError):
+    """Training cannot go on (non-finite gradients step after step); the message says what to change."""
 
 
 class Trainer:
@@ -345,6 +346,7 @@ def main(argv=None) -> int:
     checkpoint, model, reward, an unusable path) ends it with one line on stderr and exit code 2;
     ``MEGATRON_DAPO_DEBUG=1`` shows the traceback. SIGTERM: exit code 143 after the cleanup; Ctrl-C
     (SIGINT): one stopping line, the same cleanup, exit code 130."""
+    quiet_known_warnings()  # only the library warnings known to be harmless (known_warnings.py)
     previous = stop_on_sigterm()
     try:
         cfg = parse_args(argv)

@@ -31,6 +31,7 @@ from megatron_dapo.checkpoint.hf_export import hf_to_torch_dist  # noqa: E402 - 
 from megatron_dapo.checkpoint.model_io import HFWeights  # noqa: E402
 from megatron_dapo.checkpoint.output_dir import check_output_dir  # noqa: E402
 from megatron_dapo.errors import CheckpointError, ConfigError, exit_on_user_error  # noqa: E402
+from megatron_dapo.known_warnings import quiet_known_warnings  # noqa: E402
 from megatron_dapo.models.hf_config import load_hf_config, parse_hf_config  # noqa: E402
 
 #: safetensors dtype names -> our dtype names (megatron_dapo.checkpoint.dist_ckpt).
@@ -104,6 +105,7 @@ def check_launch(args) -> None:
 
 
 def main(argv=None) -> int:
+    quiet_known_warnings()  # only the library warnings known to be harmless (megatron_dapo/known_warnings.py)
     args = parse_args(argv)
 
     with exit_on_user_error(os.path.basename(__file__)):

@@ -26,6 +26,7 @@ if _ROOT not in sys.path:
 from megatron_dapo.checkpoint.hf_export import torch_dist_to_hf  # noqa: E402 - after the sys.path line
 from megatron_dapo.checkpoint.output_dir import check_output_dir  # noqa: E402
 from megatron_dapo.errors import ConfigError, exit_on_user_error  # noqa: E402
+from megatron_dapo.known_warnings import quiet_known_warnings  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -45,6 +46,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    quiet_known_warnings()  # only the library warnings known to be harmless (megatron_dapo/known_warnings.py)
     args = parse_args(argv)
 
     with exit_on_user_error(os.path.basename(__file__)):

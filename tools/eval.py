@@ -41,6 +41,7 @@ from megatron_dapo.eval.runner import (  # noqa: E402
     evaluate,
     load_eval_problems,
 )
+from megatron_dapo.known_warnings import quiet_known_warnings  # noqa: E402
 from megatron_dapo.models.hf_config import generation_eos_ids  # noqa: E402
 from megatron_dapo.reward import BatchScorer  # noqa: E402
 from megatron_dapo.reward.api import REWARD_MODES  # noqa: E402
@@ -233,6 +234,7 @@ def default_batch_size(kind: str):
 def main(argv=None) -> int:
     """A mistake (a path, a data file, a model or tokenizer that does not load) ends it with one
     line and exit code 2 (megatron_dapo/errors.py; MEGATRON_DAPO_DEBUG=1 shows the traceback)."""
+    quiet_known_warnings()  # only the library warnings known to be harmless (megatron_dapo/known_warnings.py)
     args = parse_args(argv)
     with exit_on_user_error("eval.py"):
         return _main(args)

@@ -19,6 +19,7 @@ import ray
 import torch
 
 from ..hybrid.weight_sync import EngineCalls, EngineProtocol
+from ..known_warnings import quiet_known_warnings
 from ..rollout.engines import engine_kind
 
 
@@ -31,6 +32,7 @@ def _threads(n: Optional[int]):
 class PolicyActor:
     def __init__(self, rank, world_size, master_addr, master_port, cfg, hf_config_path, num_threads=None):
         os.environ.setdefault("OMP_NUM_THREADS", str(num_threads or 1))
+        quiet_known_warnings()
         _threads(num_threads)
         from ..training.worker import PolicyWorker  # megatron-core: only inside the trainer's actor process
 
@@ -150,6 +152,7 @@ class EngineActor:
 
     def __init__(self, kind: str, model_dir: str, tokenizer_dir: Optional[str] = None, num_threads=None, **kwargs):
         os.environ.setdefault("OMP_NUM_THREADS", str(num_threads or 1))
+        quiet_known_warnings()
         _threads(num_threads)
         # the kind's own constructor (rollout/engines.py ENGINE_KINDS); it imports the engine
         self.engine, self.tokenizer = engine_kind(kind).build(model_dir, tokenizer_dir, **kwargs)

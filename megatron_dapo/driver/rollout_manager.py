@@ -52,7 +52,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..algo import DYNAMIC_SAMPLING_METRICS, dynamic_sampling_mask
-from ..errors import RewardConfigError
+from ..errors import RewardConfigError, RunStoppedError
 from ..reward.api import RewardInput
 from ..rollout.base import Request, SamplingParams, derive_seed
 from ..rollout.routing import extend_routing
@@ -63,8 +63,8 @@ from .engine_pool import EnginePool, LocalTransport, RayTransport  # noqa: F401 
 WAIT_S = 5.0
 
 
-class RolloutStallError(RuntimeError):
-    pass
+class RolloutStallError(RunStoppedError):
+    """Dynamic sampling found too few mixed-correctness groups within the step's budget."""
 
 
 @dataclasses.dataclass

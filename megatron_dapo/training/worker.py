@@ -11,7 +11,6 @@ import hashlib
 import os
 import random
 import time
-import warnings
 from typing import Optional
 
 import numpy as np
@@ -26,6 +25,7 @@ from ..config.validate import lr_warmup_optimizer_steps
 from ..distributed import destroy_parallel, init_distributed, init_parallel
 from ..hybrid.offload import TrainerOffloader
 from ..hybrid.weight_sync import DiscardSink, EngineFeeding, WeightSync
+from ..known_warnings import quiet_known_warnings
 from ..models.provider import ModelBuildOptions, build_gpt_model, use_te_for
 from .dapo_step import compute_logprobs, train_on_minibatch
 from .item import TrainItem
@@ -55,9 +55,7 @@ class PolicyWorker:
     def __init__(
         self, rank: int, world_size: int, master_addr: str, master_port: int, cfg: DAPOConfig, hf_config_path: str
     ):
-
-        warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
-        warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
+        quiet_known_warnings()  # megatron-core's fallbacks to torch, said once per module it imports
         from megatron.core import parallel_state as ps
 
         self.cfg = cfg

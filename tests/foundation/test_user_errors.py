@@ -15,13 +15,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from megatron_dapo import train
+from megatron_dapo import known_warnings, train
 from megatron_dapo.errors import DEBUG_ENV
 from tests.e2e.fixtures import make_prompts, make_tiny_qwen2_dir
 from tests.launch.procs import run_in_session
@@ -190,6 +191,23 @@ def test_an_unusable_run_dir_is_one_line(tiny, tmp_path):
     p = _train_cmd(_args(tiny, tmp_path, "--run-dir", "/proc/megatron-dapo-no-such-dir/run"))
     assert p.returncode == 2
     one_line(p.stderr, "/proc/megatron-dapo-no-such-dir")
+
+
+def test_a_run_that_stalls_ends_in_one_line_and_prints_no_known_library_warning(tiny, tmp_path):
+    """A real run (Ray, an engine, a trainer rank) whose dynamic sampling finds no mixed group
+    within its budget: the stall's own line, exit 2, no traceback; the known-harmless warnings
+    of megatron-core and Ray (megatron_dapo/known_warnings.py) do not print."""
+    args = _args(tiny, tmp_path, "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4")
+    # the tiny random model answers no prompt right: every group is all-wrong
+    p = _train_cmd([*args, "--max-num-gen-batches", "1"])
+    assert p.returncode == 2, p.stderr[-3000:]
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    last = p.stderr.strip().splitlines()[-1]
+    assert "megatron_dapo.train: error: step 1: only 0 of --rollout-batch-size 2 mixed-correctness groups" in last, last
+    assert "--max-num-gen-batches" in last
+    for k in known_warnings.KNOWN:
+        assert not re.search(k.message, p.stderr), (k.message, p.stderr[-3000:])
+    assert "Token authentication is enabled" not in p.stderr
 
 
 # --------------------------------------------------------------------------------------- data
