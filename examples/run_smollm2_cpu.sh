@@ -10,6 +10,8 @@
 # product's engine, its CPU engine here) where the environment has SGLang (the primary stack),
 # else hf (docs/benchmarks.md, "CPU engines": SGLang generates the demo's rounds 4x faster).
 # --dry-run: prepare the model directory and the data, validate, print the plan, train nothing.
+# --print-plan: say whether this run would resume or start fresh, and the training command; sets up
+# and runs nothing.
 # A rerun after an interruption resumes from the run's last checkpoint (RUN_DIR/checkpoints, every
 # 6 steps); --fresh starts over instead, moving the previous run's files and checkpoints into
 # RUN_DIR/aside-<time>/ (--start-over: nothing is deleted).
@@ -17,11 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 default_stack=$(sed -n 's/^DEFAULT_STACK=//p' scripts/setup_env.sh)
 if [ -n "${STACK:-}" ] && [ "$STACK" != "$default_stack" ]; then export VENV=${VENV:-.venv-$STACK}; fi
-bash scripts/setup_env.sh
 PY=${VENV:-.venv}/bin/python
-if [ -z "${ENGINE:-}" ]; then
-  if $PY -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"; then ENGINE=sglang; else ENGINE=hf; fi
-fi
 RUN_DIR=${RUN_DIR:-runs/smollm2-cpu}
 WORK=${WORK:-.cache/demo}
 STEPS=${STEPS:-12}
@@ -30,29 +28,45 @@ CKPT=$WORK/smollm2-torch_dist
 DATA=$WORK/addition
 DRY_RUN=0
 FRESH=0
+PRINT_PLAN=0
 ARGS=()
 for a in "$@"; do
   case "$a" in
     --dry-run) DRY_RUN=1; ARGS+=("$a");;
     --fresh) FRESH=1;;
+    --print-plan) PRINT_PLAN=1;;
     *) ARGS+=("$a");;
   esac
 done
 RESUME=0
 if [ $FRESH = 0 ] && [ -f "$RUN_DIR/checkpoints/latest" ]; then RESUME=1; fi
+INIT=(--start-over)
+if [ $RESUME = 1 ]; then
+  INIT=(--load "$RUN_DIR/checkpoints")
+elif [ $DRY_RUN = 0 ]; then
+  INIT=(--pretrained-checkpoint "$CKPT" --start-over)
+fi
+if [ $PRINT_PLAN = 1 ]; then
+  if [ $RESUME = 1 ]; then echo "[demo] plan: resume $RUN_DIR from $(cat "$RUN_DIR/checkpoints/latest")";
+  else echo "[demo] plan: start $RUN_DIR fresh"; fi
+  echo "[demo] train: ${INIT[*]} ${ARGS[*]+${ARGS[*]}}"
+  exit 0
+fi
+
+bash scripts/setup_env.sh
+if [ -z "${ENGINE:-}" ]; then
+  if $PY -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"; then ENGINE=sglang; else ENGINE=hf; fi
+fi
 mkdir -p "$RUN_DIR" "$WORK"
 t0=$(date +%s)
 
 $PY tools/prepare_smollm2.py --out "$HF"
 $PY examples/demo/make_addition_data.py --out "$DATA" --train 2000 --heldout 128
-INIT=(--start-over)
 if [ $RESUME = 1 ]; then
   echo "[demo] resuming $RUN_DIR from its last checkpoint ($(cat "$RUN_DIR/checkpoints/latest")); --fresh starts over"
-  INIT=(--load "$RUN_DIR/checkpoints")
 elif [ $DRY_RUN = 0 ]; then
   rm -f "$RUN_DIR/demo_eval.json"
   [ -f "$CKPT/megatron_dapo_checkpoint.json" ] || $PY tools/convert_hf_to_megatron.py --hf-checkpoint "$HF" --save "$CKPT" --dtype fp32
-  INIT=(--pretrained-checkpoint "$CKPT" --start-over)
   $PY examples/demo/evaluate_demo.py --model "$HF" --data "$DATA/heldout.jsonl" --n 128 --out "$RUN_DIR/demo_eval.json" --phase before
 fi
 
