@@ -38,7 +38,7 @@ from .driver.metrics import step_metrics, summary_line
 from .driver.plots import plot_training_curves
 from .driver.rollout_manager import EnginePool, RolloutManager
 from .driver.signals import SIGTERM_SEEN as _SIGTERM  # noqa: F401
-from .driver.signals import check_not_terminated, stop_on_sigterm
+from .driver.signals import STOP_BOUND_S, check_not_terminated, exit_within, stop_on_sigterm
 from .errors import DiskFullError, RunStoppedError, report_user_error, writing
 from .eval.runner import evaluate_in_training
 from .hybrid.phases import HybridStep
@@ -374,6 +374,7 @@ def main(argv=None) -> int:
             file=sys.stderr,
             flush=True,
         )
+        exit_within(STOP_BOUND_S, 128 + signal.SIGINT, "Ctrl-C")
         return 128 + signal.SIGINT
     except BaseException:
         if not _SIGTERM.is_set():

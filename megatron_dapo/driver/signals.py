@@ -4,9 +4,11 @@ the trainers' shared-memory buffers, then exit code 143."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
+import time
 
 SIGTERM_SEEN = threading.Event()  # set once SIGTERM has reached the driver
 
@@ -25,6 +27,7 @@ def _on_sigterm(signum, frame):
     during that cleanup is ignored; Slurm's KILL after its KillWait still ends it."""
     SIGTERM_SEEN.set()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    exit_within(STOP_BOUND_S, 128 + signal.SIGTERM, "SIGTERM")
     print(
         "megatron_dapo.train: SIGTERM: stopping the run (checkpoints already committed are kept)",
         file=sys.stderr,
@@ -45,3 +48,28 @@ def check_not_terminated() -> None:
     """Raise :class:`Terminated` if SIGTERM came and a library swallowed the interruption."""
     if SIGTERM_SEEN.is_set():
         raise Terminated()
+
+
+#: seconds the driver's cleanup may take after SIGTERM or Ctrl-C before it exits anyway
+STOP_BOUND_S = 30.0
+
+
+def exit_within(seconds: float, code: int, why: str) -> threading.Thread:
+    """Exit this process with ``code`` if it is still running ``seconds`` from now (a daemon
+    thread; the cleanup that normally ends it first is left unfinished then): the stop of a run
+    is bounded however loaded the machine (Ray's own shutdown can wait 60 s for a GCS that is
+    gone). Its Ray node is ended by the reaper (launch/ray_reaper.py) after the driver exits."""
+
+    def _exit():
+        time.sleep(seconds)
+        print(
+            f"megatron_dapo.train: {why}: the cleanup took more than {seconds:.0f} s, exiting now (Ray's node "
+            "processes are ended after it)",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(code)
+
+    t = threading.Thread(target=_exit, name="stop-bound", daemon=True)
+    t.start()
+    return t

@@ -40,6 +40,7 @@ import time
 from typing import Dict, Iterable, List, Optional, Sequence
 
 from ..errors import StartupError
+from . import ray_reaper
 
 #: Custom resource the Slurm script gives every node: ``slurm_node:<hostname>``.
 NODE_RESOURCE_PREFIX = "slurm_node:"
@@ -185,6 +186,7 @@ def _init_local(ray, kw: dict, attempts: int = RAY_START_ATTEMPTS, pause_s: floa
         try:
             with keep_sigterm_handler(ray), lean_local_head(ray, log_to_driver=bool(kw.get("log_to_driver", True))):
                 ray.init(address="local", **kw)  # never join a stray cluster by accident
+            ray_reaper.watch(_child_pids() - before)  # the node ends with this driver, however it ends
             return
         except (TypeError, ValueError):
             raise  # our own arguments: a bug, not the machine
