@@ -218,6 +218,10 @@ class EngineActor:
     def shutdown(self):
         self.engine.shutdown()
 
+    def set_weight_version(self, version: int) -> None:
+        """``RolloutEngine.set_weight_version``: the weights now loaded are policy ``version``."""
+        self.engine.set_weight_version(version)
+
     def arm_weight_checksums(self):
         """``RolloutEngine.arm_weight_checksums``: the next sync is a probe sync."""
         self.engine.arm_weight_checksums()

@@ -552,8 +552,10 @@ def extend_sample(s: Sample, out, step: int, max_len: int, versions: bool = True
         s.routed_experts = None if routed is None else routed[:keep]
     s.response_ids = list(s.response_ids) + ids
     s.engine_logprobs = list(s.engine_logprobs) + lps
-    if versions:
-        s.token_versions = list(s.token_versions or []) + [step] * len(ids)
+    if versions:  # the engine's own stamps where it gives them (weights updated mid-request)
+        stamped = getattr(out, "token_versions", None)
+        new = list(stamped)[: len(ids)] if stamped is not None and len(stamped) >= len(ids) else [step] * len(ids)
+        s.token_versions = list(s.token_versions or []) + new
     s.finish_reason = "length" if len(out.output_ids) > room else out.finish_reason
     if s.finish_reason == "abort" and len(s.response_ids) >= max_len:
         s.finish_reason = "length"  # aborted at the budget: nothing is left to continue

@@ -93,6 +93,11 @@ class GenerationOutput:
     # experts each position 0 .. n - 1 of prompt + output was routed to, n = len(prompt) +
     # len(output) - 1 (the last output token is never fed back); SGLang's layout (docs/moe.md)
     routed_experts: Optional[torch.Tensor] = None
+    # the engine's weight version (RolloutEngine.set_weight_version) that computed the
+    # distribution of each output token, one per ``output_ids`` entry, from engines that stamp
+    # them (HFEngine); None: the driver stamps the step's own version. Asynchronous training
+    # updates weights while a request runs: its tokens then carry two versions.
+    token_versions: Optional[List[int]] = None
 
 
 @dataclass
@@ -171,6 +176,16 @@ class RolloutEngine(abc.ABC):
     def __init__(self) -> None:
         self._released: set = set()
         self._received: set = set()
+        self.weight_version: Optional[int] = None  # None: never told (no stamps; the driver's own)
+
+    def set_weight_version(self, version: int) -> None:
+        """The policy version of the weights now loaded (after a sync); from now on the tokens
+        this engine generates are of it (an engine that stamps tokens: ``GenerationOutput.
+        token_versions``). Versions never go back."""
+        version = int(version)
+        if self.weight_version is not None and version < self.weight_version:
+            raise ValueError(f"weight version {version} is older than the engine's {self.weight_version}")
+        self.weight_version = version
 
     # --- generation -----------------------------------------------------------------
     @abc.abstractmethod

@@ -12,6 +12,11 @@ up); one step:
    returned at once (``Finished``, time-stamped) and leaves the batch; the leading cache
    columns no remaining row uses are cut away.
 
+Each output token is stamped with the engine's weight version that computed its logits
+(``GenerationOutput.token_versions``): a weight update between two polls (asynchronous
+training) leaves the tokens before it of the old version, those after of the new one, and the
+KV cache of the prefix as the old weights computed it.
+
 Sampling per row is the blocking ``HFEngine.generate``'s (``HFEngine._sample``, one
 ``torch.Generator`` per request seeded with ``derive_seed(seed, 0)``, one uniform per token),
 so a greedy or seeded request gives the blocking engine's tokens whatever else runs with it
@@ -46,6 +51,8 @@ class _Row:
     lps: List[float] = field(default_factory=list)
     text: Optional[str] = None  # cut before a stop string
     routing: Optional[list] = None  # return_routed_experts: [n_k, layers, top_k] blocks of the fed positions
+    versions: List[Optional[int]] = field(default_factory=list)  # the weight version of each output token
+    logits_version: Optional[int] = None  # the weight version that computed the row's next-token logits
 
 
 class ContinuousBatcher:
@@ -108,9 +115,8 @@ class ContinuousBatcher:
         gone = [i for i, row in enumerate(self.rows) if row.req.rid in want]
         for i in gone:
             row = self.rows[i]
-            out.append(
-                Finished(row.req.rid, self._output(row.req, row.out, row.lps, "abort", routing=row.routing), now)
-            )
+            prefix = self._output(row.req, row.out, row.lps, "abort", routing=row.routing, versions=row.versions)
+            out.append(Finished(row.req.rid, prefix, now))
         self._drop(gone)
         return out
 
@@ -129,6 +135,8 @@ class ContinuousBatcher:
         pos = torch.tensor([[r.next_pos] for r in self.rows], device=self.e.device)
         logits = self.e._forward(self.last.view(-1, 1).to(self.e.device), mask, pos, self.cache, last_only=True)
         self.mask, self.logits = mask, [logits[:, -1, :].float()]
+        for r in self.rows:
+            r.logits_version = self.e.weight_version
         if any(r.routing is not None for r in self.rows):
             rec = self.e._router_rec.last(len(self.rows), 1)
             for i, r in enumerate(self.rows):
@@ -167,6 +175,8 @@ class ContinuousBatcher:
         pick = torch.tensor([where[tuple(int(t) for t in r.prompt_ids)] for r in reqs])
         cache.batch_select_indices(pick.to(dev))
         rows = [self._row(r) for r in reqs]
+        for row in rows:
+            row.logits_version = self.e.weight_version
         if any(r.routing is not None for r in rows):
             rec = self.e._router_rec.last(n, width)
             for r, i in zip(rows, pick.tolist()):
@@ -211,9 +221,11 @@ class ContinuousBatcher:
         for i, (r, tok, lp) in enumerate(zip(self.rows, tokens.tolist(), torch.cat(lps).tolist())):
             r.out.append(tok)
             r.lps.append(lp)
+            r.versions.append(r.logits_version)
             reason = self._finish_reason(r, tok)
             if reason is not None:
-                self.done.append(Finished(r.req.rid, self._output(r.req, r.out, r.lps, reason, r.text, r.routing), now))
+                out = self._output(r.req, r.out, r.lps, reason, r.text, r.routing, r.versions)
+                self.done.append(Finished(r.req.rid, out, now))
                 ended.append(i)
         self.logits, self.last = None, tokens
         self._drop(ended)
@@ -249,7 +261,14 @@ class ContinuousBatcher:
         return None
 
     def _output(
-        self, req: Request, ids, lps, reason: str, text: Optional[str] = None, routing: Optional[list] = None
+        self,
+        req: Request,
+        ids,
+        lps,
+        reason: str,
+        text: Optional[str] = None,
+        routing: Optional[list] = None,
+        versions: Optional[List[int]] = None,
     ) -> GenerationOutput:
         if text is None and self.e.tokenizer is not None:
             text = self.e.tokenizer.decode(list(ids))
@@ -263,6 +282,7 @@ class ContinuousBatcher:
             finish_reason=reason,
             text=text,
             routed_experts=routed,
+            token_versions=_stamps(versions, len(ids), self.e.weight_version),
         )
 
     def _drop(self, idx: List[int]) -> None:
@@ -287,6 +307,15 @@ class ContinuousBatcher:
             for layer in self.cache.layers:
                 layer.keys, layer.values = layer.keys[..., first:, :], layer.values[..., first:, :]
             self.mask = self.mask[:, first:]
+
+
+def _stamps(versions: Optional[List[Optional[int]]], n: int, current: Optional[int]) -> Optional[List[int]]:
+    """The output's ``token_versions``: None while the engine was never told a version."""
+    if versions is None:
+        return None if current is None else [int(current)] * n
+    if any(v is None for v in versions):
+        return None
+    return [int(v) for v in versions if v is not None]
 
 
 def _pad_left(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
