@@ -224,6 +224,8 @@ def dapo_loss_fn(
             kl_fresh = (mismatch_kl(old, eng, fresh).to(torch.float32) * ff).sum()
             w_fresh = (w.detach().to(torch.float32) * ff).sum()
             clipped = (x["tis_clipped"].to(torch.float32) * ff).sum()
+            w_loss = w.detach().to(torch.float32) * mask.to(torch.float32)  # 0 outside the loss tokens
+            w_sum, w_sq = w_loss.sum(), (w_loss * w_loss).sum()
         per_tok = per_tok * w.to(device=per_tok.device, dtype=per_tok.dtype)
         loss = aggregate_loss(per_tok, mask, algo.loss_agg_mode, global_tokens, global_seqs)
         resp = x["resp_mask"]
@@ -253,6 +255,8 @@ def dapo_loss_fn(
             tis_clip_frac=(clipped, n_fresh),
             mismatch_kl=(kl_fresh, n_fresh),
             offpolicy_token_frac=(((stale != 0) & trained).sum(), trained.sum()),
+            is_weight_mean=(w_sum, n_mask),
+            is_weight_sq_mean=(w_sq, n_mask),
             ratio_max=m["ratio_max"].detach(),
         )
         return loss, stats

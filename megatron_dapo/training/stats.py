@@ -36,6 +36,10 @@ class LossStats:
     mismatch_kl: Pair = (0.0, 0.0)
     # stale tokens of trained samples, over those samples' tokens (masked ones included)
     offpolicy_token_frac: Pair = (0.0, 0.0)
+    # every loss token's importance weight (TIS on fresh tokens, the off-policy correction on
+    # stale ones) and its square: their means give the weights' ESS / N (``is_ess_frac``)
+    is_weight_mean: Pair = (0.0, 0.0)
+    is_weight_sq_mean: Pair = (0.0, 0.0)
     ratio_max: float = 0.0  # reduced by max, not summed
 
     @classmethod
@@ -100,6 +104,10 @@ def reduce_step_stats(outs: list, reporters: dict) -> dict:
         for st in outs[r]:
             loss = loss + st.loss
     m = {k: (s / c if c else 0.0) for k in LossStats.pair_names() for s, c in [getattr(loss, k)]}
+    # ESS / N of the importance weights over the step's loss tokens: mean(w)^2 / mean(w^2)
+    # (algo.staleness.ess_fraction; 1 when every weight is equal, e.g. on-policy without TIS)
+    sq = m["is_weight_sq_mean"]
+    m["is_ess_frac"] = (m["is_weight_mean"] ** 2 / sq) if sq > 0 else 1.0
     norms = [o.grad_norm for o in outs[0]]
     finite = [n for n in norms if n is not None and math.isfinite(n)]
     m.update(

@@ -2,6 +2,8 @@
 
 import math
 
+import pytest
+
 from megatron_dapo.training.stats import LossStats, StepStats, reduce_step_stats
 
 
@@ -57,3 +59,27 @@ def test_the_step_line_shows_k_of_n_and_an_eta():
     assert line.startswith("[step 3/20] ") and line.endswith(" eta 3m24s")
     assert summary_line(m, total=20, eta_s=2 * 3600 + 5 * 60).endswith(" eta 2h05m")
     assert summary_line(m).startswith("[step 3] ") and " eta " not in summary_line(m)
+
+
+def test_the_importance_weights_ess_is_reduced_from_their_sums_over_ranks_and_steps():
+    """is_ess_frac = mean(w)^2 / mean(w^2) over every rank's loss tokens: weights 1, 2 on one DP
+    rank and 3 on the other give algo.staleness.ess_fraction of [1, 2, 3]."""
+    import torch
+
+    from megatron_dapo.algo.staleness import ess_fraction
+
+    def weighted(ws):
+        return StepStats(
+            loss=LossStats(
+                is_weight_mean=(float(sum(ws)), float(len(ws))),
+                is_weight_sq_mean=(float(sum(w * w for w in ws)), float(len(ws))),
+            ),
+            grad_norm=1.0,
+            update_successful=True,
+            lr=1e-5,
+        )
+
+    m = reduce_step_stats([[weighted([1.0, 2.0])], [weighted([3.0])]], {0: 0, 1: 1})
+    want = float(ess_fraction(torch.tensor([[1.0, 2.0, 3.0]]), torch.ones(1, 3)))
+    assert m["is_ess_frac"] == pytest.approx(want) and m["is_weight_mean"] == 2.0
+    assert reduce_step_stats([[_out(1.0, 1, 1.0)]], {0: 0})["is_ess_frac"] == 1.0  # no weights reported
