@@ -55,7 +55,14 @@ BOUNDARIES: tuple[Boundary, ...] = (
         "Exploration",
         "Does the policy still explore?",
         ("entropy", "clip_frac_low", "clip_frac_high"),
-        ("mismatch_kl", "tis_clip_frac", "moe/routing_agreement_min", "moe/load_imbalance_max", "moe/router_entropy"),
+        (
+            "mismatch_kl",
+            "tis_clip_frac",
+            "is_ess_frac",
+            "moe/routing_agreement_min",
+            "moe/load_imbalance_max",
+            "moe/router_entropy",
+        ),
     ),
     Boundary(
         "group_contrast",

@@ -218,6 +218,37 @@ def _exploration(h: History, th: Thresholds, col: _Collector) -> None:
             ),
         )
     _routing(h, th, col)
+    _off_policy(h, th, col)
+
+
+def _off_policy(h: History, th: Thresholds, col: _Collector) -> None:
+    """The off-policy section (issue 40): the importance weights' effective sample size
+    (``is_ess_frac``) collapses. With trained tokens from older weights (``offpolicy_token_frac``:
+    partial rollout, asynchronous training) the collapse is staleness-driven; without them it is
+    the engine/trainer mismatch."""
+    te, xe = _finite(h, "is_ess_frac")
+    if not len(xe):
+        return
+    sm = _rolling_mean(xe, _eff(th.window, len(xe)))
+    _, xp = _finite(h, "offpolicy_token_frac")
+    stale = float(np.mean(xp[-_eff(th.window, len(xp)) :])) if len(xp) else 0.0
+
+    def describe(v: float, when: str, _i: int) -> str:
+        if stale > 0:
+            return (
+                f"off-policy collapse, staleness-driven: the importance weights' ESS / N fell to {_fmt(v)} "
+                f"(< {th.ess_frac_min:g}) {when} while {stale:.0%} of the trained tokens came from older "
+                "weights: a few stale tokens carry the update; lower --max-staleness (or "
+                "--partial-rollout-max-staleness), or let --staleness-control ess steer it"
+            )
+        return (
+            f"off-policy collapse: the importance weights' ESS / N fell to {_fmt(v)} (< {th.ess_frac_min:g}) "
+            f"{when} with every token of the current weights: the engine and the trainer disagree; check "
+            "mismatch_kl and the engine's precision, lower --tis-cap"
+        )
+
+    col.condition("offpolicy_collapse", "is_ess_frac", te, sm, sm < th.ess_frac_min, th.ess_frac_min, describe)
+    _sudden(col, h, "is_ess_frac", "drop", th, rate=True, hint=": the importance weights degenerated in one update")
 
 
 def _routing(h: History, th: Thresholds, col: _Collector) -> None:

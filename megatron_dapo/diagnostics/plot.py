@@ -16,9 +16,9 @@ __all__ = ["PANELS", "plot_diagnosis"]
 PANELS = {
     "exploration": (
         ("entropy",),
-        ("clip_frac_low", "clip_frac_high", "tis_clip_frac", "mismatch_kl"),
+        ("clip_frac_low", "clip_frac_high", "tis_clip_frac", "mismatch_kl", "is_ess_frac"),
         "entropy",
-        "clip fraction / mismatch KL",
+        "clip fraction / mismatch KL / ESS/N",
     ),
     "group_contrast": (
         ("kept_group_ratio", "all_correct_ratio", "all_wrong_ratio"),

@@ -30,6 +30,7 @@ class Thresholds:
     routing_agreement_min: float = 0.9  # MoE: recent worst-layer engine/trainer top-k agreement below this
     routing_agreement_drop: float = 0.05  # ... or this much below its early value (routing drift)
     load_imbalance_max: float = 4.0  # MoE: recent worst-layer max/mean expert load above this
+    ess_frac_min: float = 0.5  # recent ESS / N of the importance weights below this: off-policy collapse
 
     # --- group contrast: kept groups, all-correct / all-wrong, generation rounds --------------
     kept_group_ratio_min: float = 0.1  # recent share of mixed-correctness groups below this

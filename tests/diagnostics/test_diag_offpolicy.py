@@ -49,3 +49,29 @@ def test_dashboard_plots_the_new_curves(tmp_path):
     path = plot_diagnosis(diagnose(h), h, str(tmp_path / "d.png"))
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def _ess(n, start, end):
+    rng = np.random.default_rng(11)
+    return np.clip(S._ramp(n, start, end) * (1 + 0.01 * rng.standard_normal(n)), 0.0, 1.0)
+
+
+def test_a_healthy_ess_raises_nothing_and_is_read_in_exploration():
+    d = _run(_history(is_ess_frac=_ess(S.STEPS, 0.95, 0.9)))
+    assert d.alerts == [] and d.warnings == []
+    assert "is_ess_frac" in d.boundary("exploration").metrics
+
+
+def test_an_ess_collapse_with_stale_tokens_is_named_staleness_driven():
+    """Issue 40: the off-policy section of the diagnosis names a staleness-driven collapse."""
+    d = _run(_history(is_ess_frac=_ess(S.STEPS, 0.95, 0.2)))
+    (a,) = [a for a in d.alerts if a.kind == "offpolicy_collapse"]
+    assert a.boundary == "exploration" and a.metric == "is_ess_frac"
+    assert "staleness-driven" in a.message and "--max-staleness" in a.message, a.message
+    assert 0.4 * S.STEPS < a.step < S.STEPS
+
+
+def test_an_ess_collapse_with_only_fresh_tokens_is_named_the_engine_mismatch():
+    d = _run(_history(is_ess_frac=_ess(S.STEPS, 0.95, 0.2), offpolicy_token_frac=np.zeros(S.STEPS)))
+    (a,) = [a for a in d.alerts if a.kind == "offpolicy_collapse"]
+    assert "staleness" not in a.message and "mismatch_kl" in a.message, a.message
