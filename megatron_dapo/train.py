@@ -20,6 +20,7 @@ import random
 import shutil
 import signal
 import sys
+import threading
 import time
 
 import torch
@@ -27,15 +28,16 @@ import torch
 from .checkpoint.dist_ckpt import checkpoint_metadata
 from .config import ConfigError, parse_args, validate
 from .config.cli import decode_escapes
-from .config.validate import check_model_dir, hf_config_source, load_tokenizer
+from .config.validate import check_model_dir, hf_config_source, load_tokenizer, stale_token_mode
 from .data import ResumableSampler, load_prompt_dataset
 from .diagnostics import repetition_rate
 from .driver import debug, resume
 from .driver.batch import assign_advantages, minibatches, optimizer_steps, training_samples
 from .driver.cluster import Cluster, RemoteEngine, RemoteEngines
 from .driver.logging import MetricsLogger
-from .driver.metrics import step_metrics, summary_line
+from .driver.metrics import sample_staleness, step_metrics, summary_line
 from .driver.plots import plot_training_curves
+from .driver.prefetch import RolloutPrefetch
 from .driver.rollout_manager import EnginePool, RolloutManager
 from .driver.signals import SIGTERM_SEEN as _SIGTERM  # noqa: F401
 from .driver.signals import STOP_BOUND_S, check_not_terminated, exit_within, stop_on_sigterm
@@ -88,6 +90,7 @@ class Trainer:
         self.skipped_in_a_row = 0
         self.run_id = None
         self.step_times: list = []  # this session's step times (the ETA of the step line)
+        self._hybrid_lock = threading.Lock()  # the hybrid step's calls, from the rollout thread too
         self.offload_train = (
             cfg.rollout.offload_train if cfg.rollout.offload_train is not None else torch.cuda.is_available()
         )
@@ -138,6 +141,7 @@ class Trainer:
             flush=True,
         )
         self.manager = RolloutManager(cfg, self.dataset, self.sampler, self.engines, self.scorer, self.tokenizer)
+        self.prefetch = RolloutPrefetch(self.manager)  # --async-mode one-step-off (driver/prefetch.py)
         self.trainers = self.cluster.trainers  # the ranks, one typed group (driver/trainer_group.py)
         if resume_dir:
             note = resume.check_resume_layout(cfg, self.trainers, resume_dir)
@@ -191,9 +195,22 @@ class Trainer:
         """Weight sync into restarted engines mid-rollout (EnginePool), probe included."""
         restarted = {h._actor_id for h in handles}
         others = [h for h in self.engines.handles if h._actor_id not in restarted]
-        return self.hybrid.resync(
-            self._remote_engines(handles), probe=self._probe, others=self._remote_engines(others) if others else None
-        )
+        with self._hybrid_lock:  # one-step-off: the rollout thread's restart vs the driver's own sync
+            return self.hybrid.resync(
+                self._remote_engines(handles),
+                probe=self._probe,
+                others=self._remote_engines(others) if others else None,
+            )
+
+    def _one_step_off(self, step: int) -> bool:
+        """Whether step ``step + 1``'s rollout runs while ``step`` trains (--async-mode one-step-off):
+        not after the last step, and not across a checkpoint (the checkpoint then holds no
+        rollout in flight: a resume continues exactly)."""
+        cfg = self.cfg
+        if cfg.rollout.async_mode != "one-step-off" or step >= cfg.run.num_rollout_steps:
+            return False
+        saves = cfg.checkpoint.save and cfg.checkpoint.save_interval and step % cfg.checkpoint.save_interval == 0
+        return not saves
 
     def one_step(self, step: int) -> dict:
         cfg, a = self.cfg, self.cfg.algo
@@ -201,15 +218,20 @@ class Trainer:
         engines = self._remote_engines()
         # 1. rollout: generate, verify, filter on raw accuracy
         self.engines.kill_next_generation = cfg.run.kill_engine_at_step == step
-        roll = self.manager.collect(step)
+        # one-step-off: collected while the previous step trained, with the weights before it
+        roll = self.prefetch.take() if self.prefetch.has(step) else self.manager.collect(step)
+        overlap = self._one_step_off(step)
+        if overlap:  # the engines generate step + 1 (weights of version `step`) while this step trains
+            self.prefetch.start(step + 1, version=step)
         engines = self._remote_engines()  # a restarted engine has a new handle
         # 2. rewards -> advantages (over whole groups); overlong filtering; the samples without a
         # trainable token are left out of the trainer's list (driver/batch.py training_samples)
         samples = assign_advantages(roll.groups, a)
-        offpolicy = cfg.rollout.partial_rollout_offpolicy if cfg.rollout.partial_rollout else None
+        offpolicy = stale_token_mode(cfg)
         samples, untrainable = training_samples(samples, optimizer_steps(cfg), self.trainers.dp_size, offpolicy)
-        # 3. engines release their memory, the trainer onloads
-        self.hybrid.to_train(engines)
+        # 3. engines release their memory, the trainer onloads (one-step-off: they keep generating)
+        if cfg.rollout.async_mode == "off":
+            self.hybrid.to_train(engines)
         # 4. old-policy logprobs by megatron (not the engine's), and the KL reference's
         t = time.perf_counter()
         need = [s for s in samples if s.old_logprobs is None] + roll.carried_need_logprobs
@@ -229,7 +251,13 @@ class Trainer:
         # 6. engines resume weights, sync, probe, trainer offloads, engines resume KV cache
         if samples:
             self._probe_tokens = list(samples[0].prompt_ids) + list(samples[0].response_ids)
-        info = self.hybrid.to_rollout(engines, probe=self._probe)
+        if cfg.rollout.async_mode == "off":
+            info = self.hybrid.to_rollout(engines, probe=self._probe)
+        else:  # one-step-off: the engines end the next step's rollout first, then take the new weights
+            self.prefetch.wait()
+            with self._hybrid_lock:
+                self.hybrid.timings = {}
+                info = self.hybrid.resync(self._remote_engines(), probe=self._probe)
         h = self.hybrid.timings
         debug.log_hybrid_events(self.run_dir, step, self.hybrid.events)
         self.hybrid.events.clear()
@@ -252,6 +280,7 @@ class Trainer:
             timings=timings,
             untrainable=untrainable,
         )
+        m.update(sample_staleness(step, samples))
         m["time_step"] = time.perf_counter() - t_step
         gen_tokens = sum(len(s.response_ids) for g in roll.generated for s in g.samples)
         m["tokens_per_second"] = gen_tokens / max(m["time_step"], 1e-9)

@@ -222,6 +222,15 @@ class RolloutConfig:
         "regenerated from the prompt (>= 1).",
         range=COUNT,
     )
+    async_mode: str = _f(
+        "off",
+        "Asynchronous training: 'off' (generate, train, sync: on-policy) or 'one-step-off' (the rollout for step "
+        "n+1 runs while step n trains, with the weights before step n: every sample one version old, each token "
+        "weighted by min(pi_old / pi_engine, --tis-cap), the decoupled loss; docs/rollout.md, 'Asynchronous "
+        "DAPO'). One-step-off needs engines that keep their memory while the trainer trains: a CPU run today "
+        "(separate GPUs for the engines are not built yet).",
+        choices=("off", "one-step-off"),
+    )
 
 
 @dataclass

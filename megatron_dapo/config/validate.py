@@ -286,6 +286,7 @@ def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[
             f"--recompute-method {cfg.model.recompute_method} needs --recompute-granularity full, "
             f"got {cfg.model.recompute_granularity}"
         )
+    check_async(cfg, on_gpu)
     check_paths(cfg)
     if cfg.rollout.check_weight_sync_init and (cfg.checkpoint.load or cfg.model.pretrained_checkpoint):
         raise ConfigError(
@@ -310,6 +311,34 @@ def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[
             "length-shaped score is known to collapse the policy"
         )
     return warnings
+
+
+def stale_token_mode(cfg: DAPOConfig) -> Optional[str]:
+    """How the trainer weighs tokens generated under older weights: 'correct' (min(pi_old /
+    pi_engine, --tis-cap): the decoupled loss) under --async-mode, else --partial-rollout-offpolicy
+    with --partial-rollout, else None (every token is of the current weights)."""
+    r = cfg.rollout
+    if r.async_mode != "off":
+        return "correct"
+    return r.partial_rollout_offpolicy if r.partial_rollout else None
+
+
+def check_async(cfg: DAPOConfig, on_gpu: bool) -> None:
+    """``--async-mode``: what one-step-off needs and what it does not combine with yet."""
+    r = cfg.rollout
+    if r.async_mode == "off":
+        return
+    flag = f"--async-mode {r.async_mode}"
+    if on_gpu:
+        raise ConfigError(
+            f"{flag} needs engines on GPUs of their own, so that they keep generating while the trainer trains "
+            "(--rollout-placement disaggregated, not built yet: docs/rollout.md, 'Asynchronous DAPO'); on GPUs "
+            "run with --async-mode off"
+        )
+    if r.partial_rollout:
+        raise ConfigError(f"{flag} with --partial-rollout is not built yet: drop one of them")
+    if r.reuse_surplus_groups:
+        raise ConfigError(f"{flag} with --reuse-surplus-groups is not built yet: drop one of them")
 
 
 def lr_warmup_optimizer_steps(cfg: DAPOConfig) -> int:

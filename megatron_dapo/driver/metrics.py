@@ -92,3 +92,14 @@ def summary_line(m: dict, total: int | None = None, eta_s: float | None = None) 
         f"time {m['time_step']:.1f}s (gen {m['time_generate']:.1f} train {m['time_train']:.1f} sync {m['time_sync']:.2f})"
         f"{eta}"
     )
+
+
+def sample_staleness(step: int, samples: list) -> dict:
+    """``sample_staleness_mean`` / ``_max``: versions between step ``step``'s weights and the
+    oldest token of each trained sample (``Sample.token_versions``: stamped with
+    ``--partial-rollout`` or ``--async-mode``; 0 everywhere in synchronous training). Empty when
+    no sample carries versions."""
+    lags = [step - min(s.token_versions) for s in samples if getattr(s, "token_versions", None)]
+    if not lags:
+        return {}
+    return {"sample_staleness_mean": sum(lags) / len(lags), "sample_staleness_max": max(lags)}

@@ -155,8 +155,11 @@ class _Flight:
 class _Run:
     """One step's collection state."""
 
-    def __init__(self, step: int, bars):
+    def __init__(self, step: int, bars, version: Optional[int] = None):
         self.step, self.bars = step, bars
+        # the weight version the engines hold (stamped on the tokens): step's own in synchronous
+        # training; --async-mode one-step-off generates step n+1 with the weights before step n
+        self.version = step if version is None else version
         self.buffer: list = []  # kept groups (the batch, then the surplus)
         self.generated: list = []  # verified groups
         self.flights: dict = {}  # group id -> _Flight
@@ -211,9 +214,12 @@ class RolloutManager:
         return self.cfg.rollout.over_sampling_batch_size or self.cfg.rollout.rollout_batch_size
 
     # ------------------------------------------------------------------- a step ----
-    def collect(self, step: int) -> RolloutResult:
+    def collect(self, step: int, version: Optional[int] = None) -> RolloutResult:
+        """Step ``step``'s batch: ``rollout_batch_size`` mixed-correctness groups. ``version``:
+        the engines' weight version in the step numbering of ``token_versions`` (default
+        ``step``: the weights after step - 1; one-step-off: ``step - 1``, one version older)."""
         N = self.cfg.rollout.rollout_batch_size
-        run = _Run(step, _bars(self.cfg.logging.progress, step, N))
+        run = _Run(step, _bars(self.cfg.logging.progress, step, N), version)
         t0 = self.engines.clock()
         try:
             self._start(run)
@@ -342,9 +348,9 @@ class RolloutManager:
         if hit is None:
             return
         gid, s = hit
-        extend_sample(
-            s, f.output, run.step, self.cfg.algo.max_response_length, versions=self.cfg.rollout.partial_rollout
-        )
+        r = self.cfg.rollout
+        stamp = r.partial_rollout or r.async_mode != "off"
+        extend_sample(s, f.output, run.version, self.cfg.algo.max_response_length, versions=stamp)
         s.finished_at = f.finished_at
         fl = run.flights[gid]
         fl.todo -= 1

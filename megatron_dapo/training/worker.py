@@ -21,7 +21,7 @@ from ..checkpoint.dist_ckpt import load_checkpoint
 from ..checkpoint.hf_export import export_model_to_hf
 from ..checkpoint.model_io import gather_full_weights, load_hf_weights, unwrap
 from ..config.schema import DAPOConfig
-from ..config.validate import lr_warmup_optimizer_steps
+from ..config.validate import lr_warmup_optimizer_steps, stale_token_mode
 from ..distributed import destroy_parallel, init_distributed, init_parallel
 from ..hybrid.offload import TrainerOffloader
 from ..hybrid.weight_sync import DiscardSink, EngineFeeding, WeightSync
@@ -263,7 +263,7 @@ class PolicyWorker:
                     nan_loss=inject_nan,
                     temperature=self.cfg.rollout.temperature,
                     packing=o.use_packing,
-                    offpolicy=self.cfg.rollout.partial_rollout_offpolicy if self.cfg.rollout.partial_rollout else None,
+                    offpolicy=stale_token_mode(self.cfg),
                 )
             )
         return out
