@@ -25,6 +25,7 @@ import time
 
 import torch
 
+from .algo.staleness import ControllerSettings, StalenessController
 from .checkpoint.dist_ckpt import checkpoint_metadata
 from .config import ConfigError, parse_args, validate
 from .config.cli import decode_escapes
@@ -142,6 +143,14 @@ class Trainer:
         )
         self.manager = RolloutManager(cfg, self.dataset, self.sampler, self.engines, self.scorer, self.tokenizer)
         self.prefetch = RolloutPrefetch(self.manager)  # --async-mode one-step-off (driver/prefetch.py)
+        r = cfg.rollout
+        self.staleness = (  # --staleness-control ess: the lag between 0 and one-step-off's 1
+            StalenessController(
+                ControllerSettings(max_staleness=1, ess_low=r.staleness_ess_low, ess_high=r.staleness_ess_high)
+            )
+            if r.async_mode != "off" and r.staleness_control == "ess"
+            else None
+        )
         self.trainers = self.cluster.trainers  # the ranks, one typed group (driver/trainer_group.py)
         if resume_dir:
             note = resume.check_resume_layout(cfg, self.trainers, resume_dir)
@@ -210,7 +219,8 @@ class Trainer:
         if cfg.rollout.async_mode != "one-step-off" or step >= cfg.run.num_rollout_steps:
             return False
         saves = cfg.checkpoint.save and cfg.checkpoint.save_interval and step % cfg.checkpoint.save_interval == 0
-        return not saves
+        lag = 1 if self.staleness is None else self.staleness.k  # --staleness-control ess: 0 is on-policy
+        return not saves and lag >= 1
 
     def one_step(self, step: int) -> dict:
         cfg, a = self.cfg, self.cfg.algo
@@ -281,6 +291,11 @@ class Trainer:
             untrainable=untrainable,
         )
         m.update(sample_staleness(step, samples))
+        if self.staleness is not None:  # the lag of the next decisions, from this step's ESS / N
+            d = self.staleness.observe(float(m.get("is_ess_frac", 1.0)), 1.0)
+            m["staleness_lag"] = d.k
+            if d.changed:
+                print(f"[async] step {step}: {d.reason}", flush=True)
         m["time_step"] = time.perf_counter() - t_step
         gen_tokens = sum(len(s.response_ids) for g in roll.generated for s in g.samples)
         m["tokens_per_second"] = gen_tokens / max(m["time_step"], 1e-9)

@@ -231,6 +231,24 @@ class RolloutConfig:
         "(separate GPUs for the engines are not built yet).",
         choices=("off", "one-step-off"),
     )
+    staleness_control: str = _f(
+        "fixed",
+        "How the lag of --async-mode is chosen: 'fixed' (always its lag) or 'ess' (closed loop: the lag drops to "
+        "0, on-policy, at once when the importance weights' ESS / N of a step falls below --staleness-ess-low, and "
+        "rises again after 3 steps at or above --staleness-ess-high; a raise that fails waits twice as long the next "
+        "time; every change is logged with its reason: algo.staleness.StalenessController).",
+        choices=("fixed", "ess"),
+    )
+    staleness_ess_low: float = _f(
+        0.6,
+        "--staleness-control ess: a step's ESS / N below this lowers the lag (0 < low < high).",
+        range=OPEN_FRACTION,
+    )
+    staleness_ess_high: float = _f(
+        0.85,
+        "--staleness-control ess: ESS / N at or above this counts as healthy (low < high <= 1).",
+        range=OPEN_FRACTION,
+    )
 
 
 @dataclass

@@ -326,6 +326,16 @@ def stale_token_mode(cfg: DAPOConfig) -> Optional[str]:
 def check_async(cfg: DAPOConfig, on_gpu: bool) -> None:
     """``--async-mode``: what one-step-off needs and what it does not combine with yet."""
     r = cfg.rollout
+    if r.staleness_control != "fixed" and r.async_mode == "off":
+        raise ConfigError(
+            f"--staleness-control {r.staleness_control} steers the lag of asynchronous training: set --async-mode "
+            "one-step-off (with --async-mode off every step is on-policy already)"
+        )
+    if not r.staleness_ess_low < r.staleness_ess_high:
+        raise ConfigError(
+            f"--staleness-ess-low {r.staleness_ess_low} must be below --staleness-ess-high {r.staleness_ess_high} "
+            "(the band between them is the controller's hysteresis)"
+        )
     if r.async_mode == "off":
         return
     flag = f"--async-mode {r.async_mode}"

@@ -167,6 +167,19 @@ def dry_run_report(
             add(f"  ... {len(plan.engines) - 8} more engines ...")
         add(f"  engine {en.index:>3}: GPUs {_span(en.gpus)} (node {_span(en.nodes)})")
 
+    if r.async_mode != "off":
+        control = (
+            f"the lag steered between 0 and 1 by each step's ESS / N (--staleness-control ess, "
+            f"low {r.staleness_ess_low:g}, high {r.staleness_ess_high:g})"
+            if r.staleness_control == "ess"
+            else "every step after the first (and after a checkpoint) one version old"
+        )
+        add(
+            f"async: --async-mode {r.async_mode}: the rollout of step n+1 runs while step n trains, with the weights "
+            f"before step n; {control}; old tokens weighted by min(pi_old / pi_engine, --tis-cap {a.tis_cap:g}) "
+            "(docs/rollout.md, 'Asynchronous DAPO')"
+        )
+
     add("")
     engine_kind = resolve_engine_kind(r.engine, on_gpu)
     out.extend(launch_order_lines(cfg, plan, engine_kind))

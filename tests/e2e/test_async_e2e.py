@@ -52,3 +52,37 @@ def test_what_one_step_off_does_not_combine_with_is_refused_in_one_line():
     assert "--rollout-placement disaggregated, not built yet" in refused(on_gpu=True)
     assert "--partial-rollout is not built yet" in refused("--partial-rollout")
     assert "--reuse-surplus-groups is not built yet" in refused("--reuse-surplus-groups")
+
+
+def test_the_ess_controller_holds_ess_above_its_threshold_where_the_fixed_lag_does_not(tmp_path, capsys):
+    """--staleness-control ess on a real run: one-step-off's stale samples put ESS / N below the
+    (deliberately strict) threshold every step, as the fixed lag would from step 2 on; the
+    controller drops the lag to 0 (on-policy) after such a step, probes lag 1 again after 3
+    healthy steps, and most steps stay above the threshold."""
+    from megatron_dapo.train import main
+
+    hf = make_tiny_qwen2_dir(str(tmp_path / "hf"))
+    prompts = make_prompts(str(tmp_path / "prompts.jsonl"))
+    run = str(tmp_path / "run")
+    low, high = 0.9999, 0.99999  # a one-version lag at lr 1e-3 gives 1 - ESS/N ~ 1e-3; on-policy ~ 1e-12
+    over = {
+        "--async-mode": "one-step-off",
+        "--staleness-control": "ess",
+        "--staleness-ess-low": str(low),
+        "--staleness-ess-high": str(high),
+        "--num-rollout": "8",
+        "--dump-rollouts-every": "0",
+    }
+    assert main(base_args(hf, prompts, run, **over)) == 0
+    rows = read_metrics(run)
+    stale = [r["sample_staleness_max"] == 1 for r in rows]
+    ess = [r["is_ess_frac"] for r in rows]
+    assert all(e < low for e, s in zip(ess, stale) if s), list(zip(stale, ess))  # what the fixed lag gives
+    assert all(e >= high for e, s in zip(ess, stale) if not s), list(zip(stale, ess))
+    for r in rows:
+        if r["is_ess_frac"] < low:
+            assert r["staleness_lag"] == 0, r  # lowered at once
+    above = sum(e >= low for e in ess) / len(ess)
+    assert above >= 5 / 8 and 0 < sum(stale) < len(rows) - 1, (above, stale)  # fixed: only step 1 of 8
+    out = capsys.readouterr().out
+    assert "[async] step 2: ESS/N" in out and "lag lowered to 0" in out and "lag raised to 1" in out, out[-2000:]

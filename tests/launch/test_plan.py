@@ -297,3 +297,28 @@ def test_cpu_target_report():
         and "1 nodes x 2 CPU workers = 2 CPU workers" in text
         and "optimizer steps per rollout step" in text
     )
+
+
+def test_the_plan_says_what_one_step_off_and_its_controller_do(arch):
+    def cpu(*extra):  # one-step-off runs on the CPU today (refused on GPUs)
+        return parse_args(
+            [
+                "--hf-checkpoint",
+                str(QWEN32B),
+                "--max-prompt-length",
+                "64",
+                "--max-response-length",
+                "64",
+                "--overlong-buffer-length",
+                "8",
+                *extra,
+            ]
+        )
+
+    text = dry_run_report(cpu(), arch, on_gpu=False)
+    assert "async:" not in text
+    text = dry_run_report(cpu("--async-mode", "one-step-off"), arch, on_gpu=False)
+    assert "async: --async-mode one-step-off: the rollout of step n+1 runs while step n trains" in text
+    assert "one version old" in text and "--tis-cap 2" in text
+    text = dry_run_report(cpu("--async-mode", "one-step-off", "--staleness-control", "ess"), arch, on_gpu=False)
+    assert "steered between 0 and 1 by each step's ESS / N (--staleness-control ess, low 0.6, high 0.85)" in text
