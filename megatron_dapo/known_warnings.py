@@ -12,10 +12,11 @@ Standard library only (layer 0).
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import warnings
 from typing import Optional
+
+from .platform_imports import drop_log_lines
 
 SHOW_ENV = "MEGATRON_DAPO_SHOW_WARNINGS"
 
@@ -85,15 +86,6 @@ KNOWN_LOG_LINES: tuple[tuple[str, str, str], ...] = (
 )
 
 
-class _DropLines(logging.Filter):
-    def __init__(self, prefix: str) -> None:
-        super().__init__()
-        self.prefix = prefix
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(self.prefix)
-
-
 def quiet_known_warnings() -> bool:
     """Filter the warnings of :data:`KNOWN` and the log lines of :data:`KNOWN_LOG_LINES` in this
     process (idempotent); False (nothing filtered) when ``MEGATRON_DAPO_SHOW_WARNINGS`` is set."""
@@ -102,7 +94,5 @@ def quiet_known_warnings() -> bool:
     for k in KNOWN:
         warnings.filterwarnings("ignore", message=k.message, category=k.category, module=k.module or "")
     for name, prefix, _ in KNOWN_LOG_LINES:
-        log = logging.getLogger(name)
-        if not any(isinstance(f, _DropLines) and f.prefix == prefix for f in log.filters):
-            log.addFilter(_DropLines(prefix))
+        drop_log_lines(name, prefix)
     return True
