@@ -40,33 +40,11 @@ CONFIG = tiny_qwen2_config(
 
 
 def hf_shapes(arch):
-    h, f, q, kv = (
-        arch.hidden_size,
-        arch.ffn_hidden_size,
-        arch.num_attention_heads * arch.head_dim,
-        arch.num_query_groups * arch.head_dim,
-    )
-    per = {
-        "input_layernorm.weight": (h,),
-        "post_attention_layernorm.weight": (h,),
-        "self_attn.q_proj.weight": (q, h),
-        "self_attn.k_proj.weight": (kv, h),
-        "self_attn.v_proj.weight": (kv, h),
-        "self_attn.q_proj.bias": (q,),
-        "self_attn.k_proj.bias": (kv,),
-        "self_attn.v_proj.bias": (kv,),
-        "self_attn.o_proj.weight": (h, q),
-        "mlp.gate_proj.weight": (f, h),
-        "mlp.up_proj.weight": (f, h),
-        "mlp.down_proj.weight": (h, f),
-    }
-    out = {"model.embed_tokens.weight": (arch.vocab_size, h)}
-    for i in range(arch.num_layers):
-        out.update({f"model.layers.{i}.{k}": v for k, v in per.items()})
-    out["model.norm.weight"] = (h,)
-    if not arch.tie_word_embeddings:
-        out["lm_head.weight"] = (arch.vocab_size, h)
-    return out
+    """Every HF tensor of ``arch`` and the shape its config gives it (the converters' own check)."""
+    from megatron_dapo.checkpoint.hf_check import expected_hf_shape
+    from megatron_dapo.checkpoint.mapping import hf_names
+
+    return {name: expected_hf_shape(arch, name) for name in hf_names(arch)}
 
 
 def write_synthetic(path: str, dtype) -> int:
