@@ -16,6 +16,7 @@ import pytest
 from megatron_dapo.checkpoint import manifest
 from megatron_dapo.errors import DEBUG_ENV
 from tests.checkpoint.bodies import tool
+from tests.foundation.test_user_errors import one_line
 
 
 @pytest.fixture(autouse=True)
@@ -29,13 +30,7 @@ def _one_line(capfd, main, argv, *needles) -> str:
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2, e.value.code
-    err = capfd.readouterr().err
-    assert "Traceback" not in err, err[-3000:]
-    lines = [x for x in err.splitlines() if x.strip()]
-    assert len(lines) == 1, err[-3000:]
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
+    return one_line(capfd.readouterr().err, *needles)
 
 
 def _copy(src, dst):

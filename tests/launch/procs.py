@@ -20,6 +20,15 @@ import time
 RAY_SHUTDOWN_GRACE_S = 75.0
 
 
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def command_line(pid: int) -> str:
     """``pid: cmdline`` (what a leftover process was, for the failure message)."""
     try:

@@ -13,7 +13,7 @@ import pytest
 
 from megatron_dapo.launch import ray_reaper
 from tests.e2e.fixtures import make_prompts, make_tiny_qwen2_dir
-from tests.launch.procs import leftovers
+from tests.launch.procs import alive, leftovers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -28,14 +28,6 @@ ray_reaper.watch([p.pid for p in stay] + [quick.pid], grace_s=float(sys.argv[1])
 print(" ".join(str(p.pid) for p in stay), quick.pid, flush=True)
 time.sleep(300)
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_the_reaper_ends_the_node_after_the_driver_is_killed_and_only_after_its_grace(tmp_path):
@@ -56,15 +48,15 @@ def test_the_reaper_ends_the_node_after_the_driver_is_killed_and_only_after_its_
         assert len(pids) == 3, p.stderr.read()
         stay, quick = pids[:2], pids[2]
         time.sleep(1.0)
-        assert all(_alive(x) for x in stay)  # nothing is touched while the driver lives
+        assert all(alive(x) for x in stay)  # nothing is touched while the driver lives
         os.kill(p.pid, signal.SIGKILL)
         t0 = time.monotonic()
         p.wait(timeout=30)
         time.sleep(grace / 2)
-        assert all(_alive(x) for x in stay), "killed before the grace was over"
-        while any(_alive(x) for x in stay) and time.monotonic() - t0 < grace + 30:
+        assert all(alive(x) for x in stay), "killed before the grace was over"
+        while any(alive(x) for x in stay) and time.monotonic() - t0 < grace + 30:
             time.sleep(0.1)
-        assert not any(_alive(x) for x in stay), f"still alive {time.monotonic() - t0:.0f} s after the driver"
+        assert not any(alive(x) for x in stay), f"still alive {time.monotonic() - t0:.0f} s after the driver"
         line = p.stderr.read().strip().splitlines()[-1]  # the reaper's stderr is the driver's
         assert line == (
             f"[ray] the Ray node of driver {p.pid} outlived it by {grace:.0f} s: ended pids {stay[0]}, {stay[1]}"
@@ -72,7 +64,7 @@ def test_the_reaper_ends_the_node_after_the_driver_is_killed_and_only_after_its_
         assert str(quick) not in line  # it ended by itself
     finally:
         for x in pids:
-            if _alive(x):
+            if alive(x):
                 os.kill(x, signal.SIGKILL)
         leftovers(p)
 
