@@ -19,21 +19,13 @@ import time
 import pytest
 
 from tests.e2e.fixtures import make_prompts, make_tiny_qwen2_dir
-from tests.launch.procs import RAY_SHUTDOWN_GRACE_S, leftovers
+from tests.launch.procs import RAY_SHUTDOWN_GRACE_S, alive, leftovers
 
 pytestmark = [pytest.mark.slow]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: Far below the round's hour, far above what a loaded machine needs to clean up (Ray's
 #: ``ray.wait`` in the round returns every 5 s; killing two actors and ray.shutdown take seconds).
 STOP_BOUND_S = 120
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
@@ -64,7 +56,7 @@ def test_sigterm_during_a_generation_round_stops_the_run_and_its_engines(tmp_pat
             line = p.stdout.readline()
             assert line, "the driver ended before generating:\n" + p.stderr.read()[-3000:]
         engine_pids = [int(x) for x in line.split()[1:]]
-        assert len(engine_pids) == 2 and all(_alive(x) for x in engine_pids), line
+        assert len(engine_pids) == 2 and all(alive(x) for x in engine_pids), line
         time.sleep(3)  # inside the round: EnginePool.wait waits in ray.wait
         t0 = time.monotonic()
         os.kill(p.pid, sig)  # the driver only, as scancel (or a terminal's Ctrl-C to the driver) does
@@ -86,6 +78,6 @@ def test_sigterm_during_a_generation_round_stops_the_run_and_its_engines(tmp_pat
     else:
         assert "[stop] interrupted (Ctrl-C): stopping the engines" in stderr
     assert marker.read_text() == "shutdown 2 engines\n"  # main's cleanup killed the generating engines
-    assert not any(_alive(x) for x in engine_pids), engine_pids
+    assert not any(alive(x) for x in engine_pids), engine_pids
     assert left == [], left
     print(f"stopped {elapsed:.1f} s after {sig!r}")
