@@ -6,7 +6,7 @@ trainer ranks, the engines, the reward workers) calls :func:`quiet_known_warning
 these warnings are filtered, each by its message: any other warning of the same library, and
 every warning of this package, still prints; nothing is filtered for a program that imports
 megatron_dapo as a library. ``MEGATRON_DAPO_SHOW_WARNINGS=1`` shows them all again.
-Standard library only (layer 0).
+Standard library and `platform_imports` only (layer 1).
 """
 
 from __future__ import annotations
