@@ -15,6 +15,7 @@ One rollout step, top to bottom (see docs/design.md for the picture):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -38,7 +39,7 @@ from .driver.cluster import Cluster, RemoteEngine, RemoteEngines
 from .driver.logging import MetricsLogger
 from .driver.metrics import sample_staleness, step_metrics, summary_line
 from .driver.plots import plot_training_curves
-from .driver.prefetch import RolloutPrefetch
+from .driver.prefetch import RolloutQueue
 from .driver.rollout_manager import EnginePool, RolloutManager
 from .driver.signals import SIGTERM_SEEN as _SIGTERM  # noqa: F401
 from .driver.signals import STOP_BOUND_S, check_not_terminated, exit_within, stop_on_sigterm
@@ -91,6 +92,7 @@ class Trainer:
         self.skipped_in_a_row = 0
         self.run_id = None
         self.step_times: list = []  # this session's step times (the ETA of the step line)
+        self.trainer_version = 1  # the weights the trainer holds, in Sample.token_versions' numbering
         self._hybrid_lock = threading.Lock()  # the hybrid step's calls, from the rollout thread too
         self.offload_train = (
             cfg.rollout.offload_train if cfg.rollout.offload_train is not None else torch.cuda.is_available()
@@ -131,8 +133,13 @@ class Trainer:
             run_id=self.run_id,
         )
         # engines first, sized on free GPUs; they release all their memory, then the trainers are built
+        # (async without offload: a restart's re-sync leaves the other engines generating)
         self.engines = EnginePool(
-            self.cluster.make_engine, self.cluster.num_engines, self._resync, cfg.rollout.engine_timeout_s
+            self.cluster.make_engine,
+            self.cluster.num_engines,
+            self._resync,
+            cfg.rollout.engine_timeout_s,
+            pause_others_on_restart=cfg.rollout.async_mode == "off" or self.offload_train,
         )
         self.hybrid.launch(self._remote_engines(), self.cluster.build_trainers)
         print(
@@ -142,11 +149,13 @@ class Trainer:
             flush=True,
         )
         self.manager = RolloutManager(cfg, self.dataset, self.sampler, self.engines, self.scorer, self.tokenizer)
-        self.prefetch = RolloutPrefetch(self.manager)  # --async-mode one-step-off (driver/prefetch.py)
         r = cfg.rollout
-        self.staleness = (  # --staleness-control ess: the lag between 0 and one-step-off's 1
+        # --async-mode: the engines generate up to `lag` versions ahead of the trainer (driver/prefetch.py)
+        lag = {"off": 0, "one-step-off": 1, "bounded": r.max_staleness}[r.async_mode]
+        self.queue = RolloutQueue(self.manager, version=1, lag=lag, limit=0) if r.async_mode != "off" else None
+        self.staleness = (  # --staleness-control ess: the lag between 0 and its bound
             StalenessController(
-                ControllerSettings(max_staleness=1, ess_low=r.staleness_ess_low, ess_high=r.staleness_ess_high)
+                ControllerSettings(max_staleness=lag, ess_low=r.staleness_ess_low, ess_high=r.staleness_ess_high)
             )
             if r.async_mode != "off" and r.staleness_control == "ess"
             else None
@@ -187,6 +196,8 @@ class Trainer:
                 with writing(self.logger.path, f"step {self.step}: writing its metrics"):
                     self.logger.log(last)
         finally:
+            if self.queue is not None:
+                self.queue.stop()
             self.logger.close()
             self.scorer.close()
         self.finish()
@@ -204,23 +215,39 @@ class Trainer:
         """Weight sync into restarted engines mid-rollout (EnginePool), probe included."""
         restarted = {h._actor_id for h in handles}
         others = [h for h in self.engines.handles if h._actor_id not in restarted]
-        with self._hybrid_lock:  # one-step-off: the rollout thread's restart vs the driver's own sync
-            return self.hybrid.resync(
+        # async: the rollout thread's restart waits for the trainer's work and the driver's own sync,
+        # then gets the newest weights (and stamps its tokens with their version)
+        with self._hybrid_lock:
+            info = self.hybrid.resync(
                 self._remote_engines(handles),
                 probe=self._probe,
                 others=self._remote_engines(others) if others else None,
             )
+            if self.queue is not None:
+                self._remote_engines(handles).set_weight_version(self.trainer_version)
+            return info
 
-    def _one_step_off(self, step: int) -> bool:
-        """Whether step ``step + 1``'s rollout runs while ``step`` trains (--async-mode one-step-off):
-        not after the last step, and not across a checkpoint (the checkpoint then holds no
-        rollout in flight: a resume continues exactly)."""
-        cfg = self.cfg
-        if cfg.rollout.async_mode != "one-step-off" or step >= cfg.run.num_rollout_steps:
-            return False
-        saves = cfg.checkpoint.save and cfg.checkpoint.save_interval and step % cfg.checkpoint.save_interval == 0
-        lag = 1 if self.staleness is None else self.staleness.k  # --staleness-control ess: 0 is on-policy
-        return not saves and lag >= 1
+    def _limit(self, step: int) -> int:
+        """The last step the engines may generate ahead to, from step ``step`` on: the next
+        checkpoint step (a checkpoint holds no rollout in flight: a resume continues exactly)
+        or the last step."""
+        cfg, last = self.cfg, self.cfg.run.num_rollout_steps
+        every = cfg.checkpoint.save_interval if cfg.checkpoint.save else 0
+        return min(last, -(-step // every) * every) if every else last
+
+    def _take_rollout(self, step: int):
+        """Step ``step``'s rollout: collected now (synchronous), or from the queue the engines
+        fill ahead of the trainer (--async-mode; driver/prefetch.py)."""
+        if self.queue is None:
+            return self.manager.collect(step)
+        if self.queue.next_step is None:  # the first step of this session: the engines hold its weights
+            lag = self.staleness.k if self.staleness is not None else None
+            self.queue.update(version=step, lag=lag, limit=self._limit(step))
+            self.trainer_version = step
+            self.queue.start(step)
+        self.queue.update(limit=self._limit(step))
+        roll, _ = self.queue.take(step)
+        return roll
 
     def one_step(self, step: int) -> dict:
         cfg, a = self.cfg, self.cfg.algo
@@ -228,11 +255,8 @@ class Trainer:
         engines = self._remote_engines()
         # 1. rollout: generate, verify, filter on raw accuracy
         self.engines.kill_next_generation = cfg.run.kill_engine_at_step == step
-        # one-step-off: collected while the previous step trained, with the weights before it
-        roll = self.prefetch.take() if self.prefetch.has(step) else self.manager.collect(step)
-        overlap = self._one_step_off(step)
-        if overlap:  # the engines generate step + 1 (weights of version `step`) while this step trains
-            self.prefetch.start(step + 1, version=step)
+        # async: generated ahead (while earlier steps trained), at most the allowed lag old
+        roll = self._take_rollout(step)
         engines = self._remote_engines()  # a restarted engine has a new handle
         # 2. rewards -> advantages (over whole groups); overlong filtering; the samples without a
         # trainable token are left out of the trainer's list (driver/batch.py training_samples)
@@ -242,32 +266,37 @@ class Trainer:
         # 3. engines release their memory, the trainer onloads (one-step-off: they keep generating)
         if cfg.rollout.async_mode == "off":
             self.hybrid.to_train(engines)
-        # 4. old-policy logprobs by megatron (not the engine's), and the KL reference's
-        t = time.perf_counter()
-        need = [s for s in samples if s.old_logprobs is None] + roll.carried_need_logprobs
-        self.trainers.logprobs(need, model="policy")
-        if a.kl_coef > 0:  # frozen reference policy (--ref-load or the initial weights)
-            self.trainers.logprobs([s for s in need if s.ref_logprobs is None], model="ref")
-        t_old = time.perf_counter() - t
-        # 5. rollout_batch_size x n_samples_per_prompt / global_batch_size optimizer steps
-        mbs = minibatches(samples, optimizer_steps(cfg), self.trainers.dp_size)
-        if cfg.run.dump_train_batch:
-            debug.dump_train_batch(self.trainers, cfg.run.dump_train_batch, step, mbs, "before")
-        t = time.perf_counter()
-        train_metrics = self._train(mbs, inject_nan=(cfg.run.inject_nan_at_step == step))
-        t_train = time.perf_counter() - t
-        if cfg.run.dump_train_batch:
-            debug.dump_train_batch(self.trainers, cfg.run.dump_train_batch, step, mbs, "after")
+        # async: a restarted engine's resync (from the rollout thread) waits for this work, then gets the newest weights
+        with self._hybrid_lock if self.queue is not None else contextlib.nullcontext():
+            # 4. old-policy logprobs by megatron (not the engine's), and the KL reference's
+            t = time.perf_counter()
+            need = [s for s in samples if s.old_logprobs is None] + roll.carried_need_logprobs
+            self.trainers.logprobs(need, model="policy")
+            if a.kl_coef > 0:  # frozen reference policy (--ref-load or the initial weights)
+                self.trainers.logprobs([s for s in need if s.ref_logprobs is None], model="ref")
+            t_old = time.perf_counter() - t
+            # 5. rollout_batch_size x n_samples_per_prompt / global_batch_size optimizer steps
+            mbs = minibatches(samples, optimizer_steps(cfg), self.trainers.dp_size)
+            if cfg.run.dump_train_batch:
+                debug.dump_train_batch(self.trainers, cfg.run.dump_train_batch, step, mbs, "before")
+            t = time.perf_counter()
+            train_metrics = self._train(mbs, inject_nan=(cfg.run.inject_nan_at_step == step))
+            t_train = time.perf_counter() - t
+            if cfg.run.dump_train_batch:
+                debug.dump_train_batch(self.trainers, cfg.run.dump_train_batch, step, mbs, "after")
+            self.trainer_version = step + 1  # (the version numbering of Sample.token_versions)
         # 6. engines resume weights, sync, probe, trainer offloads, engines resume KV cache
         if samples:
             self._probe_tokens = list(samples[0].prompt_ids) + list(samples[0].response_ids)
         if cfg.rollout.async_mode == "off":
             info = self.hybrid.to_rollout(engines, probe=self._probe)
-        else:  # one-step-off: the engines end the next step's rollout first, then take the new weights
-            self.prefetch.wait()
-            with self._hybrid_lock:
+        else:  # async: the engines end the collection they are in first, then take the new weights
+            assert self.queue is not None
+            with self.queue.paused(), self._hybrid_lock:
                 self.hybrid.timings = {}
                 info = self.hybrid.resync(self._remote_engines(), probe=self._probe)
+                self._remote_engines().set_weight_version(step + 1)
+                self.queue.update(version=step + 1)
         h = self.hybrid.timings
         debug.log_hybrid_events(self.run_dir, step, self.hybrid.events)
         self.hybrid.events.clear()
@@ -291,9 +320,16 @@ class Trainer:
             untrainable=untrainable,
         )
         m.update(sample_staleness(step, samples))
-        if self.staleness is not None:  # the lag of the next decisions, from this step's ESS / N
-            d = self.staleness.observe(float(m.get("is_ess_frac", 1.0)), 1.0)
+        m["engine_resent_requests"] = self.engines.resent
+        if self.queue is not None:
+            m["async_regenerated_steps"] = self.queue.regenerated
+        if self.staleness is not None:  # the lag of the next rollouts, from this step's ESS / N and ratio tail
+            d = self.staleness.observe(
+                float(m.get("is_ess_frac", 1.0)), tail_frac=float(m.get("is_ratio_tail_frac", 0.0))
+            )
             m["staleness_lag"] = d.k
+            assert self.queue is not None
+            self.queue.update(lag=d.k)
             if d.changed:
                 print(f"[async] step {step}: {d.reason}", flush=True)
         m["time_step"] = time.perf_counter() - t_step
@@ -304,17 +340,18 @@ class Trainer:
             with writing(where, f"step {step}: dumping its rollouts (--dump-rollouts-every)"):
                 debug.dump_rollouts(self.run_dir, self.dataset, step, roll)
         if cfg.logging.eval_interval and step % cfg.logging.eval_interval == 0 and cfg.data.eval_data:
-            m.update(
-                evaluate_in_training(
-                    RemoteEngine(self.engines.handles[0]),
-                    self.tokenizer,
-                    cfg,
-                    self.hf_dir,
-                    self.arch,
-                    self.scorer,
-                    os.path.join(self.run_dir, "eval", f"step_{step:06d}"),
+            with self.queue.paused() if self.queue is not None else contextlib.nullcontext():
+                m.update(
+                    evaluate_in_training(
+                        RemoteEngine(self.engines.handles[0]),
+                        self.tokenizer,
+                        cfg,
+                        self.hf_dir,
+                        self.arch,
+                        self.scorer,
+                        os.path.join(self.run_dir, "eval", f"step_{step:06d}"),
+                    )
                 )
-            )
         self.step_times.append(m["time_step"])
         remaining = cfg.run.num_rollout_steps - step
         eta = sum(self.step_times) / len(self.step_times) * remaining

@@ -33,6 +33,13 @@ from ._checks import as_tensor, check_same_shape
 PROXIMAL_METHODS = ("recompute", "interpolate")
 
 
+#: the importance ratio pi_old / pi_engine above which a stale token is in the tail, and the
+#: quantile the controller watches: "the 99th-percentile ratio exceeds 3" is exactly "more than
+#: 1% of the tokens exceed 3", a count that sums over micro-batches and ranks (``is_ratio_tail_frac``)
+RATIO_TAIL = 3.0
+TAIL_QUANTILE = 0.99
+
+
 def staleness(trainer_version: int, oldest_token_version: int) -> int:
     """Versions between the weights being trained (``trainer_version``, the proximal policy)
     and the oldest weights that produced a token of the sample (0: on-policy)."""
@@ -128,7 +135,7 @@ class ControllerSettings:
     max_staleness: int  # the largest lag it may allow (--max-staleness)
     ess_low: float = 0.6  # below this ESS/N the lag is lowered at once
     ess_high: float = 0.85  # at or above this (every step of the window) the lag may rise
-    ratio_high: float = 3.0  # a 99th-percentile ratio above this is degraded too
+    ratio_high: float = RATIO_TAIL  # a 99th-percentile ratio above this is degraded too
     patience: int = 3  # healthy steps in a row before the lag rises (the hysteresis)
     max_patience: int = 48  # the longest wait after failed raises (doubling from patience)
     start: Optional[int] = None  # the first lag (default: max_staleness)
@@ -179,18 +186,50 @@ class StalenessController:
         self.since_raise: Optional[int] = None  # steps since the last raise (None: no raise pending)
         self.history: list[Decision] = []
 
+    def state_dict(self) -> dict:
+        """What a resume needs to decide as the uninterrupted run would (the history is logged)."""
+        return {
+            "k": self.k,
+            "healthy_run": self.healthy_run,
+            "failed_raises": list(self.failed_raises),
+            "since_raise": self.since_raise,
+        }
+
+    def load_state_dict(self, s: dict) -> None:
+        k = int(s["k"])
+        failed = [int(x) for x in s["failed_raises"]]
+        if not 0 <= k <= self.s.max_staleness or len(failed) != self.s.max_staleness + 1:
+            raise ValueError(
+                f"the saved controller (lag {k}, bound {len(failed) - 1}) does not fit max_staleness "
+                f"{self.s.max_staleness}"
+            )
+        self.k, self.healthy_run, self.failed_raises = k, int(s["healthy_run"]), failed
+        self.since_raise = None if s["since_raise"] is None else int(s["since_raise"])
+
     def wait(self, k: int) -> int:
         """Healthy steps needed to raise the lag from ``k``."""
         return min(self.s.max_patience, self.s.patience * 2 ** self.failed_raises[k])
 
-    def observe(self, ess: float, ratio_p99: float) -> Decision:
-        """One step's measures (of the batch just trained) -> the lag for the next step."""
+    def observe(self, ess: float, ratio_p99: Optional[float] = None, tail_frac: Optional[float] = None) -> Decision:
+        """One step's measures (of the batch just trained) -> the lag for the next step: its
+        ESS / N and its ratio tail, as the 99th-percentile ratio ``ratio_p99`` or as
+        ``tail_frac``, the fraction of tokens whose ratio exceeds ``ratio_high`` (the p99 exceeds
+        ``ratio_high`` exactly when ``tail_frac > 1 - TAIL_QUANTILE``)."""
         s = self.s
-        if not (math.isfinite(ess) and math.isfinite(ratio_p99)):
-            degraded, why = True, f"non-finite measures (ESS/N {ess}, ratio p99 {ratio_p99})"
-        elif ess < s.ess_low or ratio_p99 > s.ratio_high:
+        if ratio_p99 is not None:
+            tail = ratio_p99
+            tail_bad, tail_why = tail > s.ratio_high, f"ratio p99 {tail:.2f} > {s.ratio_high:.2f}"
+        elif tail_frac is not None:
+            tail = tail_frac
+            tail_bad = tail > 1.0 - TAIL_QUANTILE
+            tail_why = f"{tail:.1%} of the ratios > {s.ratio_high:.2f} (the p99 above it)"
+        else:
+            raise ValueError("observe needs the ratio tail: ratio_p99 or tail_frac")
+        if not (math.isfinite(ess) and math.isfinite(tail)):
+            degraded, why = True, f"non-finite measures (ESS/N {ess}, ratio tail {tail})"
+        elif ess < s.ess_low or tail_bad:
             parts = [f"ESS/N {ess:.2f} < {s.ess_low:.2f}"] if ess < s.ess_low else []
-            parts += [f"ratio p99 {ratio_p99:.2f} > {s.ratio_high:.2f}"] if ratio_p99 > s.ratio_high else []
+            parts += [tail_why] if tail_bad else []
             degraded, why = True, " and ".join(parts)
         else:
             degraded, why = False, ""

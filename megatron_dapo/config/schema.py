@@ -224,17 +224,27 @@ class RolloutConfig:
     )
     async_mode: str = _f(
         "off",
-        "Asynchronous training: 'off' (generate, train, sync: on-policy) or 'one-step-off' (the rollout for step "
-        "n+1 runs while step n trains, with the weights before step n: every sample one version old, each token "
-        "weighted by min(pi_old / pi_engine, --tis-cap), the decoupled loss; docs/rollout.md, 'Asynchronous "
-        "DAPO'). One-step-off needs engines that keep their memory while the trainer trains: a CPU run today "
-        "(separate GPUs for the engines are not built yet).",
-        choices=("off", "one-step-off"),
+        "Asynchronous training: 'off' (generate, train, sync: on-policy), 'one-step-off' (the rollout for step "
+        "n+1 runs while step n trains, with the weights before step n: every sample one version old) or 'bounded' "
+        "(the engines generate the next steps' rollouts ahead of the trainer, each admitted to training only while "
+        "it is at most --max-staleness versions old, otherwise regenerated). Old tokens are weighted by "
+        "min(pi_old / pi_engine, --tis-cap), the decoupled loss; docs/rollout.md, 'Asynchronous DAPO'. Needs "
+        "engines that keep their memory while the trainer trains: a CPU run today (separate GPUs for the engines "
+        "are not built yet).",
+        choices=("off", "one-step-off", "bounded"),
+    )
+    max_staleness: int = _f(
+        2,
+        "--async-mode bounded: the most weight versions a rollout may lag behind the trainer that trains on it "
+        "(the engines never generate further ahead; with --staleness-control ess the controller's upper bound).",
+        range=COUNT,
     )
     staleness_control: str = _f(
         "fixed",
-        "How the lag of --async-mode is chosen: 'fixed' (always its lag) or 'ess' (closed loop: the lag drops to "
-        "0, on-policy, at once when the importance weights' ESS / N of a step falls below --staleness-ess-low, and "
+        "How the lag of --async-mode is chosen: 'fixed' (always its lag: 1, or --max-staleness when bounded) or "
+        "'ess' (closed loop: the lag drops by one, down to 0, on-policy, at once when the importance weights' "
+        "ESS / N of a step falls below --staleness-ess-low or more than 1% of the stale tokens' pi_old / pi_engine "
+        "exceed 3, and "
         "rises again after 3 steps at or above --staleness-ess-high; a raise that fails waits twice as long the next "
         "time; every change is logged with its reason: algo.staleness.StalenessController).",
         choices=("fixed", "ess"),

@@ -329,7 +329,7 @@ def check_async(cfg: DAPOConfig, on_gpu: bool) -> None:
     if r.staleness_control != "fixed" and r.async_mode == "off":
         raise ConfigError(
             f"--staleness-control {r.staleness_control} steers the lag of asynchronous training: set --async-mode "
-            "one-step-off (with --async-mode off every step is on-policy already)"
+            "one-step-off or bounded (with --async-mode off every step is on-policy already)"
         )
     if not r.staleness_ess_low < r.staleness_ess_high:
         raise ConfigError(

@@ -250,6 +250,12 @@ class RemoteEngines:
 
         return ray.get([h.check_weights.remote(action) for h in self.members])
 
+    def set_weight_version(self, version: int) -> None:
+        """Tell every engine the version of the weights it now holds (it stamps its tokens with it)."""
+        import ray  # lazy: Ray
+
+        ray.get([h.set_weight_version.remote(version) for h in self.members])
+
 
 class RemoteEngine:
     """A RolloutEngine-like client of one EngineActor (evaluation from the driver)."""

@@ -117,15 +117,28 @@ class RayTransport:
 
 class EnginePool:
     """``make_engine(i)`` builds engine i (a handle of the transport); ``resync(handles)``
-    pushes the current trainer weights into new engines."""
+    pushes the current trainer weights into new engines. ``pause_others_on_restart``: whether a
+    restart stops the other engines' requests first (their KV cache may be released by the
+    re-sync); False where the re-sync leaves them alone (asynchronous training on engines that
+    keep their memory): they keep generating while the dead one restarts."""
 
     clock = staticmethod(time.time)  # the time base of Finished.finished_at and the manager's stamps
 
-    def __init__(self, make_engine: Callable, num_engines: int, resync: Callable, timeout_s: float, transport=None):
+    def __init__(
+        self,
+        make_engine: Callable,
+        num_engines: int,
+        resync: Callable,
+        timeout_s: float,
+        transport=None,
+        pause_others_on_restart: bool = True,
+    ):
         self.make_engine, self.resync, self.timeout_s = make_engine, resync, timeout_s
+        self.pause_others_on_restart = pause_others_on_restart
         self.transport = transport if transport is not None else RayTransport()
         self.handles = [make_engine(i) for i in range(num_engines)]
         self.restarts = 0
+        self.resent = 0  # requests started again from their prompts after a restart (the in-flight work lost)
         self.kill_next_generation = False  # testing: SIGKILL engine 0 right after the next submit
         self._reqs: Dict[str, tuple] = {}  # rid -> (engine, Request)
         self._load = [0] * num_engines  # outstanding requests per engine
@@ -225,13 +238,17 @@ class EnginePool:
         self.transport.kill(self.handles[e])
         self._polls.pop(e, None)
         self._submits = [(f, x) for f, x in self._submits if x != e]
-        dead = [x for x in range(len(self.handles)) if x != e and self._load[x] and not self._pause(x)]
+        paused = (
+            [x for x in range(len(self.handles)) if x != e and self._load[x]] if self.pause_others_on_restart else []
+        )
+        dead = [x for x in paused if not self._pause(x)]
         self.handles[e] = self.make_engine(e)
         self.resync([self.handles[e]])
         self.restarts += 1
-        for x in [e] + [x for x in range(len(self.handles)) if x != e]:
+        for x in [e] + paused:
             again = [r for (y, r) in self._reqs.values() if y == x]
             if again and x not in dead:
+                self.resent += len(again)
                 self._send(x, again)
         for x in dead:
             self._restart(x, "died while another engine restarted")

@@ -3,6 +3,21 @@ of docs/metrics.md); the trainer ranks' ``StepStats`` are reduced by ``training/
 
 from __future__ import annotations
 
+from ..algo.staleness import staleness_histogram
+
+# the staleness histogram's keys (docs/metrics.md): lags 0..7, and 8 or more in one bin
+STALENESS_HIST_KEYS = {
+    "0": "staleness_lag0_samples",
+    "1": "staleness_lag1_samples",
+    "2": "staleness_lag2_samples",
+    "3": "staleness_lag3_samples",
+    "4": "staleness_lag4_samples",
+    "5": "staleness_lag5_samples",
+    "6": "staleness_lag6_samples",
+    "7": "staleness_lag7_samples",
+    "8+": "staleness_lag8_or_more_samples",
+}
+
 
 def mean(xs) -> float:
     xs = list(xs)
@@ -98,8 +113,10 @@ def sample_staleness(step: int, samples: list) -> dict:
     """``sample_staleness_mean`` / ``_max``: versions between step ``step``'s weights and the
     oldest token of each trained sample (``Sample.token_versions``: stamped with
     ``--partial-rollout`` or ``--async-mode``; 0 everywhere in synchronous training). Empty when
-    no sample carries versions."""
+    no sample carries versions; with ``staleness_lag<k>_samples``, the counts per lag."""
     lags = [step - min(s.token_versions) for s in samples if getattr(s, "token_versions", None)]
     if not lags:
         return {}
-    return {"sample_staleness_mean": sum(lags) / len(lags), "sample_staleness_max": max(lags)}
+    # the histogram: staleness_lag<k>_samples, the samples whose oldest token is k versions old
+    hist = {STALENESS_HIST_KEYS[k]: n for k, n in staleness_histogram(lags, top=8).items()}
+    return {"sample_staleness_mean": sum(lags) / len(lags), "sample_staleness_max": max(lags), **hist}

@@ -30,6 +30,9 @@ def driver_state(t) -> dict:
         "run_id": t.run_id,
         "data_fingerprint": t.data_fingerprint,
         "data_path": t.cfg.data.prompt_data,
+        # --staleness-control ess: the lag and its hysteresis (the async queue is empty at a checkpoint)
+        "staleness_controller": t.staleness.state_dict() if t.staleness is not None else None,
+        "async_regenerated_steps": t.queue.regenerated if t.queue is not None else 0,
     }
 
 
@@ -48,6 +51,11 @@ def load_driver_state(t, s: dict) -> None:
     t.skipped_in_a_row = int(s["skipped_in_a_row"])
     t.hybrid.num_syncs = int(s["num_syncs"])
     t._probe_tokens = list(s.get("probe_tokens") or t._probe_tokens)
+    saved = s.get("staleness_controller")
+    if t.staleness is not None and saved is not None:
+        t.staleness.load_state_dict(saved)
+    if t.queue is not None:
+        t.queue.regenerated = int(s.get("async_regenerated_steps", 0))
 
 
 def layout(cfg, trainers) -> dict:

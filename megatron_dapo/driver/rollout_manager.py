@@ -42,6 +42,7 @@ ended, each group when it was scored (the rollout dump shows them).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import math
@@ -180,6 +181,8 @@ class RolloutManager:
         self.cfg, self.dataset, self.sampler, self.engines = cfg, dataset, sampler, engines
         self.scorer, self.tokenizer = scorer, tokenizer
         self.carry = CarryOver()
+        # prompts drawn again before new ones: those of rollouts the async admission rule threw away
+        self.replayed: collections.deque = collections.deque()
         self._gids = itertools.count()  # group ids, unique in this process (request ids derive from them)
 
     @property
@@ -290,7 +293,7 @@ class RolloutManager:
         while len(run.flights) < target and run.new_prompts < budget:
             if run.new_prompts and run.new_prompts % W == 0:
                 self._announce_round(run, run.new_prompts // W + 1)
-            pi = self.sampler.next_indices(1)[0]
+            pi = self.replayed.popleft() if self.replayed else self.sampler.next_indices(1)[0]
             rec = self.dataset[pi]
             samples = [
                 Sample(
@@ -514,11 +517,17 @@ class RolloutManager:
         shape_rewards(samples, self.cfg.algo)
 
     # ---------------------------------------------------------------- checkpoint ----
+    def replay(self, prompt_indices: list) -> None:
+        """Draw these prompts again, before any new one (their rollout was thrown away unused:
+        ``driver/prefetch.RolloutQueue``'s admission rule)."""
+        self.replayed.extendleft(reversed(list(prompt_indices)))
+
     def state_dict(self) -> dict:
-        return self.carry.state_dict()
+        return {**self.carry.state_dict(), "replayed": list(self.replayed)}
 
     def load_state_dict(self, s: dict) -> None:
         self.carry.load_state_dict(s)
+        self.replayed = collections.deque(s.get("replayed", []))
         # a checkpoint of the chunked manager: prompts of chunks that never started
         for pi in s.get("pending_prompts", []):
             rec = self.dataset[pi]

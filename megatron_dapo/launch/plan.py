@@ -168,16 +168,22 @@ def dry_run_report(
         add(f"  engine {en.index:>3}: GPUs {_span(en.gpus)} (node {_span(en.nodes)})")
 
     if r.async_mode != "off":
+        bound = 1 if r.async_mode == "one-step-off" else r.max_staleness
         control = (
-            f"the lag steered between 0 and 1 by each step's ESS / N (--staleness-control ess, "
+            f"the lag steered between 0 and {bound} by each step's ESS / N and ratio tail (--staleness-control ess, "
             f"low {r.staleness_ess_low:g}, high {r.staleness_ess_high:g})"
             if r.staleness_control == "ess"
-            else "every step after the first (and after a checkpoint) one version old"
+            else f"a lag of {bound} (none across a checkpoint)"
+        )
+        what = (
+            "the rollout of step n+1 runs while step n trains, with the weights before step n"
+            if r.async_mode == "one-step-off"
+            else f"the engines generate up to {bound} steps ahead of the trainer; a rollout more than the allowed "
+            "lag old when its step trains is regenerated"
         )
         add(
-            f"async: --async-mode {r.async_mode}: the rollout of step n+1 runs while step n trains, with the weights "
-            f"before step n; {control}; old tokens weighted by min(pi_old / pi_engine, --tis-cap {a.tis_cap:g}) "
-            "(docs/rollout.md, 'Asynchronous DAPO')"
+            f"async: --async-mode {r.async_mode}: {what}; {control}; old tokens weighted by min(pi_old / pi_engine, "
+            f"--tis-cap {a.tis_cap:g}) (docs/rollout.md, 'Asynchronous DAPO')"
         )
 
     add("")

@@ -14,6 +14,7 @@ ranks therefore give exactly the gradient of the single-batch loss.
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -22,6 +23,7 @@ import torch.distributed as dist
 from ..algo import aggregate_loss, kl_penalty
 from ..algo.config import AlgorithmConfig
 from ..algo.policy_losses import POLICY_LOSSES
+from ..algo.staleness import RATIO_TAIL
 from ..algo.tis import mismatch_kl
 from ..checkpoint.model_io import unwrap
 from ..distributed import collective_device, dp_token_counts
@@ -226,6 +228,13 @@ def dapo_loss_fn(
             clipped = (x["tis_clipped"].to(torch.float32) * ff).sum()
             w_loss = w.detach().to(torch.float32) * mask.to(torch.float32)  # 0 outside the loss tokens
             w_sum, w_sq = w_loss.sum(), (w_loss * w_loss).sum()
+            # the stale loss tokens' behaviour-vs-proximal log-ratio and its tail
+            on_stale = (stale != 0) & (mask != 0)
+            lr_b = torch.where(
+                on_stale, old.to(torch.float32) - eng.to(torch.float32), torch.zeros_like(lp, dtype=torch.float32)
+            )
+            n_stale = on_stale.sum()
+            tail = (lr_b > math.log(RATIO_TAIL)).sum()
         per_tok = per_tok * w.to(device=per_tok.device, dtype=per_tok.dtype)
         loss = aggregate_loss(per_tok, mask, algo.loss_agg_mode, global_tokens, global_seqs)
         resp = x["resp_mask"]
@@ -257,6 +266,8 @@ def dapo_loss_fn(
             offpolicy_token_frac=(((stale != 0) & trained).sum(), trained.sum()),
             is_weight_mean=(w_sum, n_mask),
             is_weight_sq_mean=(w_sq, n_mask),
+            is_ratio_tail_frac=(tail, n_stale),
+            stale_log_ratio_mean=(lr_b.sum(), n_stale),
             ratio_max=m["ratio_max"].detach(),
         )
         return loss, stats

@@ -40,6 +40,11 @@ class LossStats:
     # stale ones) and its square: their means give the weights' ESS / N (``is_ess_frac``)
     is_weight_mean: Pair = (0.0, 0.0)
     is_weight_sq_mean: Pair = (0.0, 0.0)
+    # the stale loss tokens (older weights than the step's): the share whose pi_old / pi_engine
+    # exceeds algo.staleness.RATIO_TAIL (above 1%: the ratio's p99 is above it), and their mean
+    # log(pi_old / pi_engine), the behaviour-vs-proximal log-ratio
+    is_ratio_tail_frac: Pair = (0.0, 0.0)
+    stale_log_ratio_mean: Pair = (0.0, 0.0)
     ratio_max: float = 0.0  # reduced by max, not summed
 
     @classmethod

@@ -12,6 +12,7 @@ import torch
 from megatron_dapo.algo import AlgorithmConfig
 from megatron_dapo.algo.policy_losses import POLICY_LOSSES
 from megatron_dapo.algo.staleness import (
+    RATIO_TAIL,
     ControllerSettings,
     StalenessController,
     admit,
@@ -162,6 +163,39 @@ def test_a_fixed_lag_that_collapses_ess_is_held_above_the_threshold_by_the_contr
     probes = [i for i, d in enumerate(c.history) if d.changed and "raised to 3" in d.reason]
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert gaps == sorted(gaps) and len(set(gaps)) == len(gaps), probes  # each failed raise waits longer
+
+
+def test_the_tail_as_a_share_above_the_threshold_decides_as_the_p99_does():
+    """``tail_frac`` (the share of ratios above ``ratio_high``, what the trainer sums exactly over
+    ranks) degrades exactly when the 99th-percentile ratio of the same tokens is above it."""
+    gen = torch.Generator().manual_seed(0)
+    for scale in (0.1, 0.5, 0.8, 1.2):
+        ratios = torch.exp(torch.randn(1000, generator=gen) * scale)
+        p99 = float(torch.quantile(ratios, 0.99))
+        frac = float((ratios > RATIO_TAIL).float().mean())
+        by_p99 = StalenessController(ControllerSettings(max_staleness=2)).observe(0.9, p99)
+        by_frac = StalenessController(ControllerSettings(max_staleness=2)).observe(0.9, tail_frac=frac)
+        assert by_p99.k == by_frac.k, (scale, p99, frac)
+        assert (by_frac.k == 1) == (p99 > RATIO_TAIL)
+    assert (
+        "2.0% of the ratios > 3.00"
+        in StalenessController(ControllerSettings(max_staleness=2)).observe(0.9, tail_frac=0.02).reason
+    )
+    with pytest.raises(ValueError, match="ratio tail"):
+        StalenessController(ControllerSettings(max_staleness=2)).observe(0.9)
+
+
+def test_a_resumed_controller_decides_as_the_uninterrupted_one():
+    trace = [(0.5, 1.0), (0.9, 1.0), (0.9, 1.0), (0.9, 1.0), (0.4, 1.0), (0.9, 1.0)] * 3
+    whole = StalenessController(ControllerSettings(max_staleness=3))
+    ks_whole = _run(whole, trace)
+    first = StalenessController(ControllerSettings(max_staleness=3))
+    ks = _run(first, trace[:7])
+    resumed = StalenessController(ControllerSettings(max_staleness=3))
+    resumed.load_state_dict(first.state_dict())
+    assert ks + _run(resumed, trace[7:]) == ks_whole
+    with pytest.raises(ValueError, match="does not fit max_staleness 1"):
+        StalenessController(ControllerSettings(max_staleness=1)).load_state_dict(first.state_dict())
 
 
 def test_settings_are_checked_and_the_step_scale_is_bounded():

@@ -83,3 +83,23 @@ def test_the_importance_weights_ess_is_reduced_from_their_sums_over_ranks_and_st
     want = float(ess_fraction(torch.tensor([[1.0, 2.0, 3.0]]), torch.ones(1, 3)))
     assert m["is_ess_frac"] == pytest.approx(want) and m["is_weight_mean"] == 2.0
     assert reduce_step_stats([[_out(1.0, 1, 1.0)]], {0: 0})["is_ess_frac"] == 1.0  # no weights reported
+
+
+def test_the_staleness_histogram_counts_each_sample_by_its_oldest_token():
+    from types import SimpleNamespace
+
+    from megatron_dapo.driver.metrics import sample_staleness
+
+    def s(*versions):
+        return SimpleNamespace(token_versions=list(versions))
+
+    m = sample_staleness(12, [s(12, 12), s(10, 11), s(11), s(11, 12), s(2, 12), s()])
+    assert m["sample_staleness_max"] == 10 and m["sample_staleness_mean"] == (0 + 2 + 1 + 1 + 10) / 5
+    hist = {k: v for k, v in m.items() if k.startswith("staleness_lag")}
+    assert hist == {
+        "staleness_lag0_samples": 1,
+        "staleness_lag1_samples": 2,
+        "staleness_lag2_samples": 1,
+        "staleness_lag8_or_more_samples": 1,
+    }
+    assert sample_staleness(3, [s(), SimpleNamespace(token_versions=None)]) == {}  # no versions: nothing logged

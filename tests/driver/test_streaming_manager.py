@@ -154,10 +154,13 @@ class EngineDied(RuntimeError):
     pass
 
 
-def test_a_restart_pauses_the_other_engines_and_changes_nothing_in_deterministic_mode():
+@pytest.mark.parametrize("pause_others", [True, False])
+def test_a_restart_pauses_the_other_engines_and_changes_nothing_in_deterministic_mode(pause_others):
     """Engine 0 dies at its 3rd poll; the re-sync (which may release the other engines' KV
     caches) finds nothing running elsewhere; every stopped request starts again from its prompt
-    with its seed, so the step equals the one without the fault."""
+    with its seed, so the step equals the one without the fault. Without the pause (async
+    training: the re-sync leaves the other engines alone) engine 1 keeps generating through the
+    restart, only engine 0's requests start again, and the step is the same too."""
     from megatron_dapo.driver.engine_pool import EnginePool, LocalTransport
 
     argv = ["--deterministic", "--over-sampling-batch-size", "6", "--rollout-batch-size", "3"]
@@ -190,15 +193,21 @@ def test_a_restart_pauses_the_other_engines_and_changes_nothing_in_deterministic
             # engine 1 had requests of its own, stopped before the re-sync
             during_resync.append((len(other.running) + len(other.waiting), len(other.seen) > 0))
 
-        pool = EnginePool(make_engine, 2, resync, timeout_s=60.0, transport=Transport())
+        pool = EnginePool(
+            make_engine, 2, resync, timeout_s=60.0, transport=Transport(), pause_others_on_restart=pause_others
+        )
         pool.clock = lambda: float(clock[0])
         mgr, _, _ = make(argv)
         mgr.engines = pool
         res = [mgr.collect(step) for step in (1, 2)]
-        return [(_summary(r), r.submitted_prompts) for r in res], pool.restarts, during_resync
+        return [(_summary(r), r.submitted_prompts) for r in res], pool.restarts, during_resync, pool.resent
 
-    plain, restarts, _ = run(False)
-    faulty, restarts_f, during = run(True)
+    plain, restarts, _, _ = run(False)
+    faulty, restarts_f, during, resent = run(True)
     assert restarts == 0 and restarts_f == 1
-    assert during == [(0, True)]  # engine 1 had been paused before the re-sync
+    if pause_others:
+        assert during == [(0, True)]  # engine 1 had been paused before the re-sync
+    else:
+        assert len(during) == 1 and during[0][0] > 0  # engine 1 still generating during the re-sync
+    assert resent > 0  # the in-flight work lost with the dead engine (and the paused one) is counted
     assert faulty == plain

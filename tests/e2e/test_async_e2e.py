@@ -1,6 +1,8 @@
-"""--async-mode one-step-off through ``megatron_dapo.train.main`` on the CPU (HFEngine on Ray, a
-tiny random Qwen2): step n+1's rollout runs while step n trains, with the weights before step n;
-every trained sample of steps 2.. is one version old and corrected by the decoupled weight."""
+"""--async-mode one-step-off and bounded through ``megatron_dapo.train.main`` on the CPU
+(HFEngine on Ray, a tiny random Qwen2): step n+1's rollout runs while step n trains, with the
+weights before step n; every trained sample of steps 2.. is one version old and corrected by the
+decoupled weight; bounded runs further ahead, never past --max-staleness, and survives an engine
+killed while it generates ahead."""
 
 from __future__ import annotations
 
@@ -84,5 +86,43 @@ def test_the_ess_controller_holds_ess_above_its_threshold_where_the_fixed_lag_do
             assert r["staleness_lag"] == 0, r  # lowered at once
     above = sum(e >= low for e in ess) / len(ess)
     assert above >= 4 / 6 and 0 < sum(stale) < len(rows) - 1, (above, stale)  # fixed: only step 1 of 6
+    # the rollout generated ahead at lag 1 when the lag dropped to 0 was thrown away and regenerated
+    assert rows[-1]["async_regenerated_steps"] >= 1
     out = capsys.readouterr().out
     assert "[async] step 2: ESS/N" in out and "lag lowered to 0" in out and "lag raised to 1" in out, out[-2000:]
+
+
+def test_bounded_runs_ahead_within_the_bound_and_survives_an_engine_killed_while_generating_ahead(tmp_path):
+    """--async-mode bounded --max-staleness 2: the engines generate the next steps while the
+    trainer trains; no trained sample is more than 2 versions old, and some are older than
+    on-policy. The engine is killed in the middle of a generation that runs ahead (the kill is
+    armed at step 2's start, when the rollout thread is already generating a later step): it is
+    restarted and re-synced from the rollout thread, after the trainer's running step, the lost
+    requests are counted and started again, and every step completes with engines whose weights
+    match the trainer's."""
+    from megatron_dapo.train import main
+
+    hf = make_tiny_qwen2_dir(str(tmp_path / "hf"))
+    prompts = make_prompts(str(tmp_path / "prompts.jsonl"))
+    run = str(tmp_path / "run")
+    over = {
+        "--async-mode": "bounded",
+        "--max-staleness": "2",
+        "--num-rollout": "4",
+        "--debug-kill-engine-step": "2",
+        "--dump-rollouts-every": "0",
+    }
+    assert main(base_args(hf, prompts, run, **over)) == 0
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert rows[0]["sample_staleness_max"] == 0  # step 1: the initial weights it trains
+    for r in rows:
+        assert 0 <= r["sample_staleness_mean"] <= r["sample_staleness_max"] <= 2, r
+        hist = {k: v for k, v in r.items() if k.startswith("staleness_lag") and k.endswith("_samples")}
+        assert sum(hist.values()) > 0 and set(hist) <= {f"staleness_lag{k}_samples" for k in range(3)}, hist
+        assert r["weight_sync_probe_diff"] < 1e-5  # the restarted engine holds the trainer's weights
+    assert rows[1]["sample_staleness_max"] >= 1  # step 2 was generated while step 1 trained
+    # restarted once (the requests it lost are counted in engine_resent_requests, 0 when the kill
+    # came as the step's last requests were being aborted: tests/driver/test_streaming_manager.py)
+    assert rows[-1]["engine_restarts"] == 1, [(r["engine_restarts"], r["engine_resent_requests"]) for r in rows]
+    assert rows[-1]["async_regenerated_steps"] == 0  # a fixed lag throws nothing away

@@ -299,7 +299,7 @@ def test_cpu_target_report():
     )
 
 
-def test_the_plan_says_what_one_step_off_and_its_controller_do(arch):
+def test_the_plan_says_what_one_step_off_bounded_and_their_controller_do(arch):
     def cpu(*extra):  # one-step-off runs on the CPU today (refused on GPUs)
         return parse_args(
             [
@@ -319,6 +319,13 @@ def test_the_plan_says_what_one_step_off_and_its_controller_do(arch):
     assert "async:" not in text
     text = dry_run_report(cpu("--async-mode", "one-step-off"), arch, on_gpu=False)
     assert "async: --async-mode one-step-off: the rollout of step n+1 runs while step n trains" in text
-    assert "one version old" in text and "--tis-cap 2" in text
+    assert "a lag of 1 (none across a checkpoint)" in text and "--tis-cap 2" in text
     text = dry_run_report(cpu("--async-mode", "one-step-off", "--staleness-control", "ess"), arch, on_gpu=False)
-    assert "steered between 0 and 1 by each step's ESS / N (--staleness-control ess, low 0.6, high 0.85)" in text
+    assert "steered between 0 and 1 by each step's ESS / N and ratio tail (--staleness-control ess, low 0.6" in text
+    text = dry_run_report(cpu("--async-mode", "bounded", "--max-staleness", "3"), arch, on_gpu=False)
+    assert "async: --async-mode bounded: the engines generate up to 3 steps ahead of the trainer" in text
+    assert "is regenerated; a lag of 3" in text
+    text = dry_run_report(
+        cpu("--async-mode", "bounded", "--max-staleness", "4", "--staleness-control", "ess"), arch, on_gpu=False
+    )
+    assert "steered between 0 and 4" in text

@@ -81,6 +81,25 @@ def test_stale_tokens_masked_contribute_no_loss_and_no_gradient():
     assert torch.isclose(corrected, fresh)
 
 
+def test_the_stale_tokens_ratio_tail_and_log_ratio_are_counted_by_hand():
+    """``is_ratio_tail_frac`` / ``stale_log_ratio_mean``: over the stale loss tokens only, the
+    share with pi_old / pi_engine > RATIO_TAIL and the mean log(pi_old / pi_engine)."""
+    from megatron_dapo.algo.staleness import RATIO_TAIL
+
+    samples = _samples()
+    samples[0].stale_len = 3  # response tokens 0..2 of sample a: stale, corrected
+    shifts = [math.log(RATIO_TAIL) + 0.5, -0.2, 0.3]  # log(pi_old / pi_engine) of the three
+    old = samples[0].old_logprobs
+    samples[0].engine_logprobs = old - torch.tensor(shifts + [0.0] * (len(old) - 3), dtype=old.dtype)
+    _, _, stats = _loss_and_grad(samples, AlgorithmConfig(), offpolicy="correct")
+    tail, n = (float(x) for x in stats.is_ratio_tail_frac)
+    assert (tail, n) == (1.0, 3.0)  # one of the three stale tokens above the threshold
+    lr_sum, n2 = (float(x) for x in stats.stale_log_ratio_mean)
+    assert n2 == 3.0 and math.isclose(lr_sum, sum(shifts), rel_tol=1e-5, abs_tol=1e-5)
+    _, _, fresh = _loss_and_grad(_samples(), AlgorithmConfig())
+    assert [float(x) for x in fresh.is_ratio_tail_frac] == [0.0, 0.0]  # no stale token: nothing counted
+
+
 @pytest.mark.parametrize("mode", ["token-truncate", "token-mask"])
 def test_tis_weights_scale_the_token_losses(mode):
     samples = _samples()
