@@ -81,6 +81,20 @@ def _run(cmd, timeout=600, check=True):
     return r
 
 
+def _main(cmd, capsys):
+    """The driver's ``main`` in this process, for a run that is refused or ends before Ray starts
+    (the same checks as ``python -m megatron_dapo.train``, without a Python start and its imports):
+    a CompletedProcess of its exit code and what it printed. An error that is no user error raises
+    here, as it would end the subprocess with a traceback."""
+    from megatron_dapo.train import main
+
+    assert cmd[1:3] == ["-m", "megatron_dapo.train"], cmd
+    capsys.readouterr()
+    code = main(cmd[3:])
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(cmd, code, out.out, out.err)
+
+
 def _latest(save):
     try:
         with open(os.path.join(save, "latest")) as f:
@@ -113,7 +127,7 @@ def run_a(tiny, tmp_path_factory):
     return run, save
 
 
-def test_a_crash_during_a_save_keeps_the_previous_checkpoint_and_the_resume_is_exact(tiny, run_a, tmp_path):
+def test_a_crash_during_a_save_keeps_the_previous_checkpoint_and_the_resume_is_exact(tiny, run_a, tmp_path, capsys):
     """B dies by SIGKILL in the middle of its step-2 save (after its two ranks wrote their shards,
     before the driver state and the commit; then everything it started is killed): ``latest``
     still names step 1, the partial save is a ``.tmp-`` directory, and the resumed run, which
@@ -137,12 +151,13 @@ def test_a_crash_during_a_save_keeps_the_previous_checkpoint_and_the_resume_is_e
     for k in wa:
         assert (wa[k] == wb[k]).all(), k  # bitwise
 
-    # issue 38, through the real driver on B's real checkpoint (each refused or ended before Ray starts):
-    # nothing left to do at step 2 of 2; another --seed; then a damaged shard
-    again = _run(_cmd(hf, prompts, run_b, save_b, 2, nodes=2, extra=["--load", save_b]))
+    # issue 38, through the real driver's main on B's real checkpoint (each refused or ended before
+    # Ray starts, so in this process): nothing left to do at step 2 of 2; another --seed; a damaged shard
+    again = _main(_cmd(hf, prompts, run_b, save_b, 2, nodes=2, extra=["--load", save_b]), capsys)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "step 2 is already done and --num-rollout is 2: nothing left to do" in again.stdout
     assert [r["step"] for r in read_metrics(run_b)] == [1, 2]
-    seeded = _run(_cmd(hf, prompts, run_b, save_b, 3, nodes=2, extra=["--load", save_b, "--seed", "4"]), check=False)
+    seeded = _main(_cmd(hf, prompts, run_b, save_b, 3, nodes=2, extra=["--load", save_b, "--seed", "4"]), capsys)
     assert seeded.returncode == 2 and "Traceback" not in seeded.stderr
     assert "--seed 4: the resumed run" in seeded.stderr and "--seed 3" in seeded.stderr
     step2 = os.path.join(save_b, "step_000002")
@@ -150,7 +165,7 @@ def test_a_crash_during_a_save_keeps_the_previous_checkpoint_and_the_resume_is_e
     with open(os.path.join(step2, shard), "r+b") as f:
         f.seek(100)
         f.write(b"\xff" * 8)
-    damaged = _run(_cmd(hf, prompts, run_b, save_b, 3, nodes=2, extra=["--load", save_b]), check=False)
+    damaged = _main(_cmd(hf, prompts, run_b, save_b, 3, nodes=2, extra=["--load", save_b]), capsys)
     assert damaged.returncode == 2 and "Traceback" not in damaged.stderr
     assert f"step_000002/{shard} is damaged" in damaged.stderr + damaged.stdout
 
