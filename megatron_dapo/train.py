@@ -34,7 +34,7 @@ from .config.validate import check_model_dir, hf_config_source, load_tokenizer, 
 from .data import ResumableSampler, load_prompt_dataset
 from .diagnostics import repetition_rate
 from .driver import debug, resume
-from .driver.batch import assign_advantages, minibatches, optimizer_steps, training_samples
+from .driver.batch import assign_advantages, interpolate_stale, minibatches, optimizer_steps, training_samples
 from .driver.cluster import Cluster, RemoteEngine, RemoteEngines
 from .driver.logging import MetricsLogger
 from .driver.metrics import sample_staleness, step_metrics, summary_line
@@ -254,7 +254,6 @@ class Trainer:
         t_step = time.perf_counter()
         engines = self._remote_engines()
         # 1. rollout: generate, verify, filter on raw accuracy
-        self.engines.kill_next_generation = cfg.run.kill_engine_at_step == step
         # async: generated ahead (while earlier steps trained), at most the allowed lag old
         roll = self._take_rollout(step)
         engines = self._remote_engines()  # a restarted engine has a new handle
@@ -271,7 +270,9 @@ class Trainer:
             # 4. old-policy logprobs by megatron (not the engine's), and the KL reference's
             t = time.perf_counter()
             need = [s for s in samples if s.old_logprobs is None] + roll.carried_need_logprobs
-            self.trainers.logprobs(need, model="policy")
+            # --proximal-logprobs interpolate: no forward for the stale samples, the loss interpolates
+            forward = interpolate_stale(need, step) if a.proximal_logprobs == "interpolate" else need
+            self.trainers.logprobs(forward, model="policy")
             if a.kl_coef > 0:  # frozen reference policy (--ref-load or the initial weights)
                 self.trainers.logprobs([s for s in need if s.ref_logprobs is None], model="ref")
             t_old = time.perf_counter() - t
@@ -321,6 +322,7 @@ class Trainer:
         )
         m.update(sample_staleness(step, samples))
         m["engine_resent_requests"] = self.engines.resent
+        m["old_logprob_forward_samples"] = len(forward)
         if self.queue is not None:
             m["async_regenerated_steps"] = self.queue.regenerated
         if self.staleness is not None:  # the lag of the next rollouts, from this step's ESS / N and ratio tail

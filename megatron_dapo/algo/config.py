@@ -30,6 +30,7 @@ from .dynamic_sampling import DYNAMIC_SAMPLING_METRICS
 from .kl import KL_ESTIMATORS
 from .policy_loss import LOSS_AGG_MODES
 from .policy_losses import POLICY_LOSSES
+from .staleness import PROXIMAL_METHODS
 from .tis import TIS_MODES, TIS_SEQ_CAP_DEFAULT
 
 ALGORITHMS = ("dapo", "grpo", "custom")
@@ -79,6 +80,15 @@ class AlgorithmConfig:
         "seq-mean-token-sum and --advantage-estimator group-mean). docs/algorithm.md has the equations.",
         "--policy-loss",
         choices=POLICY_LOSSES,
+    )
+    proximal_logprobs: str = _f(
+        "recompute",
+        "The proximal policy of tokens generated under older weights (--async-mode), the anchor of the clip and "
+        "of the off-policy weight min(pi_prox / pi_behav, --tis-cap): 'recompute' (megatron's forward at the "
+        "step's start) or 'interpolate' (A-3PO, arXiv 2512.06547: log pi_behav + alpha (log pi_theta - log "
+        "pi_behav), alpha = lag / (lag + 1), no forward pass for those tokens).",
+        "--proximal-logprobs",
+        choices=PROXIMAL_METHODS,
     )
     loss_agg_mode: str = _f(
         "token-mean",

@@ -119,13 +119,22 @@ def interpolated_proximal_logprobs(
     with :math:`\alpha` of :func:`interpolation_alpha`; ``current_logprobs`` is detached (the
     proximal policy is a constant of the loss). Shapes ``[batch, seq]``; versions ``[batch,
     seq]`` or ``[batch]`` (one per sample)."""
-    b = as_tensor(behaviour_logprobs, "behaviour_logprobs")
-    c = as_tensor(current_logprobs, "current_logprobs").detach()
-    check_same_shape(c, "current_logprobs", b, "behaviour_logprobs")
     alpha = interpolation_alpha(behaviour_version, trainer_version)
-    if alpha.dim() == 1 and b.dim() == 2:
+    if alpha.dim() == 1 and as_tensor(behaviour_logprobs, "behaviour_logprobs").dim() == 2:
         alpha = alpha[:, None]
-    return b + alpha.to(b.dtype) * (c - b)
+    return proximal_from_alpha(behaviour_logprobs, current_logprobs, alpha)
+
+
+def proximal_from_alpha(
+    behaviour_logprobs: torch.Tensor, current_logprobs: torch.Tensor, alpha: torch.Tensor
+) -> torch.Tensor:
+    r""":math:`\log\pi_{behav} + \alpha\,(\log\pi_\theta - \log\pi_{behav})` with each token's
+    :math:`\alpha` given (the trainer's loss gets it per token, ``TrainItem.prox_alpha``);
+    ``current_logprobs`` detached."""
+    b = as_tensor(behaviour_logprobs, "behaviour_logprobs")
+    c = as_tensor(current_logprobs, "current_logprobs").detach().to(b.dtype)
+    check_same_shape(c, "current_logprobs", b, "behaviour_logprobs")
+    return b + torch.as_tensor(alpha).to(device=b.device, dtype=b.dtype) * (c - b)
 
 
 @dataclasses.dataclass(frozen=True)

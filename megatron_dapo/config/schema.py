@@ -360,7 +360,8 @@ class RunConfig:
     )
     kill_engine_at_step: Optional[int] = _f(
         None,
-        "Testing: SIGKILL the engine process mid-generation at this step.",
+        "Testing: SIGKILL the engine process while it generates this step's rollout (under --async-mode, "
+        "while earlier steps train).",
         "--debug-kill-engine-step",
         range=COUNT,
     )

@@ -336,6 +336,11 @@ def check_async(cfg: DAPOConfig, on_gpu: bool) -> None:
             f"--staleness-ess-low {r.staleness_ess_low} must be below --staleness-ess-high {r.staleness_ess_high} "
             "(the band between them is the controller's hysteresis)"
         )
+    if cfg.algo.proximal_logprobs != "recompute" and r.async_mode == "off":
+        raise ConfigError(
+            f"--proximal-logprobs {cfg.algo.proximal_logprobs} approximates the proximal policy of tokens generated "
+            "under older weights: set --async-mode one-step-off or bounded (on-policy, there are none)"
+        )
     if r.async_mode == "off":
         return
     flag = f"--async-mode {r.async_mode}"

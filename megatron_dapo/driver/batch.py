@@ -13,6 +13,7 @@ import torch
 
 from ..algo import compute_advantages, overlong_filter_mask, overlong_penalty
 from ..algo.config import AlgorithmConfig
+from ..algo.staleness import interpolation_alpha
 from ..training.item import TrainItem
 from ..training.packing import karmarkar_karp
 
@@ -46,6 +47,8 @@ class Sample:
     # the weights the old logprobs come from (masked or corrected, --partial-rollout-offpolicy)
     token_versions: Optional[list] = None
     stale_len: int = 0
+    # --proximal-logprobs interpolate: each response token's A-3PO weight (TrainItem.prox_alpha)
+    prox_alpha: Optional[list] = None
     # wall-clock times (time.time()): the sample's latest request was submitted / ended
     submitted_at: Optional[float] = None
     finished_at: Optional[float] = None
@@ -73,6 +76,7 @@ class Sample:
             engine_logprobs=seq(self.engine_logprobs, torch.float32),
             stale_len=self.stale_len,
             routed_experts=self.routed_experts,
+            prox_alpha=seq(self.prox_alpha, torch.float32),
         )
 
 
@@ -227,3 +231,22 @@ def dp_partition(items: list, dp_size: int) -> list:
     if len(items) < dp_size:
         return [[d] if d < len(items) else [] for d in range(dp_size)]
     return karmarkar_karp([max(1, x.n_tokens) for x in items], dp_size)
+
+
+def interpolate_stale(samples: list, step: int) -> list:
+    """``--proximal-logprobs interpolate``: the samples of ``step`` generated under older weights
+    get no proximal forward; their ``old_logprobs`` are the engine's (the behaviour policy) and
+    ``prox_alpha`` each token's A-3PO weight ``lag / (lag + 1)``
+    (``algo.staleness.interpolation_alpha``), from which the loss interpolates the proximal
+    policy. Returns the samples that still need megatron's forward: those with a token of the
+    current weights, and any without a version or an engine logprob for every token."""
+    need = []
+    for s in samples:
+        v, eng = s.token_versions, s.engine_logprobs
+        n = len(s.response_ids)
+        if not v or len(v) != n or eng is None or len(eng) != n or max(v) >= step:
+            need.append(s)
+            continue
+        s.old_logprobs = [float(x) for x in eng]
+        s.prox_alpha = interpolation_alpha(torch.tensor(v), step).tolist()
+    return need

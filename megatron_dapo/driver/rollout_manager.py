@@ -223,6 +223,9 @@ class RolloutManager:
         ``step``: the weights after step - 1; one-step-off: ``step - 1``, one version older)."""
         N = self.cfg.rollout.rollout_batch_size
         run = _Run(step, _bars(self.cfg.logging.progress, step, N), version)
+        # --debug-kill-engine-step: an engine dies while generating this step's rollout (ahead of
+        # the trainer under --async-mode)
+        self.engines.kill_next_generation = self.cfg.run.kill_engine_at_step == step
         t0 = self.engines.clock()
         try:
             self._start(run)

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from ..algo import aggregate_loss, kl_penalty
 from ..algo.config import AlgorithmConfig
 from ..algo.policy_losses import POLICY_LOSSES
-from ..algo.staleness import RATIO_TAIL
+from ..algo.staleness import RATIO_TAIL, proximal_from_alpha
 from ..algo.tis import mismatch_kl
 from ..checkpoint.model_io import unwrap
 from ..distributed import collective_device, dp_token_counts
@@ -165,6 +165,7 @@ TOKEN_FIELDS = (
     "ref_logprobs",
     "engine_logprobs",
     "stale",
+    "prox_alpha",
     "is_weight",
     "trained",
     "tis_fresh",
@@ -194,6 +195,29 @@ def _loss_inputs(batch: dict, logits: torch.Tensor, true_vocab: int, temperature
     return out
 
 
+def interpolate_proximal(x: dict, tis_cap: float) -> dict:
+    r"""``--proximal-logprobs interpolate``: where ``prox_alpha`` > 0, the proximal policy from
+    the behaviour policy's logprobs (``engine_logprobs``) and the current ones, detached
+    (``algo.staleness.interpolated_proximal_logprobs``, A-3PO):
+
+    .. math:: \log\pi_{prox} = \log\pi_{behav} + \alpha\,(\log\pi_\theta - \log\pi_{behav})
+
+    replaces ``old_logprobs`` there (the clip's anchor), and the off-policy weight of those loss
+    tokens becomes :math:`\min(\pi_{prox}/\pi_{behav}, C)` (``is_weight``; C = ``--tis-cap``).
+    Unchanged where ``prox_alpha`` is 0 (or absent)."""
+    alpha = x.get("prox_alpha")
+    if alpha is None or not bool((alpha > 0).any()):
+        return x
+    on = alpha > 0
+    eng = x["engine_logprobs"]
+    prox = proximal_from_alpha(eng, x["lp"], alpha)
+    w = torch.clamp(torch.exp(prox - eng), max=tis_cap).to(x["is_weight"].dtype)
+    out = dict(x)
+    out["old_logprobs"] = torch.where(on, prox, x["old_logprobs"])
+    out["is_weight"] = torch.where(on & (x["loss_mask"] != 0), w, x["is_weight"])
+    return out
+
+
 def dapo_loss_fn(
     algo: AlgorithmConfig, true_vocab: int, global_tokens, global_seqs, nan_loss: bool = False, temperature: float = 1.0
 ):
@@ -212,7 +236,7 @@ def dapo_loss_fn(
             raise ValueError(f"--policy-loss {algo.policy_loss} needs whole sequences per rank: not with CP > 1")
         if batch["cp_size"] > 1 and algo.loss_agg_mode == "seq-mean-token-mean":
             raise ValueError("--loss-agg-mode seq-mean-token-mean needs whole sequences per rank: not with CP > 1")
-        x = _loss_inputs(batch, logits, true_vocab, temperature)
+        x = interpolate_proximal(_loss_inputs(batch, logits, true_vocab, temperature), algo.tis_cap)
         lp, mask, old = x["lp"], x["loss_mask"], x["old_logprobs"]
         per_tok, m = spec(lp, old, x["adv"], mask, algo)
         eng, stale = x["engine_logprobs"], x["stale"]

@@ -44,7 +44,11 @@ class TrainItem:
     in the loss (overlong filtering). ``stale_len``: the leading response tokens generated
     under older weights (--partial-rollout). ``routed_experts``: the engine's expert ids
     ``[positions, layers, top_k]`` (--routing-replay), as the rollout gave them.
-    ``weights``: set on the rank before collation (``token_weights.weigh_items``)."""
+    ``weights``: set on the rank before collation (``token_weights.weigh_items``).
+    ``prox_alpha``: float32 [n - prompt_len] (``--proximal-logprobs interpolate``): each
+    response token's A-3PO weight, 0 where ``old_logprobs`` are the proximal policy's own; where
+    it is above 0 ``old_logprobs`` hold the behaviour policy's (the engine's) and the loss
+    interpolates the proximal policy from them (``dapo_step.interpolate_proximal``)."""
 
     tokens: torch.Tensor
     prompt_len: int
@@ -56,6 +60,7 @@ class TrainItem:
     stale_len: int = 0
     routed_experts: Optional[torch.Tensor] = None
     weights: Optional[TokenWeights] = None
+    prox_alpha: Optional[torch.Tensor] = None
 
     def __post_init__(self):
         self.tokens = _seq(self.tokens, torch.long)
@@ -65,6 +70,11 @@ class TrainItem:
         self.stale_len = int(self.stale_len)
         self.old_logprobs = _seq(self.old_logprobs, torch.float32)
         self.ref_logprobs = _seq(self.ref_logprobs, torch.float32)
+        self.prox_alpha = _seq(self.prox_alpha, torch.float32)
+        if self.prox_alpha is not None and self.prox_alpha.numel() != self.response_len:
+            raise ValueError(
+                f"TrainItem: prox_alpha has {self.prox_alpha.numel()} values for {self.response_len} tokens"
+            )
         e = _seq(self.engine_logprobs, torch.float32)
         self.engine_logprobs = e if e is not None and e.numel() == self.response_len else None
         if not 1 <= self.prompt_len <= self.n_tokens:

@@ -198,7 +198,8 @@ def pack_samples(samples: Sequence[TrainItem], multiple: int = 1) -> dict:
       ``resp_mask`` (1 where it is any response token), ``old_logprobs`` and
       ``ref_logprobs`` (of the label token), ``engine_logprobs`` (the rollout engine's, else
       the old ones), ``stale`` (1 on the ``stale_len`` leading response tokens generated
-      under older weights), ``advantages`` (the sample's advantage);
+      under older weights), ``prox_alpha`` (``TrainItem.prox_alpha``, 0 where not set),
+      ``advantages`` (the sample's advantage);
 
     and ``cu_seqlens`` (padded boundaries, int32 [n+1]), ``seqlens`` (true lengths),
     ``seqlens_padded``, ``max_seqlen`` (the longest padded sequence).
@@ -218,7 +219,7 @@ def pack_samples(samples: Sequence[TrainItem], multiple: int = 1) -> dict:
     old = torch.zeros(1, T)
     ref = torch.zeros(1, T)
     adv = torch.zeros(1, T)
-    eng, stale = torch.zeros(1, T), torch.zeros(1, T)
+    eng, stale, alpha = torch.zeros(1, T), torch.zeros(1, T), torch.zeros(1, T)
     weight, trained, fresh, clipped = (torch.zeros(1, T) for _ in range(4))
     has_ref = all(s.ref_logprobs is not None for s in samples)
     off = 0
@@ -239,6 +240,8 @@ def pack_samples(samples: Sequence[TrainItem], multiple: int = 1) -> dict:
         # the engine's logprobs (else the old ones: importance ratio 1)
         eng[0, a:b] = s.engine_logprobs if s.engine_logprobs is not None else old[0, a:b]
         stale[0, a : a + min(s.stale_len, n - p)] = 1
+        if s.prox_alpha is not None:
+            alpha[0, a:b] = s.prox_alpha
         adv[0, off : off + pn] = s.advantage
         off += pn
     out = {
@@ -253,6 +256,7 @@ def pack_samples(samples: Sequence[TrainItem], multiple: int = 1) -> dict:
         "seqlens": lens,
         "engine_logprobs": eng,
         "stale": stale,
+        "prox_alpha": alpha,
         "is_weight": weight,
         "trained": trained,
         "tis_fresh": fresh,

@@ -95,11 +95,11 @@ def test_the_ess_controller_holds_ess_above_its_threshold_where_the_fixed_lag_do
 def test_bounded_runs_ahead_within_the_bound_and_survives_an_engine_killed_while_generating_ahead(tmp_path):
     """--async-mode bounded --max-staleness 2: the engines generate the next steps while the
     trainer trains; no trained sample is more than 2 versions old, and some are older than
-    on-policy. The engine is killed in the middle of a generation that runs ahead (the kill is
-    armed at step 2's start, when the rollout thread is already generating a later step): it is
-    restarted and re-synced from the rollout thread, after the trainer's running step, the lost
+    on-policy. The engine is killed in the middle of step 3's rollout, which the rollout
+    thread generates ahead, while step 1 or 2 trains: it is restarted and re-synced from the rollout thread, after the trainer's running step, the lost
     requests are counted and started again, and every step completes with engines whose weights
-    match the trainer's."""
+    match the trainer's. With --proximal-logprobs interpolate the stale samples get no proximal
+    forward pass."""
     from megatron_dapo.train import main
 
     hf = make_tiny_qwen2_dir(str(tmp_path / "hf"))
@@ -109,8 +109,9 @@ def test_bounded_runs_ahead_within_the_bound_and_survives_an_engine_killed_while
         "--async-mode": "bounded",
         "--max-staleness": "2",
         "--num-rollout": "4",
-        "--debug-kill-engine-step": "2",
+        "--debug-kill-engine-step": "3",
         "--dump-rollouts-every": "0",
+        "--proximal-logprobs": "interpolate",
     }
     assert main(base_args(hf, prompts, run, **over)) == 0
     rows = read_metrics(run)
@@ -121,6 +122,8 @@ def test_bounded_runs_ahead_within_the_bound_and_survives_an_engine_killed_while
         hist = {k: v for k, v in r.items() if k.startswith("staleness_lag") and k.endswith("_samples")}
         assert sum(hist.values()) > 0 and set(hist) <= {f"staleness_lag{k}_samples" for k in range(3)}, hist
         assert r["weight_sync_probe_diff"] < 1e-5  # the restarted engine holds the trainer's weights
+        # interpolate: megatron's proximal forward only for the samples of the current weights
+        assert r["old_logprob_forward_samples"] == r.get("staleness_lag0_samples", 0), r
     assert rows[1]["sample_staleness_max"] >= 1  # step 2 was generated while step 1 trained
     # restarted once (the requests it lost are counted in engine_resent_requests, 0 when the kill
     # came as the step's last requests were being aborted: tests/driver/test_streaming_manager.py)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -132,3 +133,54 @@ def test_packed_rows_carry_engine_logprobs_and_stale_prefix():
     assert row["stale"][0].tolist() == [0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0]
     assert torch.equal(row["engine_logprobs"][0, 7:10], row["old_logprobs"][0, 7:10])
     assert row["engine_logprobs"][0, 1:5].tolist() == pytest.approx(samples[0].engine_logprobs.tolist())
+
+
+def test_the_interpolated_proximal_loss_is_the_corrected_loss_at_the_interpolated_anchor():
+    """--proximal-logprobs interpolate: items carry the engine's logprobs as ``old_logprobs`` and
+    ``prox_alpha``; the loss must equal (value and gradient) the corrected loss whose old
+    logprobs are the A-3PO proximal policy log pi_b + alpha (log pi_theta - log pi_b), computed
+    here by hand from the same logits, with the off-policy weight min(pi_prox / pi_b, C)."""
+    algo = AlgorithmConfig(tis_cap=1.5)
+    lp = torch.log_softmax(_logits((2, 6)), -1)
+    base = _samples()
+    behav = []
+    for i, x in enumerate(base):
+        toks = x.tokens.tolist()
+        cur = torch.tensor([lp[i, t - 1, toks[t]].item() for t in range(2, len(toks))])
+        gen = torch.Generator().manual_seed(7 + i)
+        behav.append(cur - 0.6 * torch.randn(cur.shape, generator=gen))  # the behaviour policy's
+    alphas = [torch.full((4,), 0.5), torch.tensor([2 / 3, 2 / 3, 2 / 3])]  # lags 1 and 2
+
+    def items(interpolated: bool):
+        out = []
+        for x, b, a in zip(base, behav, alphas):
+            n = x.response_len
+            if interpolated:
+                old, alpha = b.clone(), a
+            else:
+                cur = torch.tensor([lp[len(out), t - 1, x.tokens[t]].item() for t in range(x.prompt_len, x.n_tokens)])
+                old, alpha = b + a * (cur - b), None  # the hand-made anchor
+            out.append(
+                TrainItem(
+                    tokens=x.tokens,
+                    prompt_len=x.prompt_len,
+                    advantage=x.advantage,
+                    old_logprobs=old,
+                    engine_logprobs=b,
+                    stale_len=n,
+                    prox_alpha=alpha,
+                )
+            )
+        return out
+
+    got_loss, got_grad, got = _loss_and_grad(items(True), algo, offpolicy="correct")
+    want_loss, want_grad, want = _loss_and_grad(items(False), algo, offpolicy="correct")
+    assert torch.allclose(got_loss, want_loss, atol=1e-6), (got_loss, want_loss)
+    assert torch.allclose(got_grad, want_grad, atol=1e-6)
+    assert float(got.is_weight_mean[0]) == pytest.approx(float(want.is_weight_mean[0]), abs=1e-5)
+    assert float(want.tis_clip_frac[1]) == 0.0 and float(got.is_weight_mean[0]) != pytest.approx(7.0)  # not all 1
+    # the behaviour policy as the anchor (alpha 0) is another loss: the interpolation is used
+    plain, _, _ = _loss_and_grad(
+        [dataclasses.replace(x, prox_alpha=None, weights=None) for x in items(True)], algo, offpolicy="correct"
+    )
+    assert not torch.isclose(plain, got_loss)

@@ -11,6 +11,8 @@ agreed with each other within float32 rounding (the values below are the padded 
 packed path's differed by at most 2e-7 relative). The single THD path must keep them (gloo,
 one rank, fp32, CPU)."""
 
+import math
+
 import pytest
 
 from tests.tiny import tiny_qwen2_config
@@ -51,12 +53,15 @@ def test_step_keeps_the_pinned_values(runs, packing, n_mb):
     assert r["grad_norm"] == pytest.approx(GRAD_NORM, rel=1e-5)
     # every pinned mean, plus the importance weights' moments added after the pins (issue 40): no
     # value was recorded for them, so they are held to what they must satisfy
-    assert set(r["means"]) == set(MEANS) | {"is_weight_mean", "is_weight_sq_mean"}
+    added = {"is_weight_mean", "is_weight_sq_mean", "is_ratio_tail_frac", "stale_log_ratio_mean"}
+    assert set(r["means"]) == set(MEANS) | added
     for k, v in MEANS.items():
         assert r["means"][k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
     w, w2 = r["means"]["is_weight_mean"], r["means"]["is_weight_sq_mean"]
     assert 0 < w and w * w <= w2 * (1 + 1e-6)  # mean(w)^2 <= mean(w^2): ESS / N in (0, 1]
     assert w <= 1.5  # the body's --tis-cap 1.5 bounds every weight (fresh: TIS, stale: the correction)
+    # over the stale prefix's tokens: a share, and a finite mean log-ratio
+    assert 0.0 <= r["means"]["is_ratio_tail_frac"] <= 1.0 and math.isfinite(r["means"]["stale_log_ratio_mean"])
 
 
 def test_both_groupings_agree_per_token(runs):

@@ -1,6 +1,8 @@
-"""driver/prefetch.RolloutQueue: the engines generate ahead of the trainer, never more than the
-allowed lag, never past a checkpoint step, never while the driver syncs; a rollout older than
-the lag when its step comes (the lag was lowered) is thrown away and its prompts drawn again."""
+"""The driver's side of asynchronous training. driver/prefetch.RolloutQueue: the engines
+generate ahead of the trainer, never more than the allowed lag, never past a checkpoint step,
+never while the driver syncs; a rollout older than the lag when its step comes (the lag was
+lowered) is thrown away and its prompts drawn again. driver/batch.interpolate_stale: which
+samples skip the proximal forward under --proximal-logprobs interpolate."""
 
 from __future__ import annotations
 
@@ -152,3 +154,41 @@ def test_a_failed_collection_is_raised_at_its_step_and_ends_the_producer(make):
         q.take(2)
     time.sleep(0.1)
     assert [m for m, _ in mgr.calls] == [1, 2]  # nothing after the failure
+
+
+def test_interpolate_skips_the_forward_of_stale_samples_only():
+    """--proximal-logprobs interpolate (driver/batch.interpolate_stale): a sample generated under
+    older weights gets the engine's logprobs as old logprobs and A-3PO's alpha = lag / (lag + 1)
+    per token; a sample with a token of the current weights, or without a version or an engine
+    logprob per token, still needs megatron's forward."""
+    from megatron_dapo.driver.batch import Sample, interpolate_stale
+
+    def sample(versions, eng):
+        n = len(versions) if versions else 2
+        return Sample(0, [1], list(range(n)), eng, "stop", "1", token_versions=versions)
+
+    lag1 = sample([4, 4], [-0.5, -1.0])
+    lag3 = sample([2, 2], [-0.1, -0.2])
+    fresh = sample([5, 5], [-0.3, -0.3])
+    mixed = sample([4, 5], [-0.3, -0.3])
+    unstamped = sample(None, [-0.3, -0.3])
+    short = sample([4, 4], [-0.3])  # an engine logprob missing
+    need = interpolate_stale([lag1, lag3, fresh, mixed, unstamped, short], step=5)
+    assert need == [fresh, mixed, unstamped, short]
+    assert lag1.old_logprobs == [-0.5, -1.0] and lag1.prox_alpha == [0.5, 0.5]
+    assert lag3.old_logprobs == [-0.1, -0.2] and lag3.prox_alpha == [0.75, 0.75]
+    assert all(s.prox_alpha is None and s.old_logprobs is None for s in need)
+    item = lag3.to_item()
+    assert item.prox_alpha.tolist() == [0.75, 0.75] and item.old_logprobs.tolist() == pytest.approx([-0.1, -0.2])
+
+
+def test_interpolate_without_asynchronous_training_is_refused_in_one_line():
+    from megatron_dapo.config import ConfigError, parse_args
+    from megatron_dapo.config.validate import check_async
+
+    with pytest.raises(ConfigError, match="--proximal-logprobs interpolate approximates .* set --async-mode"):
+        check_async(parse_args(["--hf-checkpoint", "x", "--proximal-logprobs", "interpolate"]), on_gpu=False)
+    check_async(
+        parse_args(["--hf-checkpoint", "x", "--proximal-logprobs", "interpolate", "--async-mode", "bounded"]),
+        on_gpu=False,
+    )
