@@ -89,6 +89,7 @@ class HFEngine(RolloutEngine):
         max_running: int = 128,
     ) -> None:
         super().__init__()
+        self._update_groups: dict = {}  # weight-update groups joined (init_weights_update_group)
         from transformers import AutoModelForCausalLM  # transformers: ~2.5 s to import, only when an engine is built
 
         if logprobs_mode not in LOGPROBS_MODES:
@@ -327,6 +328,59 @@ class HFEngine(RolloutEngine):
         bucket = [copies[j % len(copies)][j] for j in range(len(first))]
         self.update_weights(bucket)
         self._mapped = ([flat for flat, _ in decoded] + getattr(self, "_mapped", []))[: 2 * len(decoded)]
+
+    # weights over a collective group (the contract of SGLangEngine's calls of the same names;
+    # hybrid/weight_broadcast.py is the sender): what asynchronous training feeds busy engines by
+    def init_weights_update_group(
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
+    ) -> None:
+        """Join the group the trainer broadcasts weights over as rank ``rank_offset`` (one rank:
+        no TP); returns once every member joined. The group is made as SGLang makes its own
+        (``init_custom_process_group``: its own store, apart from any default group)."""
+        from sglang.srt.utils.common import init_custom_process_group  # lazy: only where weights are broadcast
+
+        groups = self._update_groups
+        if group_name in groups:
+            raise WeightUpdateError(f"weight-update group {group_name!r} is already joined")
+        group = init_custom_process_group(
+            backend=backend,
+            init_method=f"tcp://{master_address}:{int(master_port)}",
+            world_size=int(world_size),
+            rank=int(rank_offset),
+            group_name=group_name,
+        )
+        # the tensors a gloo group moves are host tensors; NCCL's are on the engine's GPU
+        groups[group_name] = (group, self.device if backend == "nccl" else torch.device("cpu"))
+
+    def update_weights_from_distributed(
+        self, entries: Sequence[Tuple[str, str, Sequence[int]]], group_name: str
+    ) -> None:
+        """One bucket broadcast from rank 0 of ``group_name``: ``entries`` are (HF name, dtype
+        name, shape) in the order of the broadcasts. Blocks until every tensor arrived, then loads
+        them as :meth:`update_weights` does. Requests in flight are kept: called between two
+        polls, the tokens decoded after it are of the new weights (the caller then sets the
+        version: :meth:`set_weight_version`)."""
+        import torch.distributed as dist  # lazy: the collective path only
+
+        joined = self._update_groups.get(group_name)
+        if joined is None:
+            raise WeightUpdateError(
+                f"update_weights_from_distributed: group {group_name!r} not joined (init_weights_update_group first)"
+            )
+        group, dev = joined
+        bucket = []
+        for name, dtype, shape in entries:
+            t = torch.empty([int(x) for x in shape], dtype=getattr(torch, str(dtype).replace("torch.", "")), device=dev)
+            dist.broadcast(t, src=0, group=group)
+            bucket.append((str(name), t))
+        self.update_weights(bucket)
+
+    def destroy_weights_update_group(self, group_name: str) -> None:
+        import torch.distributed as dist  # lazy: the collective path only
+
+        joined = self._update_groups.pop(group_name, None)
+        if joined is not None:
+            dist.destroy_process_group(joined[0])
 
     # ---------------------------------------------------------------- generation ----
     def _forward(self, input_ids, attention_mask, position_ids, cache, last_only=False):

@@ -130,6 +130,7 @@ def test_checkpoint_save_and_load_pass_the_strict_mode(gloo, tmp_path):
 # until it is listed: check it hands each group a tensor on collective_device(group).
 COLLECTIVE_MODULES = {
     "megatron_dapo/hybrid/weight_broadcast.py": "tests/rollout/test_sglang_cpu_engine.py (a gloo group with the real engine)",
+    "megatron_dapo/rollout/hf_engine.py": "tests/rollout/test_version_stamps.py (the receiving side of a gloo broadcast; CPU tensors, the engine's own device)",
     "megatron_dapo/checkpoint/dist_ckpt.py": "tests/checkpoint/test_roundtrip.py, this file",
     "megatron_dapo/checkpoint/hf_export.py": "tests/training/test_export_hf.py (object collectives, barriers)",
     "megatron_dapo/checkpoint/model_io.py": "tests/checkpoint/test_roundtrip.py (TP export gather)",

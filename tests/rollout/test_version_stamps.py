@@ -82,3 +82,86 @@ def test_the_driver_keeps_the_engines_stamps_and_stamps_the_rest_with_its_step(r
     t = Sample(0, list(PROMPTS[0]), [], [], "abort", "4", token_versions=[])
     extend_sample(t, out[0].output, step=9, max_len=4)
     assert t.token_versions == [9] * 4
+
+
+def test_a_broadcast_into_a_generating_engine_keeps_its_requests_and_stamps_every_token(ref, tmp_path):
+    """The asynchronous path's update: the trainer's sync rank (a process of its own,
+    hybrid/weight_broadcast.py, over gloo) broadcasts new weights into an HFEngine whose two
+    requests are half-way: they are kept, not aborted; the tokens before the update are the old
+    weights' (version 3), those after are decoded by the new weights (version 4), none
+    unmarked; a request admitted after the update is exactly what an engine built on the
+    broadcast weights generates."""
+    import subprocess
+    import sys
+    import threading
+
+    from megatron_dapo.hybrid.weight_broadcast import bucket_entries
+    from megatron_dapo.ports import free_port
+    from megatron_dapo.rollout.engine_host import ROOT
+
+    eng = HFEngine(ref.config, ref.state_dict(), max_running=4)
+    eng.set_weight_version(3)
+    port = free_port()
+    sender = subprocess.Popen(
+        [sys.executable, "-m", "tests.rollout.broadcast_sender", "127.0.0.1", str(port), "2", "stamps-test"],
+        cwd=str(ROOT),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        eng.init_weights_update_group("127.0.0.1", port, 1, 2, "stamps-test", "gloo")
+        assert sender.stdout.readline().strip() == "joined"
+        eng.submit([Request("a", PROMPTS[0], _greedy(10)), Request("b", PROMPTS[1], _greedy(10))])
+        for _ in range(4):  # four decode steps: four tokens of version 3 each
+            assert eng.poll(0.0) == []
+        gen = torch.Generator().manual_seed(4)
+        new = {n: t + 0.05 * torch.randn(t.shape, generator=gen) for n, t in ref.state_dict().items()}
+        bucket = list(new.items())
+        torch.save(bucket, tmp_path / "bucket.pt")
+        got: list = []
+
+        def receive():
+            try:
+                eng.update_weights_from_distributed(bucket_entries(bucket), "stamps-test")
+                got.append("ok")
+            except Exception as e:  # noqa: BLE001 - asserted below
+                got.append(e)
+
+        t = threading.Thread(target=receive)
+        t.start()  # the engine's call returns once every tensor arrived
+        sender.stdin.write(f"{tmp_path / 'bucket.pt'}\n")
+        sender.stdin.flush()
+        assert sender.stdout.readline().startswith("sent ")
+        t.join(timeout=120)
+        assert got == ["ok"], got
+        eng.finish_weight_update()
+        eng.set_weight_version(4)
+        eng.submit([Request("c", PROMPTS[2], _greedy(6))])  # admitted after the update
+        outs = {}
+        while len(outs) < 3:
+            for f in eng.poll(30.0):
+                outs[f.rid] = f.output
+        eng.destroy_weights_update_group("stamps-test")
+    finally:
+        sender.stdin.close()
+        try:
+            sender.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            sender.kill()
+            sender.wait()
+        sender.stdout.close()
+    assert {o.finish_reason for o in outs.values()} == {"length"}  # kept through the update, not aborted
+    # the weights that arrived are exactly the broadcast ones: a request admitted after the
+    # update is the greedy output of an engine built on them
+    fresh = HFEngine(ref.config, new)
+    assert outs["c"].token_versions == [4] * 6
+    assert outs["c"].output_ids == fresh.generate([PROMPTS[2]], _greedy(6))[0][0].output_ids
+    old_engine = HFEngine(ref.config, ref.state_dict())
+    for rid, prompt in (("a", PROMPTS[0]), ("b", PROMPTS[1])):
+        o = outs[rid]
+        assert o.token_versions == [3] * 4 + [4] * 6, o.token_versions
+        before = old_engine.generate([prompt], _greedy(10))[0][0].output_ids
+        assert o.output_ids[:4] == before[:4]  # the old weights' tokens
+        # after it the new weights decode (over the prefix's cache, kept from the old ones)
+        assert o.output_ids[4:] != before[4:], (rid, o.output_ids, before)
