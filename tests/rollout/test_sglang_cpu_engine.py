@@ -119,17 +119,23 @@ def test_streamed_requests_equal_the_blocking_call(engine):
 
 def test_an_aborted_request_returns_its_prefix_and_its_continuation_completes_the_greedy_path(engine):
     """Partial rollout: the prefix of an aborted request, continued as a new request, gives the
-    uninterrupted greedy output; the engine keeps serving after the abort."""
+    uninterrupted greedy output; the engine keeps serving after the abort. (The request asks for
+    far more tokens than it gets before the abort, so that it is still running then; the greedy
+    path is compared over the prefix and GREEDY.max_new_tokens more, generated after the abort,
+    instead of over all 1200 tokens twice: ~20 s of a loaded 2-core machine.)"""
     long = SamplingParams(temperature=0.0, max_new_tokens=1200, ignore_eos=True)
-    (full,) = engine.generate([PROMPTS[1]], long)[0]
     engine.submit([Request("long", PROMPTS[1], long)])
     assert engine.poll(0.3) == []  # it has started (a few seconds from its last token on 2 cores)
     (ab,) = engine.abort_requests(["long"])
     assert ab.rid == "long" and ab.output.finish_reason == "abort", ab.output.finish_reason
     prefix = ab.output.output_ids
     assert 0 < len(prefix) < long.max_new_tokens and len(ab.output.logprobs) == len(prefix)
+    tail = GREEDY.max_new_tokens
+    whole = SamplingParams(temperature=0.0, max_new_tokens=len(prefix) + tail, ignore_eos=True)
+    (full,) = engine.generate([PROMPTS[1]], whole)[0]  # the uninterrupted greedy path past the prefix
+    assert len(full.output_ids) == len(prefix) + tail
     assert prefix == full.output_ids[: len(prefix)]
-    rest = SamplingParams(temperature=0.0, max_new_tokens=long.max_new_tokens - len(prefix), ignore_eos=True)
+    rest = SamplingParams(temperature=0.0, max_new_tokens=tail, ignore_eos=True)
     (cont,) = engine.generate([PROMPTS[1] + prefix], rest)[0]
     assert prefix + cont.output_ids == full.output_ids
 
