@@ -95,7 +95,9 @@ class Trainer:
         self.trainer_version = 1  # the weights the trainer holds, in Sample.token_versions' numbering
         self._hybrid_lock = threading.Lock()  # the hybrid step's calls, from the rollout thread too
         self.offload_train = (
-            cfg.rollout.offload_train if cfg.rollout.offload_train is not None else torch.cuda.is_available()
+            cfg.rollout.offload_train
+            if cfg.rollout.offload_train is not None
+            else torch.cuda.is_available() and cfg.rollout.placement == "colocated"
         )
         self._probe_tokens = list(self.dataset[0].prompt_ids) if len(self.dataset) else []
         self.data_fingerprint = self.dataset.fingerprint
@@ -139,7 +141,8 @@ class Trainer:
             self.cluster.num_engines,
             self._resync,
             cfg.rollout.engine_timeout_s,
-            pause_others_on_restart=cfg.rollout.async_mode == "off" or self.offload_train,
+            pause_others_on_restart=(cfg.rollout.async_mode == "off" and cfg.rollout.placement == "colocated")
+            or self.offload_train,
         )
         self.hybrid.launch(self._remote_engines(), self.cluster.build_trainers)
         print(
@@ -148,6 +151,13 @@ class Trainer:
             f"rendezvous {self.cluster.master_addr}:{self.cluster.master_port})",
             flush=True,
         )
+        if self.cluster.disaggregated:
+            print(
+                f"[init] placement: disaggregated: {self.cluster.num_engines} engine(s) on {cfg.rollout.num_gpus} "
+                f"GPU(s) of their own (a placement group apart from the trainer's {self.cluster.world}); each sync "
+                "broadcasts the weights from trainer rank 0 to every engine",
+                flush=True,
+            )
         self.manager = RolloutManager(cfg, self.dataset, self.sampler, self.engines, self.scorer, self.tokenizer)
         r = cfg.rollout
         # --async-mode: the engines generate up to `lag` versions ahead of the trainer (driver/prefetch.py)
@@ -262,8 +272,9 @@ class Trainer:
         samples = assign_advantages(roll.groups, a)
         offpolicy = stale_token_mode(cfg)
         samples, untrainable = training_samples(samples, optimizer_steps(cfg), self.trainers.dp_size, offpolicy)
-        # 3. engines release their memory, the trainer onloads (one-step-off: they keep generating)
-        if cfg.rollout.async_mode == "off":
+        # 3. engines release their memory, the trainer onloads (async or on GPUs of their own: they keep it)
+        switch = cfg.rollout.async_mode == "off" and cfg.rollout.placement == "colocated"
+        if switch:
             self.hybrid.to_train(engines)
         # async: a restarted engine's resync (from the rollout thread) waits for this work, then gets the newest weights
         with self._hybrid_lock if self.queue is not None else contextlib.nullcontext():
@@ -289,15 +300,15 @@ class Trainer:
         # 6. engines resume weights, sync, probe, trainer offloads, engines resume KV cache
         if samples:
             self._probe_tokens = list(samples[0].prompt_ids) + list(samples[0].response_ids)
-        if cfg.rollout.async_mode == "off":
+        if switch:
             info = self.hybrid.to_rollout(engines, probe=self._probe)
         else:  # async: the engines end the collection they are in first, then take the new weights
-            assert self.queue is not None
-            with self.queue.paused(), self._hybrid_lock:
+            with self.queue.paused() if self.queue is not None else contextlib.nullcontext(), self._hybrid_lock:
                 self.hybrid.timings = {}
                 info = self.hybrid.resync(self._remote_engines(), probe=self._probe)
-                self._remote_engines().set_weight_version(step + 1)
-                self.queue.update(version=step + 1)
+                if self.queue is not None:
+                    self._remote_engines().set_weight_version(step + 1)
+                    self.queue.update(version=step + 1)
         h = self.hybrid.timings
         debug.log_hybrid_events(self.run_dir, step, self.hybrid.events)
         self.hybrid.events.clear()

@@ -165,6 +165,22 @@ class RolloutConfig:
     num_gpus_per_engine: int = _f(
         1, "GPUs per rollout engine (engine TP size).", "--rollout-num-gpus-per-engine", range=COUNT
     )
+    placement: str = _f(
+        "colocated",
+        "Where the rollout engines run: 'colocated' (on the trainer's GPUs, the hybrid engine: generate, offload, "
+        "train, sync) or 'disaggregated' (on --rollout-num-gpus GPUs of their own, next to the trainer's: the "
+        "engines keep their memory, and each sync broadcasts the weights from the trainer's rank 0 over a "
+        "collective group the engines join; what --async-mode needs on GPUs).",
+        "--rollout-placement",
+        choices=("colocated", "disaggregated"),
+    )
+    num_gpus: int = _f(
+        0,
+        "--rollout-placement disaggregated: the GPUs of the engines, apart from the trainer's (a multiple of "
+        "--rollout-num-gpus-per-engine; 0 with colocated engines).",
+        "--rollout-num-gpus",
+        range=EVERY,
+    )
     mem_fraction_static: float = _f(
         0.7,
         "SGLang static memory fraction.",

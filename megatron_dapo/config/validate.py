@@ -242,7 +242,7 @@ def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[
         raise ConfigError(
             f"--dynamic-sampling needs --n-samples-per-prompt >= 2 (a group of 1 is never mixed), got {r.n_samples_per_prompt}"
         )
-    if world % r.num_gpus_per_engine:
+    if r.placement == "colocated" and world % r.num_gpus_per_engine:
         raise ConfigError(f"world size {world} not divisible by --rollout-num-gpus-per-engine {r.num_gpus_per_engine}")
     if p.sequence_parallel and tp == 1:
         raise ConfigError("--sequence-parallel needs --tensor-model-parallel-size > 1")
@@ -286,6 +286,7 @@ def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[
             f"--recompute-method {cfg.model.recompute_method} needs --recompute-granularity full, "
             f"got {cfg.model.recompute_granularity}"
         )
+    check_placement(cfg)
     check_async(cfg, on_gpu)
     check_paths(cfg)
     if cfg.rollout.check_weight_sync_init and (cfg.checkpoint.load or cfg.model.pretrained_checkpoint):
@@ -323,6 +324,28 @@ def stale_token_mode(cfg: DAPOConfig) -> Optional[str]:
     return r.partial_rollout_offpolicy if r.partial_rollout else None
 
 
+def check_placement(cfg: DAPOConfig) -> None:
+    """``--rollout-placement``: disaggregated engines need GPUs of their own, in whole engines."""
+    r = cfg.rollout
+    if r.placement == "colocated":
+        if r.num_gpus:
+            raise ConfigError(
+                f"--rollout-num-gpus {r.num_gpus} gives the engines GPUs of their own: add --rollout-placement "
+                "disaggregated (colocated engines use the trainer's GPUs)"
+            )
+        return
+    if r.num_gpus < 1 or r.num_gpus % r.num_gpus_per_engine:
+        raise ConfigError(
+            f"--rollout-placement disaggregated needs --rollout-num-gpus, a multiple of --rollout-num-gpus-per-engine "
+            f"{r.num_gpus_per_engine} (got {r.num_gpus})"
+        )
+    if r.offload_train:
+        raise ConfigError(
+            "--offload-train frees the trainer's GPU memory for colocated engines: with --rollout-placement "
+            "disaggregated the engines have GPUs of their own, drop it"
+        )
+
+
 def check_async(cfg: DAPOConfig, on_gpu: bool) -> None:
     """``--async-mode``: what one-step-off needs and what it does not combine with yet."""
     r = cfg.rollout
@@ -344,11 +367,10 @@ def check_async(cfg: DAPOConfig, on_gpu: bool) -> None:
     if r.async_mode == "off":
         return
     flag = f"--async-mode {r.async_mode}"
-    if on_gpu:
+    if on_gpu and r.placement == "colocated":
         raise ConfigError(
-            f"{flag} needs engines on GPUs of their own, so that they keep generating while the trainer trains "
-            "(--rollout-placement disaggregated, not built yet: docs/rollout.md, 'Asynchronous DAPO'); on GPUs "
-            "run with --async-mode off"
+            f"{flag} needs engines on GPUs of their own, so that they keep generating while the trainer trains: "
+            "add --rollout-placement disaggregated --rollout-num-gpus N (or run with --async-mode off)"
         )
     if r.partial_rollout:
         raise ConfigError(f"{flag} with --partial-rollout is not built yet: drop one of them")

@@ -94,6 +94,31 @@ class PolicyActor:
         args = feeder_args(self.w.rank, self.w.cfg.rollout.num_gpus_per_engine, engine_handles, engine_kind)
         return self.w.sync_weights(bucket_bytes=bucket_bytes, feed_engines=True, **args)
 
+    def broadcast_to(self, engine_handles, engine_kind: str, address: str, port: int, world: int, group_name: str):
+        """Weight sync into engines on GPUs of their own (--rollout-placement disaggregated): every
+        rank takes part in the bucket collectives; rank 0 opens its member of the weight-update
+        group the engines are joining (``address:port``, ``world`` members, the engines' TP ranks
+        after it) and broadcasts each bucket to all of them (``hybrid.weight_broadcast.BroadcastSink``)."""
+        from ..hybrid.bucket_sinks import naming_for_kind
+        from ..hybrid.weight_broadcast import BroadcastSink, open_weight_update_group
+
+        if self.w.rank != 0:
+            return self.w.sync_weights(engine=None)
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        group = open_weight_update_group(address, port, world, group_name, backend)
+        handles = list(engine_handles)
+        sink = BroadcastSink(
+            group,
+            receive=lambda entries: [h.update_weights_from_distributed.remote(entries, group_name) for h in handles],
+            resolve=ray.get,
+            finish=lambda: ray.get([h.finish_weight_update.remote() for h in handles]),
+            naming=naming_for_kind(engine_kind),
+        )
+        try:
+            return self.w.sync_weights(engine=sink)
+        finally:
+            torch.distributed.destroy_process_group(group)
+
     def placement(self) -> dict:
         """Where this rank runs: Ray node id and the GPU ids Ray gave it (physical on its node)."""
         ctx = ray.get_runtime_context()
@@ -199,6 +224,16 @@ class EngineActor:
 
     def finish_weight_update(self):
         self.engine.finish_weight_update()
+
+    # weights broadcast over a collective group (--rollout-placement disaggregated): the engine's calls
+    def init_weights_update_group(self, address, port, rank_offset, world_size, group_name, backend):
+        self.engine.init_weights_update_group(address, port, rank_offset, world_size, group_name, backend)
+
+    def update_weights_from_distributed(self, entries, group_name):
+        self.engine.update_weights_from_distributed(entries, group_name)
+
+    def destroy_weights_update_group(self, group_name):
+        self.engine.destroy_weights_update_group(group_name)
 
     def release_memory(self, tags=None):
         """The tags whose release was a no-op (``RolloutEngine.release_memory``)."""

@@ -18,8 +18,10 @@ import torch
 from ..config import ConfigError, world_size
 from ..launch.placement import (
     PlacementError,
+    alive_nodes,
     bundle_placements,
     create_placement_group,
+    default_cpus_per_bundle,
     engine_gpu_plan,
     on_bundle,
     ranks_to_bundles,
@@ -79,17 +81,35 @@ class Cluster:
         on_gpu = torch.cuda.is_available()
         self.gpus = 1 if on_gpu else 0
         total_cpus = float(ray.cluster_resources().get("CPU", 1))
-        self.pg = create_placement_group(self.world, gpus_per_bundle=self.gpus, timeout_s=120)
+        r = cfg.rollout
+        self.disaggregated = r.placement == "disaggregated"
+        engine_gpus = r.num_gpus if self.disaggregated else 0
+        # CPU bundles share the CPUs among all bundles of the run (the engines' own ones too)
+        cpus = None if on_gpu else default_cpus_per_bundle(self.world + engine_gpus, 0, alive_nodes())
+        self.pg = create_placement_group(self.world, gpus_per_bundle=self.gpus, cpus_per_bundle=cpus, timeout_s=120)
         self.bundle_cpus = self._bundle_cpus()
-        self.threads = actor_threads(total_cpus, self.world, os.environ.get("OMP_NUM_THREADS"))
+        self.threads = actor_threads(total_cpus, self.world + engine_gpus, os.environ.get("OMP_NUM_THREADS"))
         by_bundle = bundle_placements(self.pg, self.gpus)
         self.bundle_of = ranks_to_bundles(by_bundle)  # rank -> bundle: by (node address, GPU id)
         self.placements = [by_bundle[b] for b in self.bundle_of]  # rank -> {node_id, node_ip, gpu_ids}
-        r = cfg.rollout
         self.engine_kind = resolve_engine_kind(r.engine, on_gpu)
-        self.num_engines = self.world // r.num_gpus_per_engine
-        # Engine e sits on the GPUs of the ranks that feed it (same node, consecutive ids).
-        self.engine_plan = engine_gpu_plan(self.placements, r.num_gpus_per_engine)
+        if self.disaggregated:
+            # the engines' own GPUs: a placement group of their own, engine e on bundles e*K .. e*K+K-1
+            self.engine_pg = create_placement_group(
+                engine_gpus, gpus_per_bundle=self.gpus, cpus_per_bundle=cpus, timeout_s=120, name="rollout-engines"
+            )
+            by_engine_bundle = bundle_placements(self.engine_pg, self.gpus)
+            self.engine_bundle_of = ranks_to_bundles(by_engine_bundle)
+            self.engine_placements = [by_engine_bundle[b] for b in self.engine_bundle_of]
+            self.num_engines = engine_gpus // r.num_gpus_per_engine
+        else:
+            self.engine_pg, self.engine_placements = self.pg, self.placements
+            self.engine_bundle_of = self.bundle_of
+            self.num_engines = self.world // r.num_gpus_per_engine
+        # Engine e sits on consecutive GPUs of one node: those of the ranks that feed it (colocated)
+        # or of its own bundles (disaggregated)
+        self.engine_plan = engine_gpu_plan(self.engine_placements, r.num_gpus_per_engine)
+        self._syncs = 0  # weight-update groups opened (disaggregated: one per sync)
         self.actors: list = []
         self.infos: list = []
         self.trainers: Optional[TrainerGroup] = None  # once build_trainers ran
@@ -136,14 +156,19 @@ class Cluster:
     def make_engine(self, i: int):
         """Launch engine ``i`` (an EngineActor on the bundles of its feeding ranks); a restarted
         engine ``i`` replaces the old one in :meth:`sync`."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # lazy: Ray
+
         from .actors import EngineActor  # imports Ray at its top
 
         r, gpus = self.cfg.rollout, self.gpus
         kw, opts = engine_options(self.cfg, self.engine_kind, i, self.engine_plan[i]["base_gpu_id"], self.tokenizer_dir)
+        share = 1.0 if self.disaggregated else 0.5  # a bundle of its own, or half of a trainer rank's
         handle = EngineActor.options(  # type: ignore[attr-defined]  # a @ray.remote class
-            scheduling_strategy=self._strategy(i * r.num_gpus_per_engine),
-            num_cpus=self.bundle_cpus / 2,
-            num_gpus=gpus * 0.5 if gpus else 0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                self.engine_pg, placement_group_bundle_index=self.engine_bundle_of[i * r.num_gpus_per_engine]
+            ),
+            num_cpus=self.bundle_cpus * share,
+            num_gpus=gpus * share if gpus else 0,
             **opts,
         ).remote(self.engine_kind, self.hf_dir, self.tokenizer_dir, self.threads, **kw)
         self._engine_ids[handle._actor_id] = i
@@ -157,6 +182,8 @@ class Cluster:
         import ray  # lazy: Ray
 
         handles = list(getattr(engine_handles, "members", engine_handles))  # RemoteEngines or handles
+        if self.disaggregated:
+            return self._broadcast(handles)
         # Every rank feeds the engine on its own GPUs (docs/hybrid.md, "who feeds whom"); the
         # ranks of an engine not being synced (a restarted engine is synced alone) only take
         # part in the collectives.
@@ -170,6 +197,42 @@ class Cluster:
         fed = [o for r, o in enumerate(outs) if by_index[r // self.cfg.rollout.num_gpus_per_engine] is not None]
         return {
             "bytes": fed[0]["bytes"] if fed else 0,
+            "buckets": max(o["buckets"] for o in outs),
+            "seconds": max(o["seconds"] for o in outs),
+            "engines": len(handles),
+        }
+
+    def _broadcast(self, handles) -> dict:
+        """The sync into engines on GPUs of their own: a weight-update group of rank 0 and every
+        synced engine's TP ranks (engine j's TP rank k is member 1 + j*K + k), opened for this
+        sync on rank 0's node; the engines join, rank 0 broadcasts every bucket to all of them
+        (``PolicyActor.broadcast_to``), then the group is closed on every side."""
+        import ray  # lazy: Ray
+
+        for h in handles:
+            if self._engine_ids.get(h._actor_id) is None:
+                raise ValueError("Cluster.sync: an engine handle that this cluster's make_engine did not create")
+        k = self.cfg.rollout.num_gpus_per_engine
+        where = on_bundle(self.pg, self.bundle_of[0], gpus=0.01 if self.gpus else 0)
+        address = (
+            "127.0.0.1"
+            if len({p["node_id"] for p in self.placements + self.engine_placements}) == 1
+            else where["node_ip"]
+        )
+        self._syncs += 1
+        name, world = f"mdapo-weights-{os.getpid()}-{self._syncs}", 1 + k * len(handles)
+        backend = "nccl" if self.gpus else "gloo"
+        joins = [
+            h.init_weights_update_group.remote(address, where["port"], 1 + j * k, world, name, backend)
+            for j, h in enumerate(handles)
+        ]
+        outs = ray.get(
+            [a.broadcast_to.remote(handles, self.engine_kind, address, where["port"], world, name) for a in self.actors]
+        )
+        ray.get(joins)
+        ray.get([h.destroy_weights_update_group.remote(name) for h in handles])
+        return {
+            "bytes": outs[0]["bytes"],
             "buckets": max(o["buckets"] for o in outs),
             "seconds": max(o["seconds"] for o in outs),
             "engines": len(handles),
@@ -200,10 +263,11 @@ class Cluster:
                 ray.kill(a)
             except Exception:
                 pass
-        try:
-            ray.util.remove_placement_group(self.pg)
-        except Exception:
-            pass
+        for pg in {id(self.pg): self.pg, id(self.engine_pg): self.engine_pg}.values():
+            try:
+                ray.util.remove_placement_group(pg)
+            except Exception:
+                pass
         here = ray.util.get_node_ip_address()
         remove_shared_memory_files([i["pid"] for i in self.infos if i.get("node_ip") == here])
 

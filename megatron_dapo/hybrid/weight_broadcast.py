@@ -15,15 +15,21 @@ is rank ``offset_e + k``. The engine side is ``SGLangEngine.init_weights_update_
   call blocks until it received them all, so the caller starts it (a Ray call, a thread) before
   broadcasting.
 
+- :class:`BroadcastSink`: the weight sync's sink on the trainer's rank 0 when the engines have
+  GPUs of their own (``--rollout-placement disaggregated``): each bucket is announced to every
+  engine and broadcast once to all of them.
+
 "gloo" runs it on CPUs (the tests, tests/rollout/test_sglang_cpu_engine.py), "nccl" on GPUs.
 """
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
+
+from .bucket_sinks import BucketSink
 
 Entry = Tuple[str, str, List[int]]
 
@@ -54,3 +60,39 @@ def broadcast_bucket(group, bucket: Sequence[Tuple[str, torch.Tensor]]) -> int:
         dist.broadcast(t, src=0, group=group)
         sent += t.numel() * t.element_size()
     return sent
+
+
+class BroadcastSink(BucketSink):
+    """Rank 0's sink of a disaggregated sync: bucket ``i`` is announced to the engines
+    (``receive(entries)`` starts their ``update_weights_from_distributed`` calls and returns
+    what ``resolve`` waits on), broadcast over ``group``, and acknowledged before the buffer is
+    reused (the engines copied it: ``lag`` 0). ``finish`` ends the engines' update. An error is
+    kept and raised by ``finish`` (the broadcasts of the remaining buckets still run, so no
+    member of the group waits forever)."""
+
+    def __init__(
+        self,
+        group,
+        receive: Callable[[List[Entry]], Any],
+        resolve: Callable[[Any], Any],
+        finish: Callable[[], Any],
+        naming: Optional[str] = None,
+    ):
+        self.group, self.receive, self.resolve, self._finish = group, receive, resolve, finish
+        self.naming = naming
+        self.bytes = 0
+        self.error: Optional[BaseException] = None
+
+    def submit(self, index, views, flat):
+        pending = self.receive(bucket_entries(views))
+        self.bytes += broadcast_bucket(self.group, views)
+        try:
+            self.resolve(pending)
+        except Exception as exc:  # noqa: BLE001 - reported by finish
+            if self.error is None:
+                self.error = exc
+
+    def finish(self):
+        if self.error is not None:
+            raise self.error
+        self._finish()

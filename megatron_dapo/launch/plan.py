@@ -61,6 +61,15 @@ def launch_order_lines(cfg: DAPOConfig, plan: PlacementPlan, engine_kind: str) -
     engine = engine_kind_spec(engine_kind).title or engine_kind
     released = "/".join(MEMORY_TAGS)
     resumed = "/".join(t for t in MEMORY_TAGS if t != WEIGHTS)
+    if cfg.rollout.placement == "disaggregated":
+        return [
+            "--- launch order (driver/cluster.py; the engines on GPUs of their own) ---",
+            f"launch order: 1. engines ({engine} TP{plan.gpus_per_engine} x {cfg.rollout.num_gpus // plan.gpus_per_engine})"
+            " on their own GPUs, each sizing its KV cache from the free memory of its GPUs",
+            f"  2. trainer builds model + optimizer (TP {plan.tp} x PP {plan.pp} x CP {plan.cp} x DP {plan.dp}) on its GPUs",
+            "  3. first weight sync (a broadcast from trainer rank 0); 4. loop: generate -> train -> broadcast, the "
+            "engines keep their memory (with --async-mode the two overlap)",
+        ]
     return [
         "--- launch order (driver/cluster.py; memory per engine GPU below) ---",
         f"launch order: 1. engines ({engine} TP{plan.gpus_per_engine} x {plan.num_engines}) on free GPUs, each sizing "
@@ -100,6 +109,44 @@ def _optimizer_shards(cfg: DAPOConfig, arch: ModelArch, plan: PlacementPlan) -> 
         return dense
     edp = max(1, plan.world // (plan.pp * expert_group_size(cfg)))
     return f"dense {dense}, experts over EDP {edp}"
+
+
+def disaggregated_lines(cfg: DAPOConfig, arch: ModelArch, plan: PlacementPlan, unit: str) -> List[str]:
+    """``--rollout-placement disaggregated``: the two pools, the memory of each, the sync and
+    what overlaps (driver/cluster.py, hybrid/weight_broadcast.py)."""
+    r = cfg.rollout
+    k, n = r.num_gpus_per_engine, r.num_gpus
+    engines = n // k
+    more_nodes = -(-n // plan.gpus_per_node)
+    mm = estimate_memory(cfg, arch, GPU_CAPACITY_GB["H100 80GB"])
+    per_engine = r.rollout_batch_size * r.n_samples_per_prompt / max(engines, 1)
+    seq = cfg.data.max_prompt_length + cfg.algo.max_response_length
+    full = mm.kv_tokens // seq if seq else 0
+    lines = [
+        f"trainer pool: the {plan.world} {unit} above, nothing offloaded (the engines are elsewhere): on an H100 "
+        f"80GB, weights + grads + optimizer {_gb(mm.static)} resident, training peak {_gb(mm.train_peak)}",
+        f"engine pool: --rollout-num-gpus {n} {unit} of their own = {engines} engines x TP {k} (--rollout-num-gpus-"
+        f"per-engine), about {more_nodes} more node(s) of {plan.gpus_per_node}; on an H100 80GB each engine GPU "
+        f"holds its weights share {_gb(mm.engine_weights)} and a KV cache budget {_gb(mm.kv_cache)} "
+        f"(--sglang-mem-fraction-static {r.mem_fraction_static} of {_gb(mm.engine_free_at_launch)} free) = "
+        f"{mm.kv_tokens:,} KV tokens = {full} full-length sequences at once "
+        f"({min(1.0, full / per_engine if per_engine else 1):.0%} of its share of a step), kept across steps",
+        f"weight sync: trainer rank 0 gathers every bucket (TP / PP / EP shards into the engine's HF names) and "
+        f"broadcasts it once to all {engines} engines over one collective group they join "
+        f"({'NCCL' if unit == 'GPUs' else 'gloo'}; hybrid/weight_broadcast.py); the engines are idle at the sync",
+    ]
+    if r.async_mode == "off":
+        lines.append(
+            "overlap: none with --async-mode off: the engines wait while the trainer trains and the trainer while "
+            "they generate; add --async-mode one-step-off or bounded to overlap them"
+        )
+    else:
+        lines.append(
+            f"overlap: --async-mode {r.async_mode}: the engines generate the next step(s) while the trainer trains, "
+            "a step taking about max(generation, training) + sync instead of their sum (benchmarks/bench_async.py "
+            "simulates the 32B recipe: docs/benchmarks.md, 'Asynchronous DAPO (simulated)')"
+        )
+    return lines
 
 
 def dry_run_report(
@@ -144,7 +191,11 @@ def dry_run_report(
 
     add("")
     unit = "GPUs" if on_gpu else "CPU workers"
-    add(f"--- placement (one Ray placement group, one bundle per {unit[:-1]}; trainer and engines colocated) ---")
+    dis = r.placement == "disaggregated"
+    add(
+        f"--- placement (one Ray placement group, one bundle per {unit[:-1]}; "
+        + ("the engines in a group of their own) ---" if dis else "trainer and engines colocated) ---")
+    )
     add(
         f"{plan.nnodes} nodes x {plan.gpus_per_node} {unit} = {plan.world} {unit}; TP {plan.tp} x PP {plan.pp} x "
         f"CP {plan.cp} x DP {plan.dp}"
@@ -155,17 +206,21 @@ def dry_run_report(
             add(f"  ... {len(plan.nodes) - 8} more nodes ...")
         add(
             f"  node {n.node:>3}: ranks {_span(n.ranks)}, PP stage {_span(n.pp_stages)}, DP replica "
-            f"{_span(n.dp_replicas)}, engines {_span(n.engines)}"
+            f"{_span(n.dp_replicas)}" + ("" if dis else f", engines {_span(n.engines)}")
         )
-    add(
-        f"rollout: {plan.num_engines} engines = {plan.world} GPUs / --rollout-num-gpus-per-engine "
-        f"{plan.gpus_per_engine} (engine TP {plan.gpus_per_engine}), colocated with the trainer ranks on the same GPUs"
-    )
-    shown_e = plan.engines if len(plan.engines) <= 32 else plan.engines[:4] + plan.engines[-4:]
-    for i, en in enumerate(shown_e):
-        if len(plan.engines) > 32 and i == 4:
-            add(f"  ... {len(plan.engines) - 8} more engines ...")
-        add(f"  engine {en.index:>3}: GPUs {_span(en.gpus)} (node {_span(en.nodes)})")
+    if dis:
+        out.extend(disaggregated_lines(cfg, arch, plan, unit))
+    else:
+        add(
+            f"rollout: {plan.num_engines} engines = {plan.world} GPUs / --rollout-num-gpus-per-engine "
+            f"{plan.gpus_per_engine} (engine TP {plan.gpus_per_engine}), colocated with the trainer ranks on the same "
+            "GPUs"
+        )
+        shown_e = plan.engines if len(plan.engines) <= 32 else plan.engines[:4] + plan.engines[-4:]
+        for i, en in enumerate(shown_e):
+            if len(plan.engines) > 32 and i == 4:
+                add(f"  ... {len(plan.engines) - 8} more engines ...")
+            add(f"  engine {en.index:>3}: GPUs {_span(en.gpus)} (node {_span(en.nodes)})")
 
     if r.async_mode != "off":
         bound = 1 if r.async_mode == "one-step-off" else r.max_staleness

@@ -51,7 +51,17 @@ def test_what_one_step_off_does_not_combine_with_is_refused_in_one_line():
             validate(cfg, on_gpu=on_gpu)
         return str(e.value)
 
-    assert "--rollout-placement disaggregated, not built yet" in refused(on_gpu=True)
+    assert "add --rollout-placement disaggregated --rollout-num-gpus N" in refused(on_gpu=True)
+    # disaggregated engines: their own GPUs, in whole engines, and no trainer offload
+    assert "needs --rollout-num-gpus, a multiple of --rollout-num-gpus-per-engine 2 (got 3)" in refused(
+        "--rollout-placement", "disaggregated", "--rollout-num-gpus", "3", "--rollout-num-gpus-per-engine", "2"
+    )
+    assert "--rollout-num-gpus 4 gives the engines GPUs of their own: add --rollout-placement disaggregated" in (
+        refused("--rollout-num-gpus", "4")
+    )
+    assert "drop it" in refused(
+        "--rollout-placement", "disaggregated", "--rollout-num-gpus", "1", "--offload-train", "true"
+    )
     assert "--partial-rollout is not built yet" in refused("--partial-rollout")
     assert "--reuse-surplus-groups is not built yet" in refused("--reuse-surplus-groups")
 
@@ -129,3 +139,31 @@ def test_bounded_runs_ahead_within_the_bound_and_survives_an_engine_killed_while
     # came as the step's last requests were being aborted: tests/driver/test_streaming_manager.py)
     assert rows[-1]["engine_restarts"] == 1, [(r["engine_restarts"], r["engine_resent_requests"]) for r in rows]
     assert rows[-1]["async_regenerated_steps"] == 0  # a fixed lag throws nothing away
+
+
+def test_disaggregated_engines_take_broadcast_weights_while_one_step_off_overlaps(tmp_path, capsys):
+    """--rollout-placement disaggregated --rollout-num-gpus 1: the engine runs on a bundle of its
+    own, apart from the trainer's; every sync is a broadcast from trainer rank 0 over a gloo
+    weight-update group the engine joins (hybrid/weight_broadcast.py, HFEngine's side of SGLang's
+    calls), checked exactly after each sync (per-tensor checksums of the engine against what the
+    trainer sent, and the logprob probe), and one-step-off runs on it."""
+    from megatron_dapo.train import main
+
+    hf = make_tiny_qwen2_dir(str(tmp_path / "hf"))
+    prompts = make_prompts(str(tmp_path / "prompts.jsonl"))
+    run = str(tmp_path / "run")
+    over = {
+        "--rollout-placement": "disaggregated",
+        "--rollout-num-gpus": "1",
+        "--async-mode": "one-step-off",
+        "--dump-rollouts-every": "0",
+    }
+    assert main(base_args(hf, prompts, run, **over)) == 0
+    out = capsys.readouterr().out
+    assert "[init] placement: disaggregated: 1 engine(s) on 1 GPU(s) of their own" in out
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert r["weight_sync_checksums_compared"] > 0, r  # every tensor's bytes, engine vs trainer
+        assert r["weight_sync_probe_diff"] < 1e-5 and r["sync_bytes"] > 0, r
+    assert [r["sample_staleness_max"] for r in rows] == [0, 1, 1]

@@ -329,3 +329,35 @@ def test_the_plan_says_what_one_step_off_bounded_and_their_controller_do(arch):
         cpu("--async-mode", "bounded", "--max-staleness", "4", "--staleness-control", "ess"), arch, on_gpu=False
     )
     assert "steered between 0 and 4" in text
+
+
+def test_the_plan_prints_both_pools_of_a_disaggregated_run(arch):
+    """--rollout-placement disaggregated: the trainer's pool and the engines' own, the memory of
+    each (from the same estimate as the colocated plan), the broadcast sync and the overlap."""
+    from megatron_dapo.launch.memory_estimate import GB, GPU_CAPACITY_GB, estimate_memory
+
+    flags = [
+        "--hf-checkpoint",
+        str(QWEN32B),
+        *CLUSTER,
+        "--rollout-placement",
+        "disaggregated",
+        "--rollout-num-gpus",
+        "64",
+        "--rollout-num-gpus-per-engine",
+        "4",
+    ]
+    cfg = parse_args(flags + ["--async-mode", "bounded", "--max-staleness", "2"])
+    text = dry_run_report(cfg, arch, on_gpu=True)
+    mm = estimate_memory(cfg, arch, GPU_CAPACITY_GB["H100 80GB"])
+    assert "the engines in a group of their own" in text and "engines 0-" not in text
+    assert "trainer pool: the 128 GPUs above, nothing offloaded" in text
+    assert f"training peak {mm.train_peak / GB:.1f} GB" in text
+    assert "engine pool: --rollout-num-gpus 64 GPUs of their own = 16 engines x TP 4" in text
+    assert "about 8 more node(s) of 8" in text and f"{mm.kv_tokens:,} KV tokens" in text
+    assert "broadcasts it once to all 16 engines over one collective group they join (NCCL" in text
+    assert "overlap: --async-mode bounded: the engines generate the next step(s) while the trainer trains" in text
+    assert "launch order: 1. engines (SGLang TP4 x 16) on their own GPUs" in text
+    assert "engines release" not in text  # nothing of the colocated switch
+    sync_only = dry_run_report(parse_args(flags), arch, on_gpu=True)
+    assert "overlap: none with --async-mode off" in sync_only
