@@ -29,6 +29,7 @@ import contextlib
 import difflib
 import errno
 import os
+import re
 import shutil
 import sys
 from typing import Optional
@@ -67,6 +68,22 @@ class RunStoppedError(RuntimeError):
     """The run cannot go on for a reason of its data or settings that the message names, with
     what to change (``RolloutStallError``, the trainer's ``TrainingError``); the last checkpoint
     is kept. One line, like a mistake in the input: it is not a bug of the program."""
+
+
+def out_of_memory_stop(exc: BaseException) -> Optional[RunStoppedError]:
+    """Ray's ``OutOfMemoryError`` (its memory monitor killed a worker: the node's memory crossed
+    its threshold) as a one-line stop naming the memory and what to change; None for any other
+    exception. Matched by name, so this layer imports no Ray."""
+    t = type(exc)
+    if t.__name__ != "OutOfMemoryError" or not t.__module__.startswith("ray"):
+        return None
+    m = re.search(r"was ([\d.]+\s*GB) used / ([\d.]+\s*GB) limit", str(exc))
+    used = f" ({m.group(1)} used of {m.group(2)})" if m else ""
+    return RunStoppedError(
+        f"the node ran out of memory{used} and Ray killed a worker of the run: other processes on the node took "
+        "part of it, or the run needs less (lower --rollout-batch-size, --micro-batch-size or --max-tokens-per-gpu); "
+        "the last checkpoint is kept: rerun the same command with --load to continue from it"
+    )
 
 
 class DiskFullError(OSError):

@@ -43,7 +43,7 @@ from .driver.prefetch import RolloutQueue
 from .driver.rollout_manager import EnginePool, RolloutManager
 from .driver.signals import SIGTERM_SEEN as _SIGTERM  # noqa: F401
 from .driver.signals import STOP_BOUND_S, check_not_terminated, exit_within, stop_on_sigterm
-from .errors import DiskFullError, RunStoppedError, report_user_error, writing
+from .errors import DiskFullError, RunStoppedError, out_of_memory_stop, report_user_error, writing
 from .eval.runner import evaluate_in_training
 from .hybrid.phases import HybridStep
 from .known_warnings import quiet_known_warnings
@@ -458,7 +458,8 @@ def main(argv=None) -> int:
     except Exception as e:
         if _SIGTERM.is_set():  # whatever a library made of the interruption
             return 128 + signal.SIGTERM
-        return report_user_error("megatron_dapo.train", e)  # re-raises anything but a user error
+        # Ray's memory monitor killed a worker: one line, as a stop of the run (errors.py)
+        return report_user_error("megatron_dapo.train", out_of_memory_stop(e) or e)  # re-raises anything else
     except KeyboardInterrupt:  # Ctrl-C: one line, the cleanup below, exit 130 (no traceback)
         if _SIGTERM.is_set():  # the SIGTERM handler interrupts the same way: its own line was printed
             return 128 + signal.SIGTERM

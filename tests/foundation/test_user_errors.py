@@ -433,3 +433,22 @@ def test_sbatch_mistakes_are_one_line(tmp_path):
         assert p.returncode == 2, (extra, p.stdout[-2000:], p.stderr[-2000:])
         one_line(p.stderr, "submit_dapo:", *needles)
         assert "would run" not in p.stdout  # refused before anything is planned or started
+
+
+def test_a_worker_killed_by_rays_memory_monitor_is_one_line_naming_the_memory(capsys):
+    """What the CPU demo met when other jobs filled the node: Ray's OutOfMemoryError (a 90-line
+    traceback) becomes one stopping line with the node's memory, what to lower and how to go on."""
+    import ray.exceptions
+
+    from megatron_dapo.errors import EXIT_USER_ERROR, out_of_memory_stop, report_user_error
+
+    oom = ray.exceptions.OutOfMemoryError(
+        "1 worker(s) were killed due to the node running low on memory. Memory on the node (IP: 192.0.2.2, "
+        "ID: 96f5) was 22.37GB used / 23.54GB limit (0.950409)\nOOM kill reason: Memory usage 24029134848B"
+    )
+    assert report_user_error("megatron_dapo.train", out_of_memory_stop(oom) or oom) == EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "the node ran out of memory (22.37GB used of 23.54GB) and Ray killed a worker" in err
+    assert "--micro-batch-size" in err and "--load" in err
+    assert out_of_memory_stop(MemoryError("x")) is None  # only Ray's monitor, matched by its class
