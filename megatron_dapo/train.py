@@ -228,6 +228,7 @@ class Trainer:
         # async: the rollout thread's restart waits for the trainer's work and the driver's own sync,
         # then gets the newest weights (and stamps its tokens with their version)
         with self._hybrid_lock:
+            self.cluster.weight_version = self.trainer_version if self.queue is not None else None
             info = self.hybrid.resync(
                 self._remote_engines(handles),
                 probe=self._probe,
@@ -302,9 +303,14 @@ class Trainer:
             self._probe_tokens = list(samples[0].prompt_ids) + list(samples[0].response_ids)
         if switch:
             info = self.hybrid.to_rollout(engines, probe=self._probe)
-        else:  # async: the engines end the collection they are in first, then take the new weights
-            with self.queue.paused() if self.queue is not None else contextlib.nullcontext(), self._hybrid_lock:
+        else:
+            # colocated async: the engines end the collection they are in first, then take the new
+            # weights; on GPUs of their own they take them while they generate (a broadcast they
+            # load between two decode steps, the version switching with the weights)
+            idle = self.queue is not None and not self.cluster.disaggregated
+            with self.queue.paused() if idle else contextlib.nullcontext(), self._hybrid_lock:
                 self.hybrid.timings = {}
+                self.cluster.weight_version = step + 1
                 info = self.hybrid.resync(self._remote_engines(), probe=self._probe)
                 if self.queue is not None:
                     self._remote_engines().set_weight_version(step + 1)

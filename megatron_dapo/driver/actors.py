@@ -94,11 +94,21 @@ class PolicyActor:
         args = feeder_args(self.w.rank, self.w.cfg.rollout.num_gpus_per_engine, engine_handles, engine_kind)
         return self.w.sync_weights(bucket_bytes=bucket_bytes, feed_engines=True, **args)
 
-    def broadcast_to(self, engine_handles, engine_kind: str, address: str, port: int, world: int, group_name: str):
+    def broadcast_to(
+        self,
+        engine_handles,
+        engine_kind: str,
+        address: str,
+        port: int,
+        world: int,
+        group_name: str,
+        version: Optional[int] = None,
+    ):
         """Weight sync into engines on GPUs of their own (--rollout-placement disaggregated): every
         rank takes part in the bucket collectives; rank 0 opens its member of the weight-update
         group the engines are joining (``address:port``, ``world`` members, the engines' TP ranks
-        after it) and broadcasts each bucket to all of them (``hybrid.weight_broadcast.BroadcastSink``)."""
+        after it) and broadcasts each bucket to all of them (``hybrid.weight_broadcast.BroadcastSink``);
+        ``version``: the policy version the engines then hold (set as their update ends)."""
         from ..hybrid.bucket_sinks import naming_for_kind
         from ..hybrid.weight_broadcast import BroadcastSink, open_weight_update_group
 
@@ -111,7 +121,7 @@ class PolicyActor:
             group,
             receive=lambda entries: [h.update_weights_from_distributed.remote(entries, group_name) for h in handles],
             resolve=ray.get,
-            finish=lambda: ray.get([h.finish_weight_update.remote() for h in handles]),
+            finish=lambda: ray.get([h.finish_weight_update.remote(version) for h in handles]),
             naming=naming_for_kind(engine_kind),
         )
         try:
@@ -171,7 +181,7 @@ def engine_calls(handle, engine_kind: str):
     )
 
 
-@ray.remote(concurrency_groups={"control": 2})
+@ray.remote(concurrency_groups={"control": 2, "weights": 1})
 class EngineActor:
     """One rollout engine in its own process; threaded so ``abort`` can interrupt ``generate``."""
 
@@ -222,16 +232,26 @@ class EngineActor:
             raise TypeError(f"{type(self.engine).__name__} cannot load serialized weight payloads")
         load(payloads)
 
-    def finish_weight_update(self):
+    def finish_weight_update(self, version: Optional[int] = None):
+        """End the update; with ``version``, the weights now loaded are that policy version (set
+        in the same call: no decode step runs between the two, so every token's stamp is true)."""
         self.engine.finish_weight_update()
+        if version is not None:
+            self.engine.set_weight_version(version)
 
-    # weights broadcast over a collective group (--rollout-placement disaggregated): the engine's calls
+    # weights broadcast over a collective group (--rollout-placement disaggregated): the engine's
+    # calls. In a thread group of their own: they may run while the engine generates (poll), and
+    # an engine that cannot take them then (HFEngine holds them aside) loads them at
+    # finish_weight_update, which runs between two polls.
+    @ray.method(concurrency_group="weights")
     def init_weights_update_group(self, address, port, rank_offset, world_size, group_name, backend):
         self.engine.init_weights_update_group(address, port, rank_offset, world_size, group_name, backend)
 
+    @ray.method(concurrency_group="weights")
     def update_weights_from_distributed(self, entries, group_name):
         self.engine.update_weights_from_distributed(entries, group_name)
 
+    @ray.method(concurrency_group="weights")
     def destroy_weights_update_group(self, group_name):
         self.engine.destroy_weights_update_group(group_name)
 

@@ -110,6 +110,9 @@ class Cluster:
         # or of its own bundles (disaggregated)
         self.engine_plan = engine_gpu_plan(self.engine_placements, r.num_gpus_per_engine)
         self._syncs = 0  # weight-update groups opened (disaggregated: one per sync)
+        # the policy version the next sync gives the engines (the driver sets it; disaggregated
+        # engines take it as their update ends, so a generating engine's stamps switch with its weights)
+        self.weight_version: Optional[int] = None
         self.actors: list = []
         self.infos: list = []
         self.trainers: Optional[TrainerGroup] = None  # once build_trainers ran
@@ -227,7 +230,12 @@ class Cluster:
             for j, h in enumerate(handles)
         ]
         outs = ray.get(
-            [a.broadcast_to.remote(handles, self.engine_kind, address, where["port"], world, name) for a in self.actors]
+            [
+                a.broadcast_to.remote(
+                    handles, self.engine_kind, address, where["port"], world, name, self.weight_version
+                )
+                for a in self.actors
+            ]
         )
         ray.get(joins)
         ray.get([h.destroy_weights_update_group.remote(name) for h in handles])

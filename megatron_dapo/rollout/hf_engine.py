@@ -90,6 +90,8 @@ class HFEngine(RolloutEngine):
     ) -> None:
         super().__init__()
         self._update_groups: dict = {}  # weight-update groups joined (init_weights_update_group)
+        self._staged: list = []  # broadcast tensors received, loaded by finish_weight_update
+        self._staged_lock = threading.Lock()
         from transformers import AutoModelForCausalLM  # transformers: ~2.5 s to import, only when an engine is built
 
         if logprobs_mode not in LOGPROBS_MODES:
@@ -198,6 +200,10 @@ class HFEngine(RolloutEngine):
 
     def finish_weight_update(self) -> None:
         self._mapped = []  # the feeders' buffers (update_weights_from_payloads)
+        with self._staged_lock:  # what a broadcast received (update_weights_from_distributed)
+            staged, self._staged = self._staged, []
+        if staged:
+            self.update_weights(staged)
         super().finish_weight_update()  # raises on missing names
         self._weights_valid = True
 
@@ -356,10 +362,12 @@ class HFEngine(RolloutEngine):
         self, entries: Sequence[Tuple[str, str, Sequence[int]]], group_name: str
     ) -> None:
         """One bucket broadcast from rank 0 of ``group_name``: ``entries`` are (HF name, dtype
-        name, shape) in the order of the broadcasts. Blocks until every tensor arrived, then loads
-        them as :meth:`update_weights` does. Requests in flight are kept: called between two
-        polls, the tokens decoded after it are of the new weights (the caller then sets the
-        version: :meth:`set_weight_version`)."""
+        name, shape) in the order of the broadcasts. Blocks until every tensor arrived; they are
+        held aside, not loaded: it may run in a thread of its own while :meth:`poll` decodes with
+        the current weights (asynchronous training broadcasts into generating engines).
+        :meth:`finish_weight_update` loads them all at once, between two decode steps; requests
+        in flight are kept, and the tokens decoded after it are of the new weights (the caller
+        sets their version with it: ``EngineActor.finish_weight_update(version)``)."""
         import torch.distributed as dist  # lazy: the collective path only
 
         joined = self._update_groups.get(group_name)
@@ -373,7 +381,8 @@ class HFEngine(RolloutEngine):
             t = torch.empty([int(x) for x in shape], dtype=getattr(torch, str(dtype).replace("torch.", "")), device=dev)
             dist.broadcast(t, src=0, group=group)
             bucket.append((str(name), t))
-        self.update_weights(bucket)
+        with self._staged_lock:
+            self._staged.extend(bucket)
 
     def destroy_weights_update_group(self, group_name: str) -> None:
         import torch.distributed as dist  # lazy: the collective path only

@@ -102,51 +102,19 @@ def test_the_ess_controller_holds_ess_above_its_threshold_where_the_fixed_lag_do
     assert "[async] step 2: ESS/N" in out and "lag lowered to 0" in out and "lag raised to 1" in out, out[-2000:]
 
 
-def test_bounded_runs_ahead_within_the_bound_and_survives_an_engine_killed_while_generating_ahead(tmp_path):
-    """--async-mode bounded --max-staleness 2: the engines generate the next steps while the
-    trainer trains; no trained sample is more than 2 versions old, and some are older than
-    on-policy. The engine is killed in the middle of step 3's rollout, which the rollout
-    thread generates ahead, while step 1 or 2 trains: it is restarted and re-synced from the rollout thread, after the trainer's running step, the lost
-    requests are counted and started again, and every step completes with engines whose weights
-    match the trainer's. With --proximal-logprobs interpolate the stale samples get no proximal
-    forward pass."""
-    from megatron_dapo.train import main
-
-    hf = make_tiny_qwen2_dir(str(tmp_path / "hf"))
-    prompts = make_prompts(str(tmp_path / "prompts.jsonl"))
-    run = str(tmp_path / "run")
-    over = {
-        "--async-mode": "bounded",
-        "--max-staleness": "2",
-        "--num-rollout": "4",
-        "--debug-kill-engine-step": "3",
-        "--dump-rollouts-every": "0",
-        "--proximal-logprobs": "interpolate",
-    }
-    assert main(base_args(hf, prompts, run, **over)) == 0
-    rows = read_metrics(run)
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
-    assert rows[0]["sample_staleness_max"] == 0  # step 1: the initial weights it trains
-    for r in rows:
-        assert 0 <= r["sample_staleness_mean"] <= r["sample_staleness_max"] <= 2, r
-        hist = {k: v for k, v in r.items() if k.startswith("staleness_lag") and k.endswith("_samples")}
-        assert sum(hist.values()) > 0 and set(hist) <= {f"staleness_lag{k}_samples" for k in range(3)}, hist
-        assert r["weight_sync_probe_diff"] < 1e-5  # the restarted engine holds the trainer's weights
-        # interpolate: megatron's proximal forward only for the samples of the current weights
-        assert r["old_logprob_forward_samples"] == r.get("staleness_lag0_samples", 0), r
-    assert rows[1]["sample_staleness_max"] >= 1  # step 2 was generated while step 1 trained
-    # restarted once (the requests it lost are counted in engine_resent_requests, 0 when the kill
-    # came as the step's last requests were being aborted: tests/driver/test_streaming_manager.py)
-    assert rows[-1]["engine_restarts"] == 1, [(r["engine_restarts"], r["engine_resent_requests"]) for r in rows]
-    assert rows[-1]["async_regenerated_steps"] == 0  # a fixed lag throws nothing away
-
-
-def test_disaggregated_engines_take_broadcast_weights_while_one_step_off_overlaps(tmp_path, capsys):
-    """--rollout-placement disaggregated --rollout-num-gpus 1: the engine runs on a bundle of its
+def test_bounded_on_engines_of_their_own_takes_broadcasts_while_generating_and_survives_an_engine_death(
+    tmp_path, capsys
+):
+    """--async-mode bounded --max-staleness 2 with --rollout-placement disaggregated
+    --rollout-num-gpus 1 and --proximal-logprobs interpolate. The engine runs on a bundle of its
     own, apart from the trainer's; every sync is a broadcast from trainer rank 0 over a gloo
     weight-update group the engine joins (hybrid/weight_broadcast.py, HFEngine's side of SGLang's
-    calls), checked exactly after each sync (per-tensor checksums of the engine against what the
-    trainer sent, and the logprob probe), and one-step-off runs on it."""
+    calls), taken while the engine keeps generating ahead, and checked exactly (per-tensor
+    checksums of the engine against what the trainer sent, and the probe). No trained sample is
+    more than 2 versions old. The engine is killed in the middle of step 3's rollout, generated
+    ahead while an earlier step trains: it is restarted and re-synced (a broadcast of its own)
+    from the rollout thread after the trainer's running step, and the run completes. Samples of
+    older weights get no proximal forward."""
     from megatron_dapo.train import main
 
     hf = make_tiny_qwen2_dir(str(tmp_path / "hf"))
@@ -155,15 +123,31 @@ def test_disaggregated_engines_take_broadcast_weights_while_one_step_off_overlap
     over = {
         "--rollout-placement": "disaggregated",
         "--rollout-num-gpus": "1",
-        "--async-mode": "one-step-off",
+        "--async-mode": "bounded",
+        "--max-staleness": "2",
+        "--num-rollout": "4",
+        "--debug-kill-engine-step": "3",
+        "--proximal-logprobs": "interpolate",
         "--dump-rollouts-every": "0",
     }
     assert main(base_args(hf, prompts, run, **over)) == 0
     out = capsys.readouterr().out
     assert "[init] placement: disaggregated: 1 engine(s) on 1 GPU(s) of their own" in out
     rows = read_metrics(run)
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert rows[0]["sample_staleness_max"] == 0  # step 1: the initial weights it trains
+    skipped = 0
     for r in rows:
         assert r["weight_sync_checksums_compared"] > 0, r  # every tensor's bytes, engine vs trainer
         assert r["weight_sync_probe_diff"] < 1e-5 and r["sync_bytes"] > 0, r
-    assert [r["sample_staleness_max"] for r in rows] == [0, 1, 1]
+        assert 0 <= r["sample_staleness_mean"] <= r["sample_staleness_max"] <= 2, r
+        hist = {k: v for k, v in r.items() if k.startswith("staleness_lag") and k.endswith("_samples")}
+        assert set(hist) <= {f"staleness_lag{k}_samples" for k in range(3)}, hist
+        # interpolate: a forward for every sample with a token of the step's weights, none for the others
+        assert hist.get("staleness_lag0_samples", 0) <= r["old_logprob_forward_samples"] <= sum(hist.values())
+        skipped += sum(hist.values()) - r["old_logprob_forward_samples"]
+    assert skipped > 0 and max(r["sample_staleness_max"] for r in rows) >= 1
+    # restarted once (the requests it lost are counted in engine_resent_requests, 0 when the kill
+    # came as the step's last requests were being aborted: tests/driver/test_streaming_manager.py)
+    assert rows[-1]["engine_restarts"] == 1, [(r["engine_restarts"], r["engine_resent_requests"]) for r in rows]
+    assert rows[-1]["async_regenerated_steps"] == 0  # a fixed lag throws nothing away

@@ -87,9 +87,10 @@ def test_the_driver_keeps_the_engines_stamps_and_stamps_the_rest_with_its_step(r
 def test_a_broadcast_into_a_generating_engine_keeps_its_requests_and_stamps_every_token(ref, tmp_path):
     """The asynchronous path's update: the trainer's sync rank (a process of its own,
     hybrid/weight_broadcast.py, over gloo) broadcasts new weights into an HFEngine whose two
-    requests are half-way: they are kept, not aborted; the tokens before the update are the old
-    weights' (version 3), those after are decoded by the new weights (version 4), none
-    unmarked; a request admitted after the update is exactly what an engine built on the
+    requests are half-way and keep decoding while it arrives: the tensors are held aside until
+    ``finish_weight_update``, so every token before it is the old weights' (version 3, the old
+    greedy path), those after are decoded by the new weights (version 4), none unmarked; the
+    requests are kept, not aborted; a request admitted after the update is exactly what an engine built on the
     broadcast weights generates."""
     import subprocess
     import sys
@@ -132,10 +133,13 @@ def test_a_broadcast_into_a_generating_engine_keeps_its_requests_and_stamps_ever
         t.start()  # the engine's call returns once every tensor arrived
         sender.stdin.write(f"{tmp_path / 'bucket.pt'}\n")
         sender.stdin.flush()
+        for _ in range(2):  # the engine keeps decoding while the broadcast arrives, with the old weights
+            assert eng.poll(0.0) == []
         assert sender.stdout.readline().startswith("sent ")
         t.join(timeout=120)
         assert got == ["ok"], got
-        eng.finish_weight_update()
+        assert eng.poll(0.0) == []  # received, held aside: still the old weights
+        eng.finish_weight_update()  # loaded here, between two decode steps
         eng.set_weight_version(4)
         eng.submit([Request("c", PROMPTS[2], _greedy(6))])  # admitted after the update
         outs = {}
@@ -160,8 +164,8 @@ def test_a_broadcast_into_a_generating_engine_keeps_its_requests_and_stamps_ever
     old_engine = HFEngine(ref.config, ref.state_dict())
     for rid, prompt in (("a", PROMPTS[0]), ("b", PROMPTS[1])):
         o = outs[rid]
-        assert o.token_versions == [3] * 4 + [4] * 6, o.token_versions
+        assert o.token_versions == [3] * 7 + [4] * 3, o.token_versions
         before = old_engine.generate([prompt], _greedy(10))[0][0].output_ids
-        assert o.output_ids[:4] == before[:4]  # the old weights' tokens
+        assert o.output_ids[:7] == before[:7]  # the old weights' tokens, also while the broadcast arrived
         # after it the new weights decode (over the prefix's cache, kept from the old ones)
-        assert o.output_ids[4:] != before[4:], (rid, o.output_ids, before)
+        assert o.output_ids[7:] != before[7:], (rid, o.output_ids, before)
