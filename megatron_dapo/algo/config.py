@@ -295,6 +295,7 @@ def _int(value: Any, flag: str) -> int:
 PRESETS: Dict[str, Dict[str, Any]] = {
     "grpo": dict(
         policy_loss="decoupled-clip",
+        proximal_logprobs="recompute",
         eps_clip_low=0.2,
         eps_clip_high=0.2,
         clip_ratio_c=None,
@@ -317,6 +318,7 @@ PRESETS: Dict[str, Dict[str, Any]] = {
     ),
     "dapo": dict(
         policy_loss="decoupled-clip",
+        proximal_logprobs="recompute",
         eps_clip_low=0.2,
         eps_clip_high=0.28,
         clip_ratio_c=10.0,
