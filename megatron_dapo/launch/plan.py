@@ -20,7 +20,7 @@ The parts are computed in modules of their own: the rank and engine layout
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Sequence
+from typing import Iterator, List, Optional, Sequence
 
 from ..config.schema import DAPOConfig
 from ..config.validate import validate
@@ -109,6 +109,17 @@ def _optimizer_shards(cfg: DAPOConfig, arch: ModelArch, plan: PlacementPlan) -> 
         return dense
     edp = max(1, plan.world // (plan.pp * expert_group_size(cfg)))
     return f"dense {dense}, experts over EDP {edp}"
+
+
+def _abridged(items: Sequence, what: str, add) -> Iterator:
+    """All of ``items`` when there are at most 32, else the first and last 4 with an
+    ``... N more <what> ...`` line (``add``) between them."""
+    if len(items) <= 32:
+        yield from items
+        return
+    yield from items[:4]
+    add(f"  ... {len(items) - 8} more {what} ...")
+    yield from items[-4:]
 
 
 def disaggregated_lines(cfg: DAPOConfig, arch: ModelArch, plan: PlacementPlan, unit: str) -> List[str]:
@@ -200,10 +211,7 @@ def dry_run_report(
         f"{plan.nnodes} nodes x {plan.gpus_per_node} {unit} = {plan.world} {unit}; TP {plan.tp} x PP {plan.pp} x "
         f"CP {plan.cp} x DP {plan.dp}"
     )
-    shown = plan.nodes if len(plan.nodes) <= 32 else plan.nodes[:4] + plan.nodes[-4:]
-    for i, n in enumerate(shown):
-        if len(plan.nodes) > 32 and i == 4:
-            add(f"  ... {len(plan.nodes) - 8} more nodes ...")
+    for n in _abridged(plan.nodes, "nodes", add):
         add(
             f"  node {n.node:>3}: ranks {_span(n.ranks)}, PP stage {_span(n.pp_stages)}, DP replica "
             f"{_span(n.dp_replicas)}" + ("" if dis else f", engines {_span(n.engines)}")
@@ -216,10 +224,7 @@ def dry_run_report(
             f"{plan.gpus_per_engine} (engine TP {plan.gpus_per_engine}), colocated with the trainer ranks on the same "
             "GPUs"
         )
-        shown_e = plan.engines if len(plan.engines) <= 32 else plan.engines[:4] + plan.engines[-4:]
-        for i, en in enumerate(shown_e):
-            if len(plan.engines) > 32 and i == 4:
-                add(f"  ... {len(plan.engines) - 8} more engines ...")
+        for en in _abridged(plan.engines, "engines", add):
             add(f"  engine {en.index:>3}: GPUs {_span(en.gpus)} (node {_span(en.nodes)})")
 
     if r.async_mode != "off":
@@ -274,10 +279,7 @@ def dry_run_report(
         f"({'CUDA IPC' if on_gpu else 'shared memory'}); Ray carries one small call per bucket and engine, "
         "no tensor bytes (object store unused)"
     )
-    shown_f = sp.feeds if len(sp.feeds) <= 32 else sp.feeds[:4] + sp.feeds[-4:]
-    for i, f in enumerate(shown_f):
-        if len(sp.feeds) > 32 and i == 4:
-            add(f"  ... {len(sp.feeds) - 8} more engines ...")
+    for f in _abridged(sp.feeds, "engines", add):
         where = f"node {f.node}" if f.node is not None else "SPANS NODES (refused at launch)"
         cross = f", {_gb(f.cross_node_bytes)} of it from PP stages on other nodes" if f.cross_node_bytes else ""
         add(

@@ -25,5 +25,51 @@ def main() -> int:
     return 0
 
 
+class Sender:
+    """The sender process, for a test: ``with Sender(port, world, group) as send:`` starts it (it
+    joins as the test's engine joins), ``send(path)`` broadcasts one bucket file and returns once
+    it was sent; the process is ended on the way out, also on a failure."""
+
+    def __init__(self, port: int, world: int, group_name: str):
+        self.args = ["127.0.0.1", str(port), str(world), group_name]
+
+    def __enter__(self):
+        import subprocess
+
+        from megatron_dapo.rollout.engine_host import ROOT
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.rollout.broadcast_sender", *self.args],
+            cwd=str(ROOT),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        return self
+
+    def joined(self) -> None:
+        assert self.proc.stdout.readline().strip() == "joined"
+
+    def send(self, path) -> None:
+        """Write ``path`` to the sender (it broadcasts); call :meth:`sent` for its answer."""
+        self.proc.stdin.write(f"{path}\n")
+        self.proc.stdin.flush()
+
+    def sent(self) -> None:
+        assert self.proc.stdout.readline().startswith("sent ")
+
+    def __exit__(self, *exc):
+        import subprocess
+
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+        return False
+
+
 if __name__ == "__main__":
     sys.exit(main())

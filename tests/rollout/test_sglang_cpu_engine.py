@@ -248,22 +248,13 @@ def test_weights_broadcast_over_gloo_by_a_trainer_sync_rank_reach_the_engine(eng
     engines by: the trainer's sync rank (a process of its own, hybrid/weight_broadcast.py) and
     the engine form a gloo group; every tensor of the engine is first overwritten with random
     values, then two buckets are broadcast: the engine's greedy output is the checkpoint's again."""
-    import subprocess
-    import sys
     import threading
 
     from megatron_dapo.hybrid.weight_broadcast import bucket_entries
     from megatron_dapo.ports import free_port
-    from megatron_dapo.rollout.engine_host import ROOT
+    from tests.rollout.broadcast_sender import Sender
 
     port = free_port()
-    sender = subprocess.Popen(
-        [sys.executable, "-m", "tests.rollout.broadcast_sender", "127.0.0.1", str(port), "2", "mdapo-test"],
-        cwd=str(ROOT),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
 
     def receive(bucket, out):
         try:
@@ -272,9 +263,9 @@ def test_weights_broadcast_over_gloo_by_a_trainer_sync_rank_reach_the_engine(eng
         except Exception as e:  # noqa: BLE001 - asserted below
             out.append(e)
 
-    try:
+    with Sender(port, 2, "mdapo-test") as sender:
         engine.init_weights_update_group("127.0.0.1", port, 1, 2, "mdapo-test", "gloo")  # rank 1 of 2
-        assert sender.stdout.readline().strip() == "joined"
+        sender.joined()
         engine.check_weights("reset_tensors")  # nothing of the checkpoint is left in the engine
         items = list(model["weights"].items())
         for k, bucket in enumerate((items[: len(items) // 2], items[len(items) // 2 :])):
@@ -282,9 +273,8 @@ def test_weights_broadcast_over_gloo_by_a_trainer_sync_rank_reach_the_engine(eng
             got: list = []
             t = threading.Thread(target=receive, args=(bucket, got))
             t.start()  # the engine's call returns once the tensors arrived
-            sender.stdin.write(f"{tmp_path / f'bucket{k}.pt'}\n")
-            sender.stdin.flush()
-            assert sender.stdout.readline().startswith("sent ")
+            sender.send(tmp_path / f"bucket{k}.pt")
+            sender.sent()
             t.join(timeout=120)
             assert got == ["ok"], got
         engine.finish_weight_update()
@@ -292,11 +282,3 @@ def test_weights_broadcast_over_gloo_by_a_trainer_sync_rank_reach_the_engine(eng
         for prompt, (out,) in zip(PROMPTS, outs):
             assert out.output_ids == _hf_greedy(model["hf"], prompt, GREEDY.max_new_tokens)[0]
         engine.destroy_weights_update_group("mdapo-test")
-    finally:
-        sender.stdin.close()
-        try:
-            sender.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            sender.kill()
-            sender.wait()
-        sender.stdout.close()

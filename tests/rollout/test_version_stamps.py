@@ -92,27 +92,18 @@ def test_a_broadcast_into_a_generating_engine_keeps_its_requests_and_stamps_ever
     greedy path), those after are decoded by the new weights (version 4), none unmarked; the
     requests are kept, not aborted; a request admitted after the update is exactly what an engine built on the
     broadcast weights generates."""
-    import subprocess
-    import sys
     import threading
 
     from megatron_dapo.hybrid.weight_broadcast import bucket_entries
     from megatron_dapo.ports import free_port
-    from megatron_dapo.rollout.engine_host import ROOT
+    from tests.rollout.broadcast_sender import Sender
 
     eng = HFEngine(ref.config, ref.state_dict(), max_running=4)
     eng.set_weight_version(3)
     port = free_port()
-    sender = subprocess.Popen(
-        [sys.executable, "-m", "tests.rollout.broadcast_sender", "127.0.0.1", str(port), "2", "stamps-test"],
-        cwd=str(ROOT),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    with Sender(port, 2, "stamps-test") as sender:
         eng.init_weights_update_group("127.0.0.1", port, 1, 2, "stamps-test", "gloo")
-        assert sender.stdout.readline().strip() == "joined"
+        sender.joined()
         eng.submit([Request("a", PROMPTS[0], _greedy(10)), Request("b", PROMPTS[1], _greedy(10))])
         for _ in range(4):  # four decode steps: four tokens of version 3 each
             assert eng.poll(0.0) == []
@@ -131,11 +122,10 @@ def test_a_broadcast_into_a_generating_engine_keeps_its_requests_and_stamps_ever
 
         t = threading.Thread(target=receive)
         t.start()  # the engine's call returns once every tensor arrived
-        sender.stdin.write(f"{tmp_path / 'bucket.pt'}\n")
-        sender.stdin.flush()
+        sender.send(tmp_path / "bucket.pt")
         for _ in range(2):  # the engine keeps decoding while the broadcast arrives, with the old weights
             assert eng.poll(0.0) == []
-        assert sender.stdout.readline().startswith("sent ")
+        sender.sent()
         t.join(timeout=120)
         assert got == ["ok"], got
         assert eng.poll(0.0) == []  # received, held aside: still the old weights
@@ -147,14 +137,6 @@ def test_a_broadcast_into_a_generating_engine_keeps_its_requests_and_stamps_ever
             for f in eng.poll(30.0):
                 outs[f.rid] = f.output
         eng.destroy_weights_update_group("stamps-test")
-    finally:
-        sender.stdin.close()
-        try:
-            sender.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            sender.kill()
-            sender.wait()
-        sender.stdout.close()
     assert {o.finish_reason for o in outs.values()} == {"length"}  # kept through the update, not aborted
     # the weights that arrived are exactly the broadcast ones: a request admitted after the
     # update is the greedy output of an engine built on them
