@@ -54,6 +54,7 @@ from .outputs import checkpoint_dirs as checkpoints
 from .outputs import run_lock
 from .outputs.run_dir import prepare_outputs, write_config
 from .reward import BatchScorer, reward_needs_label
+from .rollout.engines import engine_kind as engine_kind_spec
 
 
 class TrainingError(RunStoppedError):
@@ -307,7 +308,9 @@ class Trainer:
             # colocated async: the engines end the collection they are in first, then take the new
             # weights; on GPUs of their own they take them while they generate (a broadcast they
             # load between two decode steps, the version switching with the weights)
-            idle = self.queue is not None and not self.cluster.disaggregated
+            idle = self.queue is not None and not (
+                self.cluster.disaggregated and engine_kind_spec(self.cluster.engine_kind).broadcast_while_generating
+            )
             with self.queue.paused() if idle else contextlib.nullcontext(), self._hybrid_lock:
                 self.hybrid.timings = {}
                 self.cluster.weight_version = step + 1

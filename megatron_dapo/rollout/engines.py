@@ -69,6 +69,10 @@ class EngineKind:
     buffer ring, ``lag + 2``). ``weight_naming``: ``"transformers"`` (fused experts) or
     ``"checkpoint"`` names. ``title``: the name the dry-run plan prints. ``standalone``: how
     the kind evaluates a checkpoint by itself (:class:`Standalone`; None: it cannot).
+    ``broadcast_while_generating``: the engine takes a broadcast weight update
+    (``update_weights_from_distributed``) from another thread while it generates (HFEngine holds
+    the tensors aside until ``finish_weight_update``); otherwise the driver lets it finish its
+    collection first (SGLangEngine: its client drives one event loop from one thread at a time).
     """
 
     engine_class: str
@@ -83,6 +87,7 @@ class EngineKind:
     weight_naming: str = "checkpoint"
     title: str = ""
     standalone: Optional[Standalone] = None
+    broadcast_while_generating: bool = False
 
     def load_class(self):
         module, name = self.engine_class.split(":")
@@ -244,6 +249,7 @@ ENGINE_KINDS.register(
         lag=0,
         weight_naming="transformers",
         title="HF",
+        broadcast_while_generating=True,
         standalone=Standalone(_hf_standalone, dtype="fp32", batch_size=32),
     ),
 )

@@ -79,6 +79,8 @@ USED_API: Dict[str, Any] = {
         # TokenizerManager's check_weights (the offline Engine has no method for it), called as
         # the Engine's own methods call the tokenizer manager: loop.run_until_complete(...)
         ("sglang.srt.managers.tokenizer_control_mixin", "TokenizerControlMixin.check_weights", ("obj", "request")),
+        # the weight version its scheduler stamps on the requests in flight (set_weight_version)
+        ("sglang.srt.managers.tokenizer_control_mixin", "TokenizerControlMixin.update_weight_version", ("obj",)),
         ("sglang.srt.utils.common", "MultiprocessingSerializer.serialize", ("obj", "output_str")),
         ("sglang.srt.utils.common", "MultiprocessingSerializer.deserialize", ()),
         # the weight checker's hash (weight_checker._hash_tensor calls it), for ProbeHashes
@@ -103,6 +105,7 @@ USED_API: Dict[str, Any] = {
         ("sglang.srt.utils.patch_torch", "monkey_patch_torch_reductions"),
         ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata"),
         ("sglang.srt.managers.io_struct", "CheckWeightsReqInput"),
+        ("sglang.srt.managers.io_struct", "UpdateWeightVersionReqInput"),
         ("sglang.srt.utils.common", "init_custom_process_group"),
         ("sglang.srt.managers.mm_utils", "tensor_hash"),
     ],
@@ -156,6 +159,7 @@ USED_API: Dict[str, Any] = {
             "CheckWeightsReqInput",
             ("action", "allow_quant_error", "skip_tensor_list", "selector"),
         ),
+        ("sglang.srt.managers.io_struct", "UpdateWeightVersionReqInput", ("new_version", "abort_all_requests")),
         # one per rank in check_weights' answer (we read tp/dp/pp rank and size)
         (
             "sglang.srt.managers.io_struct",
@@ -182,6 +186,8 @@ USED_API: Dict[str, Any] = {
                 "routed_experts",
             ),
         ),
+        # each finished request's per-token weight versions (GenerationOutput.token_versions)
+        ("sglang.srt.utils.weight_versions", ("weight_versions", "version", "start", "end")),
         ("sglang.srt.managers.schedule_batch", ("type", "stop", "length", "abort")),
         # an aborted queued request is answered with finish type "abort" and its output ids
         ("sglang.srt.managers.tokenizer_manager", ("abort", "output_ids", "Abort in waiting queue")),

@@ -436,6 +436,18 @@ class SGLangEngine(SGLangStreaming, RolloutEngine):
     def destroy_weights_update_group(self, group_name: str) -> None:
         _check_result(self._engine.destroy_weights_update_group(group_name=group_name), "destroy_weights_update_group")
 
+    def set_weight_version(self, version: int) -> None:
+        """``RolloutEngine.set_weight_version``, and SGLang's own: its scheduler records the
+        change for every request in flight (SGLang's ``update_weight_version``, requests kept),
+        and each finished request's ``meta_info["weight_versions"]`` spans give its tokens'
+        versions (``GenerationOutput.token_versions``)."""
+        super().set_weight_version(version)
+        from sglang.srt.managers.io_struct import UpdateWeightVersionReqInput  # sglang: the adapter's import
+
+        tm = self._engine.tokenizer_manager
+        req = UpdateWeightVersionReqInput(new_version=str(int(version)), abort_all_requests=False)
+        self._engine.loop.run_until_complete(tm.update_weight_version(req))
+
     def _end_weight_update(self) -> None:
         self._close_session(failed=False)
 

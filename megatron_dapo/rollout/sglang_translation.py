@@ -109,7 +109,26 @@ def from_sglang_output(
         finish_reason=finish,
         text=out.get("text"),
         routed_experts=routed if output_ids else None,
+        token_versions=token_versions_of(meta.get("weight_versions"), len(output_ids)),
     )
+
+
+def token_versions_of(spans, n: int) -> Optional[List[int]]:
+    """Each output token's weight version from SGLang's ``meta_info["weight_versions"]`` spans
+    (``{"version", "start", "end"}``, set by ``SGLangEngine.set_weight_version``); None when
+    SGLang gave none, a version is not ours (a number), or the spans do not cover the ``n`` tokens."""
+    if not spans or n == 0:
+        return None
+    out: List[int] = []
+    for s in spans:
+        try:
+            v = int(s["version"])
+        except (TypeError, ValueError, KeyError):
+            return None
+        if int(s["start"]) != len(out) or int(s["end"]) < len(out):
+            return None
+        out += [v] * (int(s["end"]) - int(s["start"]))
+    return out if len(out) == n else None
 
 
 def group_outputs(

@@ -140,6 +140,29 @@ def test_an_aborted_request_returns_its_prefix_and_its_continuation_completes_th
     assert prefix + cont.output_ids == full.output_ids
 
 
+def test_a_weight_version_set_mid_request_stamps_every_token_with_sglangs_spans(engine):
+    """SGLangEngine.set_weight_version tells SGLang's scheduler too (its update_weight_version,
+    requests kept): a request running across the change comes back with every token stamped,
+    the old version first and the new one after (GenerationOutput.token_versions, from
+    meta_info["weight_versions"]); a request after it is all of the new version."""
+    v0 = 1  # (no other test of this module sets a version)
+    engine.set_weight_version(v0)
+    long = SamplingParams(temperature=0.0, max_new_tokens=300, ignore_eos=True)
+    engine.submit([Request("versions", PROMPTS[0], long)])
+    assert engine.poll(0.3) == []  # running (about 2.5 s of tokens on 2 cores)
+    engine.set_weight_version(v0 + 1)
+    done = []
+    deadline = time.monotonic() + 120
+    while not done and time.monotonic() < deadline:
+        done = engine.poll(1.0)
+    (f,) = done
+    tv = f.output.token_versions
+    assert tv is not None and len(tv) == len(f.output.output_ids) == long.max_new_tokens
+    assert tv == sorted(tv) and tv[0] == v0 and tv[-1] == v0 + 1, tv  # split once, none unmarked
+    (after,) = engine.generate([PROMPTS[1]], GREEDY)[0]
+    assert after.token_versions == [v0 + 1] * len(after.output_ids)
+
+
 def test_an_abort_right_after_submit_ends_only_the_named_request(engine):
     """The adapter lets an aborted request reach the scheduler first (an abort that arrives before
     it would be missed and the request would run to its end), and SGLang aborts every rid that
