@@ -30,7 +30,7 @@ from .algo.staleness import ControllerSettings, StalenessController
 from .checkpoint.dist_ckpt import checkpoint_metadata
 from .config import ConfigError, parse_args, validate
 from .config.cli import decode_escapes
-from .config.validate import check_model_dir, hf_config_source, load_tokenizer, stale_token_mode
+from .config.validate import check_model_dir, hf_config_source, load_tokenizer, offload_train_default, stale_token_mode
 from .data import ResumableSampler, load_prompt_dataset
 from .diagnostics import repetition_rate
 from .driver import debug, resume
@@ -95,11 +95,7 @@ class Trainer:
         self.step_times: list = []  # this session's step times (the ETA of the step line)
         self.trainer_version = 1  # the weights the trainer holds, in Sample.token_versions' numbering
         self._hybrid_lock = threading.Lock()  # the hybrid step's calls, from the rollout thread too
-        self.offload_train = (
-            cfg.rollout.offload_train
-            if cfg.rollout.offload_train is not None
-            else torch.cuda.is_available() and cfg.rollout.placement == "colocated"
-        )
+        self.offload_train = offload_train_default(cfg, on_gpu=torch.cuda.is_available())
         self._probe_tokens = list(self.dataset[0].prompt_ids) if len(self.dataset) else []
         self.data_fingerprint = self.dataset.fingerprint
 

@@ -324,6 +324,16 @@ def stale_token_mode(cfg: DAPOConfig) -> Optional[str]:
     return r.partial_rollout_offpolicy if r.partial_rollout else None
 
 
+def offload_train_default(cfg: DAPOConfig, on_gpu: bool) -> bool:
+    """``--offload-train`` when not given: on with colocated engines on GPUs (the trainer gives
+    the engines its memory while they generate), off on the CPU and with engines on GPUs of
+    their own."""
+    r = cfg.rollout
+    if r.offload_train is not None:
+        return bool(r.offload_train)
+    return on_gpu and r.placement == "colocated"
+
+
 def check_placement(cfg: DAPOConfig) -> None:
     """``--rollout-placement``: disaggregated engines need GPUs of their own, in whole engines."""
     r = cfg.rollout

@@ -103,18 +103,19 @@ class PolicyActor:
         world: int,
         group_name: str,
         version: Optional[int] = None,
+        backend: str = "gloo",
     ):
         """Weight sync into engines on GPUs of their own (--rollout-placement disaggregated): every
         rank takes part in the bucket collectives; rank 0 opens its member of the weight-update
         group the engines are joining (``address:port``, ``world`` members, the engines' TP ranks
         after it) and broadcasts each bucket to all of them (``hybrid.weight_broadcast.BroadcastSink``);
-        ``version``: the policy version the engines then hold (set as their update ends)."""
+        ``version``: the policy version the engines then hold (set as their update ends);
+        ``backend``: the group's, as the cluster chose it for the engines too ("nccl" on GPUs)."""
         from ..hybrid.bucket_sinks import naming_for_kind
         from ..hybrid.weight_broadcast import BroadcastSink, open_weight_update_group
 
         if self.w.rank != 0:
             return self.w.sync_weights(engine=None)
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
         group = open_weight_update_group(address, port, world, group_name, backend)
         handles = list(engine_handles)
         sink = BroadcastSink(

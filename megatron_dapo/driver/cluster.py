@@ -232,7 +232,7 @@ class Cluster:
         outs = ray.get(
             [
                 a.broadcast_to.remote(
-                    handles, self.engine_kind, address, where["port"], world, name, self.weight_version
+                    handles, self.engine_kind, address, where["port"], world, name, self.weight_version, backend
                 )
                 for a in self.actors
             ]

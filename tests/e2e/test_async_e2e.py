@@ -42,6 +42,21 @@ def test_what_one_step_off_does_not_combine_with_is_refused_in_one_line():
     assert "--reuse-surplus-groups is not built yet" in refused("--reuse-surplus-groups")
 
 
+def test_the_trainer_offloads_by_default_only_for_colocated_engines_on_gpus():
+    """``--offload-train`` unset: on for colocated engines on GPUs (they use the trainer's memory
+    while they generate), off on the CPU and for engines on GPUs of their own; given, it wins."""
+    from megatron_dapo.config import parse_args
+    from megatron_dapo.config.validate import offload_train_default
+
+    colocated = parse_args(["--hf-checkpoint", "x"])
+    apart = parse_args(["--hf-checkpoint", "x", "--rollout-placement", "disaggregated", "--rollout-num-gpus", "8"])
+    assert offload_train_default(colocated, on_gpu=True) is True
+    assert offload_train_default(colocated, on_gpu=False) is False
+    assert offload_train_default(apart, on_gpu=True) is False
+    given = parse_args(["--hf-checkpoint", "x", "--offload-train", "true"])
+    assert offload_train_default(given, on_gpu=False) is True
+
+
 def test_one_step_off_and_the_ess_controller_that_holds_ess_above_its_threshold(tmp_path, capsys):
     """--async-mode one-step-off under --staleness-control ess on a real run. One-step-off itself:
     step 1 is on-policy; every step generated ahead trains only samples exactly one version old,
