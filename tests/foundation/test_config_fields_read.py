@@ -25,7 +25,9 @@ SECTIONS = {f.name: f.default_factory for f in dataclasses.fields(DAPOConfig)}
 
 #: (section, field) -> why it is not read as ``X.<field>`` outside config/.
 ALLOWED = {
-    ("algo", "algorithm"): "selects the preset that config/cli.py applies to the other algo fields at parse time"
+    ("algo", "algorithm"): "selects the preset that config/cli.py applies to the other algo fields at parse time",
+    ("rollout", "offload_train"): "resolved with its placement-dependent default by config/validate.py's "
+    "offload_train_default, which train.py calls",
 }
 
 
