@@ -104,6 +104,16 @@ _TP_DIM = {
 }
 
 
+#: the attribute of a megatron linear holding its LoRA adapters (training/lora.py): their
+#: parameters (``...linear_qkv.lora.lora_A.q_proj``) belong to no HF tensor of the base model
+LORA_ATTR = "lora"
+
+
+def is_lora_param(name: str) -> bool:
+    """A parameter of a LoRA adapter, not of the base model."""
+    return f".{LORA_ATTR}." in f".{name}"
+
+
 class MappingError(KeyError):
     """A name with no place in the mapping (reported with the name)."""
 

@@ -106,6 +106,8 @@ def load_full_weights(model, arch: ModelArch, get_full: Callable[[str], torch.Te
     _, _, etp_rank, etp_size, _ = expert_layout(arch)
     inner = unwrap(model)
     for local, p in inner.named_parameters():
+        if mapping.is_lora_param(local):
+            continue  # an adapter: no tensor of the base model (training/lora.py)
         gname = global_param_name(inner, local, arch)
         full = get_full(gname)
         if mapping.is_expert(gname):  # an expert's tensors are split over the ETP ranks
@@ -141,7 +143,9 @@ def gather_full_weights(model, arch: ModelArch, tp_group=None) -> Iterator[tuple
 
     Experts (canonical names, global expert indices): each local expert's ETP shards are
     all-gathered, then the EP ranks' experts of the same local index, so every rank of the
-    expert-parallel group yields every expert of the stage, one at a time.
+    expert-parallel group yields every expert of the stage, one at a time. A LoRA-adapted
+    weight is yielded merged (the weight the model computes with); the adapters themselves are
+    not yielded (training/lora.py).
 
     Collective over the TP group (and the ETP and EP groups of a MoE model): every rank must
     iterate in the same order.
@@ -154,10 +158,16 @@ def gather_full_weights(model, arch: ModelArch, tp_group=None) -> Iterator[tuple
     ep, ep_size, _, etp_size, n_local = expert_layout(arch)
     inner = unwrap(model)
     for local, p in inner.named_parameters():
+        if mapping.is_lora_param(local):
+            continue  # an adapter: no tensor of the base model (training/lora.py)
         gname = mapping.local_to_global(local, layer_offset(inner))
         if gname == "output_layer.weight" and arch.tie_word_embeddings:
             continue  # the tied copy on the last stage
         t = p.detach()
+        owner = inner.get_submodule(local.rsplit(".", 1)[0]) if "." in local else None
+        adapters = getattr(owner, mapping.LORA_ATTR, None) if local.endswith(".weight") else None
+        if adapters is not None:  # LoRA: the weight as the model computes with it, W + (alpha / r) B A
+            t = (t.float() + adapters.delta_weight()).to(t.dtype)
         if arch.is_moe and mapping.is_expert(gname):
             if etp_size > 1:
                 shards = [torch.empty_like(t) for _ in range(etp_size)]

@@ -95,10 +95,44 @@ def local_params(chunks: Sequence, arch) -> Iterator[Tuple[str, torch.Tensor]]:
         inner = unwrap(chunk)
         off = layer_offset(inner)
         for local, p in inner.named_parameters():
+            if mapping.is_lora_param(local):
+                continue  # an adapter: no tensor of the base model (training/lora.py)
             gname = mapping.local_to_global(local, off)
             if gname == "output_layer.weight" and arch.tie_word_embeddings:
                 continue  # the tied copy on the last stage
             yield gname, p
+
+
+class MergedLocal(Sequence):
+    """This rank's local parameters as the sync reads them: a LoRA-adapted weight (its module
+    holds adapters, ``mapping.LORA_ATTR``: training/lora.py) is read as ``W + (alpha / r) B A``,
+    computed when the bucket that holds it is filled (one merged shard at a time in memory);
+    every other parameter is itself."""
+
+    def __init__(self, params: Sequence[torch.Tensor], owners: dict):
+        self.params, self.owners = list(params), owners  # index -> the linear holding adapters
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        p = self.params[i]
+        mod = self.owners.get(i)
+        if mod is None:
+            return p
+        with torch.no_grad():
+            return (p.float() + getattr(mod, mapping.LORA_ATTR).delta_weight().to(p.device)).to(p.dtype)
+
+
+def lora_owners(chunks: Sequence, local: Sequence[Tuple[str, torch.Tensor]]) -> dict:
+    """Index in ``local`` (:func:`local_params`) -> the module holding the LoRA adapters of that
+    weight, for the adapted weights only (empty without LoRA)."""
+    by_param = {}
+    for chunk in chunks:
+        for mod in unwrap(chunk).modules():
+            if getattr(mod, mapping.LORA_ATTR, None) is not None and getattr(mod, "weight", None) is not None:
+                by_param[id(mod.weight)] = mod
+    return {i: by_param[id(p)] for i, (_, p) in enumerate(local) if id(p) in by_param}
 
 
 def local_entries(local: Sequence[Tuple[str, torch.Tensor]], moe: bool) -> list:

@@ -85,7 +85,16 @@ import torch.distributed as dist
 
 from ..rollout.checksum import tensor_checksum
 from .bucket_gather import BucketGather
-from .bucket_plan import DEFAULT_BUCKET_BYTES, Bucket, build_plan, local_entries, local_params, plan_hf_names
+from .bucket_plan import (
+    DEFAULT_BUCKET_BYTES,
+    Bucket,
+    MergedLocal,
+    build_plan,
+    local_entries,
+    local_params,
+    lora_owners,
+    plan_hf_names,
+)
 from .bucket_sinks import (
     BucketSink,
     DirectSink,
@@ -189,7 +198,7 @@ class WeightSync(BucketGather):
         self._expert_coords: Optional[list] = None  # expert group rank -> (ep rank, etp rank)
         self.device = next(iter(self._local_params()))[1].device if self._has_params() else torch.device("cpu")
         self._plan: Optional[List[Bucket]] = None
-        self._local: Optional[List[torch.Tensor]] = None
+        self._local: Optional[Sequence[torch.Tensor]] = None
         self._scratch: Optional[torch.Tensor] = None
         self._bufs: List[torch.Tensor] = []
         # Keep the bucket buffers between syncs (saves allocating and first-touching them each
@@ -211,7 +220,8 @@ class WeightSync(BucketGather):
         """This rank's plan entries (``bucket_plan.local_entries``); keeps its local parameters
         (``_local``, indexed by the entries)."""
         local = list(self._local_params())
-        self._local = [p for _, p in local]
+        owners = lora_owners(self.chunks, local)  # LoRA: adapted weights are sent merged
+        self._local = MergedLocal([p for _, p in local], owners) if owners else [p for _, p in local]
         return local_entries(local, self.moe)
 
     def _build_plan(self) -> List[Bucket]:

@@ -20,6 +20,7 @@ from ..distributed import dp_token_counts
 from ..models.hf_config import padded_vocab_size
 from ..models.provider import ModelBuildOptions, MoEOptions, build_gpt_model
 from .forward import configure_for_step_normalised_loss, forward_backward
+from .lora import LoRAOptions, apply_lora
 
 _OPTIM, _PARALLEL = OptimConfig(), ParallelConfig()
 
@@ -157,12 +158,21 @@ def build_optimizer(model, opt: OptimizerOptions, bf16: bool = False):
 
 
 def build_policy(
-    hf_config, build: Optional[ModelBuildOptions] = None, opt: Optional[OptimizerOptions] = None
+    hf_config,
+    build: Optional[ModelBuildOptions] = None,
+    opt: Optional[OptimizerOptions] = None,
+    lora: Optional[LoRAOptions] = None,
 ) -> Policy:
-    """Model (this rank's TP/PP part) wrapped in DDP, with its optimizer and LR schedule."""
+    """Model (this rank's TP/PP part) wrapped in DDP, with its optimizer and LR schedule. With
+    ``lora``, adapters on the targeted linears and the base frozen: DDP and the optimizer hold
+    the adapters only (training/lora.py)."""
     build = build or ModelBuildOptions()
     opt = opt or OptimizerOptions()
     model, arch, config = build_gpt_model(hf_config, build)
+    if lora is not None:
+        from megatron.core import parallel_state as ps
+
+        apply_lora(model, arch, lora, tp_group=ps.get_tensor_model_parallel_group())
     configure_for_step_normalised_loss(config)
     if getattr(config, "num_moe_experts", None):
         setattr(config, _AUX_PER_STEP, float(config.moe_aux_loss_coeff or 0.0))

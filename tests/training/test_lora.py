@@ -1,0 +1,109 @@
+"""LoRA on megatron-core's parallel linears (issue 41, training/lora.py), on gloo ranks.
+
+* The forward with adapters equals transformers' model whose weights have the adapters merged
+  in HF's own layout (q/k/v and gate/up separate: an independent check of the fused layouts and
+  the TP split), at TP 2, PP 2 and TP 2 x PP 2, all seven targets and a partial set.
+* Training: the optimizer holds the adapters only, no base weight moves (bitwise) over Adam
+  steps, and TP 2 and PP 2 end with the adapters of one rank within the bound of
+  tests/tolerances.py (the collectives of the adapters give whole gradients).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from megatron_dapo.training.lora import TARGETS, LoRAOptions, is_lora_param, moe_refusal
+from tests.tiny import tiny_qwen2_config, tiny_qwen3_moe_config
+from tests.tolerances import COMPARE_ADAM_EPS, adam_weight_atol
+from tests.training import lora_bodies
+
+pytestmark = [pytest.mark.gloo]
+
+#: float32 logits of two implementations of the same forward (tests/foundation/test_parallel_logits.py)
+LOGITS_ATOL = 1e-5
+
+
+@pytest.mark.parametrize(
+    "tp,pp,world,targets",
+    [
+        (2, 1, 2, TARGETS),
+        (1, 2, 2, TARGETS),
+        (2, 2, 4, TARGETS),
+        (2, 1, 2, ("q_proj", "v_proj", "up_proj", "down_proj")),
+    ],
+    ids=["tp2", "pp2", "tp2xpp2", "tp2-partial"],
+)
+def test_the_lora_forward_equals_hf_with_the_adapters_merged(gloo, tp, pp, world, targets):
+    outs = [o for o in gloo(world).run(lora_bodies.lora_logits_vs_merged_hf, tiny_qwen2_config(), tp, pp, targets) if o]
+    assert outs, "no rank reported logits"
+    for o in outs:
+        assert o["effect"] > 100 * LOGITS_ATOL, o  # the adapters change the logits well beyond the tolerance
+        assert o["diff"] < LOGITS_ATOL, o
+
+
+def test_only_adapters_train_and_tp2_pp2_end_where_one_rank_ends(gloo):
+    cfg = tiny_qwen2_config()
+    steps = 2
+    one = gloo(1).run(lora_bodies.lora_train_steps, cfg, 1, 1, steps)[0]
+    tp2 = gloo(2).run(lora_bodies.lora_train_steps, cfg, 2, 1, steps)
+    pp2 = gloo(2).run(lora_bodies.lora_train_steps, cfg, 1, 2, steps)
+    for res in [one, *tp2, *pp2]:
+        assert res["trainable"] and all(is_lora_param(n) for n in res["trainable"]), res["trainable"]
+        assert res["in_optimizer"] == res["adapter_numel"] > 0
+        assert res["moved"] == [], res["moved"]  # the base is bit-identical after the steps
+    ref = one["adapters"]
+    assert len(ref) == 2 * len(TARGETS) * cfg["num_hidden_layers"]
+    moved = max(float((ref[k] - v).abs().max()) for k, v in lora_bodies_init(cfg).items())
+    assert moved > 1e-3, moved  # the adapters did train
+    tol = adam_weight_atol(
+        1e-2, max(one["grad_norm"]), max(float(t.abs().max()) for t in ref.values()), steps=steps, clip_grad=1.0
+    )
+    for name, ranks in (("TP 2", tp2[:1]), ("PP 2", pp2)):
+        got = {k: v for r in ranks for k, v in r["adapters"].items()}
+        assert got.keys() <= ref.keys() and (name != "TP 2" or got.keys() == ref.keys())
+        worst = max(float((ref[k] - v).abs().max()) for k, v in got.items())
+        assert worst <= tol, (name, worst, tol)
+    assert {k for r in pp2 for k in r["adapters"]} == set(ref)
+    assert COMPARE_ADAM_EPS > 0
+
+
+def lora_bodies_init(cfg: dict) -> dict:
+    """The adapters as the init leaves them (A drawn from its seed, B zero), keyed as the bodies key them."""
+    import torch
+
+    from megatron_dapo.models import parse_hf_config
+    from megatron_dapo.training.lora import MODULES, _uniform_a
+
+    arch = parse_hf_config(cfg)
+    out = {}
+    for layer in range(arch.num_layers):
+        for suffix, (fused, _) in MODULES.items():
+            for p in fused:
+                a = _uniform_a(f"decoder.layers.{layer}.{suffix}.{p}", lora_bodies.R, lora_bodies._in_full(arch, p), 5)
+                out[f"{layer}.{p}.A"] = a
+                out[f"{layer}.{p}.B"] = torch.zeros(lora_bodies._out_full(arch, p), lora_bodies.R)
+    return out
+
+
+def test_experts_take_no_adapter_and_the_refusal_names_the_targets():
+    from megatron_dapo.models import parse_hf_config
+
+    moe = parse_hf_config(tiny_qwen3_moe_config())
+    line = moe_refusal(moe, ("q_proj", "gate_proj", "down_proj"))
+    assert line and "gate_proj,down_proj" in line and "attention only" in line and "\n" not in line
+    assert moe_refusal(moe, ("q_proj", "k_proj", "v_proj", "o_proj")) is None
+    assert moe_refusal(parse_hf_config(tiny_qwen2_config()), TARGETS) is None
+    assert LoRAOptions(rank=8, alpha=16.0).scaling == 2.0
+
+
+@pytest.mark.parametrize("tp,pp,world,feeders", [(2, 1, 2, [0]), (2, 2, 4, [0, 2])], ids=["tp2", "tp2xpp2"])
+def test_the_merged_sync_and_export_give_the_weights_with_the_adapters_folded_in(gloo, tp, pp, world, feeders):
+    outs = gloo(world).run(lora_bodies.merged_sync, tiny_qwen2_config(), tp, pp, feeders)
+    engines = [o for o in outs if "engine_diff" in o]
+    assert len(engines) == len(feeders)
+    for o in outs:
+        # float32 sums of the same products in another order: a few ulps of weights of size ~1
+        assert o["export_diff"] < 1e-5, o
+        assert o["probe"] < 1e-4, o  # the engine computes what megatron with its adapters computes
+    for o in engines:
+        assert o["engine_diff"] < 1e-5 and o["engine_names"] > 0, o
