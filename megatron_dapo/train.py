@@ -55,6 +55,7 @@ from .outputs import run_lock
 from .outputs.run_dir import prepare_outputs, write_config
 from .reward import BatchScorer, reward_needs_label
 from .rollout.engines import engine_kind as engine_kind_spec
+from .training.train_checkpoint import lora_record_of
 
 
 class TrainingError(RunStoppedError):
@@ -404,8 +405,11 @@ class Trainer:
         need, _ = checkpoint_bytes(self.arch, self.cfg.model.bf16)
         try:
             with writing(root, f"step {self.step}: saving the checkpoint", need, kept):
+                lora = lora_record_of(self.cfg)  # LoRA: the adapters' record, the base named
                 meta = checkpoint_metadata(
-                    self.hf_dir, "bf16" if self.cfg.model.bf16 else "fp32", extra={"step": self.step}
+                    self.hf_dir,
+                    "bf16" if self.cfg.model.bf16 else "fp32",
+                    extra={"step": self.step, **({"lora": lora} if lora else {})},
                 )
                 self.hybrid.while_trainer_resident(self.trainers.save, tmp, meta)
                 state = resume.driver_state(self)

@@ -45,7 +45,7 @@ from .. import platform, platform_imports
 from ..distributed import collective_device
 from ..errors import CheckpointError
 from ..models.hf_config import ModelArch, hf_config_hash, load_hf_config, parse_hf_config
-from . import manifest
+from . import manifest, mapping
 from .model_io import unwrap
 
 FORMAT = "megatron_dapo/torch_dist"
@@ -406,11 +406,29 @@ def _chunks(model) -> list:
     return list(model) if isinstance(model, (list, tuple)) else [model]
 
 
-def _model_sharded_state_dict(model) -> dict:
+def has_adapters(model) -> bool:
+    """The model holds LoRA adapters (training/lora.py): its checkpoints hold those only."""
+    return any(mapping.is_lora_param(n) for c in _chunks(model) for n, _ in unwrap(c).named_parameters())
+
+
+def _adapters_only(ssd: dict) -> dict:
+    """A LoRA model's checkpoint: the adapters (the base weights are frozen and come from
+    ``--hf-checkpoint``, named and fingerprinted in the metadata: checkpoint/lora_meta.py)."""
+    return {k: v for k, v in ssd.items() if mapping.is_lora_param(k)}
+
+
+def _base_only(ssd: dict) -> dict:
+    return {k: v for k, v in ssd.items() if not mapping.is_lora_param(k)}
+
+
+def _model_sharded_state_dict(model, part: str = "auto") -> dict:
+    """``part``: ``auto`` (a LoRA model's adapters, else everything) or ``base`` (everything but
+    adapters: a full checkpoint read into a LoRA model as its base)."""
     chunks = _chunks(model)
+    only = _base_only if part == "base" else _adapters_only if has_adapters(model) else dict
     if len(chunks) == 1:
-        return {MODEL_KEY: chunks[0].sharded_state_dict()}
-    return {f"{MODEL_KEY}{i}": c.sharded_state_dict() for i, c in enumerate(chunks)}
+        return {MODEL_KEY: only(chunks[0].sharded_state_dict())}
+    return {f"{MODEL_KEY}{i}": only(c.sharded_state_dict()) for i, c in enumerate(chunks)}
 
 
 def _with_extra(model_ssd: dict, extra_sharded_state: ExtraState) -> dict:
@@ -635,13 +653,17 @@ def _vocab_shard(full: torch.Tensor, vocab_size: int, padded: int) -> torch.Tens
     return out
 
 
-def load_checkpoint(model, directory, arch: ModelArch, extra_sharded_state: ExtraState = None) -> tuple[dict, dict]:
+def load_checkpoint(
+    model, directory, arch: ModelArch, extra_sharded_state: ExtraState = None, part: str = "auto"
+) -> tuple[dict, dict]:
     """Load a torch_dist checkpoint into ``model`` at the current TP/PP (resharding as needed).
 
     Collective over the default process group. ``arch`` is the architecture the model was
     built from; it is checked against the checkpoint's metadata first. Returns
     ``(metadata, extra_state)``, where ``extra_state`` is the loaded counterpart of
     ``extra_sharded_state`` (plain tensors/objects under the caller's keys; ``{}`` if none).
+    A LoRA model (``part="auto"``) reads its adapters, the rest of it untouched; ``part="base"``
+    reads a full checkpoint into a LoRA model's base, its adapters untouched.
     """
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
@@ -654,7 +676,7 @@ def load_checkpoint(model, directory, arch: ModelArch, extra_sharded_state: Extr
     have_vocab = int(meta.get("padded_vocab_size") or want_vocab)
     # the extra state (the optimizer's) is built from the model's own sharded tensors: it finds
     # its parameters by identity, so before any of them is swapped for a re-padding buffer
-    ssd = _with_extra(_model_sharded_state_dict(model), extra_sharded_state)
+    ssd = _with_extra(_model_sharded_state_dict(model, part), extra_sharded_state)
     repad = []
     if want_vocab > 0 and have_vocab != want_vocab:
         repad = _request_full_vocab_tensors(ssd, want_vocab, have_vocab)
@@ -666,8 +688,20 @@ def load_checkpoint(model, directory, arch: ModelArch, extra_sharded_state: Extr
         _set_path(loaded, path, _vocab_shard(_get_path(loaded, path), arch.vocab_size, want_vocab))
     chunks = _chunks(model)
     keys = [MODEL_KEY] if len(chunks) == 1 else [f"{MODEL_KEY}{i}" for i in range(len(chunks))]
+    adapters = has_adapters(model)
     for key, chunk in zip(keys, chunks):
-        unwrap(chunk).load_state_dict(loaded.pop(key), strict=True)
+        inner = unwrap(chunk)
+        if not adapters:
+            inner.load_state_dict(loaded.pop(key), strict=True)
+            continue
+        result = inner.load_state_dict(loaded.pop(key), strict=False)  # one part; the other stays
+        wanted = (lambda k: not mapping.is_lora_param(k)) if part == "base" else mapping.is_lora_param
+        left = [k for k in result.missing_keys if wanted(k) and not k.endswith("_extra_state")]
+        if left or result.unexpected_keys:
+            raise CheckpointError(
+                f"{directory}: its tensors do not match the model's: missing {left[:5]}, unexpected "
+                f"{list(result.unexpected_keys)[:5]}"
+            )
     return meta, loaded
 
 

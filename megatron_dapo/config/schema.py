@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..algo.config import AlgorithmConfig
+from ..models.hf_config import LORA_TARGETS
 from ..ranges import COUNT, EVERY, NONNEGATIVE, OPEN_FRACTION, POSITIVE, SEED, Range
 from ..reward.api import REWARD_MODES
 from ..rollout.engines import engine_choices
@@ -56,6 +57,27 @@ class ModelConfig:
     )
     ref_load: Optional[str] = _f(
         None, "Reference model checkpoint for KL (default: the initial policy) when --kl-coef > 0."
+    )
+    lora_rank: int = _f(
+        0,
+        "LoRA rank r; 0 trains every weight. With r > 0 the base weights are frozen and adapters on "
+        "--lora-target-modules are trained (docs/lora.md).",
+        range=EVERY,
+    )
+    lora_alpha: float = _f(32.0, "LoRA alpha: the adapters' output is scaled by alpha / r.", range=POSITIVE)
+    lora_dropout: float = _f(
+        0.0, "Dropout on the adapters' input (PEFT's lora_dropout).", range=Range(0, 1, hi_open=True)
+    )
+    lora_target_modules: list = _f(
+        list(LORA_TARGETS),
+        "HF projections that get adapters, in PEFT's names (space or comma separated; all-linear: all seven).",
+        nargs="*",
+    )
+    lora_sync: str = _f(
+        "merged",
+        "How the rollout engines get a LoRA policy: merged (W + (alpha/r) B A through the bucketed weight "
+        "sync) or adapter (the adapters only, loaded as a LoRA adapter of the engine).",
+        choices=("merged", "adapter"),
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from ..models.hf_config import ModelConfigError
+from ..models.hf_config import LORA_TARGETS, ModelConfigError, lora_moe_refusal
 from ..ranges import numeric_fields, range_error
 from ..reward.api import RewardConfigError
 from ..reward.plugins import RewardRouter, parse_reward_sources
@@ -288,6 +288,7 @@ def validate(cfg: DAPOConfig, arch=None, on_gpu: Optional[bool] = None) -> list[
         )
     check_placement(cfg)
     check_async(cfg, on_gpu)
+    check_lora(cfg, arch, on_gpu)
     check_paths(cfg)
     if cfg.rollout.check_weight_sync_init and (cfg.checkpoint.load or cfg.model.pretrained_checkpoint):
         raise ConfigError(
@@ -386,6 +387,50 @@ def check_async(cfg: DAPOConfig, on_gpu: bool) -> None:
         raise ConfigError(f"{flag} with --partial-rollout is not built yet: drop one of them")
     if r.reuse_surplus_groups:
         raise ConfigError(f"{flag} with --reuse-surplus-groups is not built yet: drop one of them")
+
+
+def lora_targets(cfg: DAPOConfig) -> tuple:
+    """``--lora-target-modules`` as a tuple of HF projection names, in the order of
+    ``LORA_TARGETS`` (space or comma separated; ``all-linear``: all of them). Raises ConfigError
+    on a name that is no projection."""
+    names = [n.strip() for item in cfg.model.lora_target_modules for n in str(item).split(",") if n.strip()]
+    if "all-linear" in names:
+        names = [n for n in names if n != "all-linear"] + list(LORA_TARGETS)
+    bad = sorted({n for n in names if n not in LORA_TARGETS})
+    if bad or not names:
+        got = ", ".join(bad) if bad else "nothing"
+        raise ConfigError(
+            f"--lora-target-modules {got}: name HF projections, from {', '.join(LORA_TARGETS)} (or all-linear)"
+        )
+    return tuple(t for t in LORA_TARGETS if t in names)
+
+
+def check_lora(cfg: DAPOConfig, arch=None, on_gpu: bool = False) -> None:
+    """LoRA's flags (--lora-rank > 0): the targets, the model and the layer implementation."""
+    m = cfg.model
+    if not m.lora_rank:
+        return
+    targets = lora_targets(cfg)
+    if arch is not None:
+        refusal = lora_moe_refusal(arch, targets)
+        if refusal:
+            raise ConfigError(refusal)
+        narrowest = min(arch.hidden_size, arch.head_dim * arch.num_query_groups)
+        if m.lora_rank > narrowest:
+            raise ConfigError(
+                f"--lora-rank {m.lora_rank} is above the narrowest adapted projection's width ({narrowest}): "
+                "an adapter that wide is no low-rank update; lower it"
+            )
+    if on_gpu and m.transformer_impl == "transformer_engine":
+        raise ConfigError(
+            "--lora-rank with --transformer-impl transformer_engine: the TE layer spec fuses the input norm into "
+            "the QKV and fc1 linears, so an adapter would see the un-normalised input; pass --transformer-impl local"
+        )
+    if m.lora_sync == "adapter":
+        raise ConfigError(
+            "--lora-sync adapter is not built yet (issue 41): use --lora-sync merged, which folds the adapters "
+            "into the weights the engines receive"
+        )
 
 
 def lr_warmup_optimizer_steps(cfg: DAPOConfig) -> int:

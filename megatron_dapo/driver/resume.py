@@ -9,8 +9,10 @@ import numpy as np
 import torch
 
 from ..checkpoint.dist_ckpt import CheckpointError, checkpoint_layout, read_metadata, resume_note, same_ranks
+from ..checkpoint.lora_meta import KEY as LORA_KEY
+from ..checkpoint.lora_meta import check_lora_record
 from ..data import check_fingerprint
-from ..training.train_checkpoint import run_layout
+from ..training.train_checkpoint import lora_record_of, run_layout
 
 
 def driver_state(t) -> dict:
@@ -74,8 +76,11 @@ def layout(cfg, trainers) -> dict:
 
 def check_resume_layout(cfg, trainers, resume_dir: str) -> str:
     """The note on resuming ``resume_dir`` at this run's layout; a CheckpointError (one line)
-    before any rank reads it when that is not supported."""
-    ok, note = resume_note(checkpoint_layout(read_metadata(resume_dir)), layout(cfg, trainers))
+    before any rank reads it when that is not supported (also: LoRA adapters of another rank,
+    alpha, targets or base model, or adapters against a full model)."""
+    meta = read_metadata(resume_dir)
+    check_lora_record((meta.get("extra") or {}).get(LORA_KEY), lora_record_of(cfg), f"--load {resume_dir}")
+    ok, note = resume_note(checkpoint_layout(meta), layout(cfg, trainers))
     if not ok:
         raise CheckpointError(f"--load {resume_dir}: cannot resume: {note}")
     return note

@@ -14,11 +14,13 @@ from typing import List, Optional, Tuple
 
 from ..checkpoint import dist_ckpt, hf_check, manifest
 from ..checkpoint.dist_ckpt import CheckpointError, check_metadata, read_metadata
+from ..checkpoint.lora_meta import KEY as LORA_KEY
+from ..checkpoint.lora_meta import check_lora_record
 from ..config.validate import data_parallel_size, world_size
 from ..data.dataset import DataError, check_fingerprint
 from ..errors import one_line
 from ..outputs import checkpoint_dirs as checkpoints
-from ..training.train_checkpoint import run_layout
+from ..training.train_checkpoint import lora_record_of, run_layout
 from .preflight_result import FAIL, OK, SHAPE_ONLY_FILE, WARN, Check, _strip
 
 GB = 1e9
@@ -68,7 +70,9 @@ def check_hf_checkpoint(cfg, arch, dry_run: bool) -> Check:
     shape = f"config.json: {arch.model_type} {_params(arch.num_parameters)} params, vocab_size {arch.vocab_size:,}"
     present, missing, problem = _hf_weight_files(hf)
     size = sum(os.path.getsize(os.path.join(hf, f)) for f in present)
-    weights_from = "--load" if cfg.checkpoint.load else "--pretrained-checkpoint" if m.pretrained_checkpoint else None
+    # a LoRA checkpoint (--load) holds the adapters: the frozen base still comes from here
+    load_has_base = cfg.checkpoint.load and not m.lora_rank
+    weights_from = "--load" if load_has_base else "--pretrained-checkpoint" if m.pretrained_checkpoint else None
     if weights_from:
         return Check("hf-checkpoint", OK, hf, f"{shape}; the initial weights come from {weights_from}")
     if problem or missing:
@@ -231,6 +235,10 @@ def check_load(cfg, arch, dataset=None, dry_run: bool = True) -> Check:
     meta, why = _torch_dist_meta("--load", resolved, arch)
     if why:
         return Check("load", FAIL, load, why)
+    try:  # LoRA: the same adapters (rank, alpha, targets) on the same base model, or none on both sides
+        check_lora_record((meta.get("extra") or {}).get(LORA_KEY), lora_record_of(cfg), "--load")
+    except CheckpointError as e:
+        return Check("load", FAIL, load, _strip(one_line(e), load))
     saved = saved_layout(meta)
     new = current_layout(cfg)
     status = OK

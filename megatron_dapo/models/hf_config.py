@@ -20,6 +20,22 @@ from ..errors import ModelConfigError
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "qwen3_moe", "llama")
 #: model types with a mixture-of-experts MLP in every layer
 MOE_MODEL_TYPES = ("qwen3_moe",)
+#: the linear projections of a decoder layer in HF's (and PEFT's) names: what LoRA can target
+#: (--lora-target-modules; training/lora.py)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
+
+
+def lora_moe_refusal(arch: "ModelArch", targets) -> Optional[str]:
+    """The one line refusing MLP targets on a mixture-of-experts model (adapters go on attention
+    only: the experts and the router take none), or None."""
+    on_mlp = [t for t in targets if t in LORA_MLP_TARGETS]
+    if arch.is_moe and on_mlp:
+        return (
+            f"--lora-target-modules {','.join(on_mlp)}: {arch.model_type} is a mixture of experts and adapters "
+            "go on attention only (q_proj,k_proj,v_proj,o_proj); the experts and the router take none"
+        )
+    return None
 
 
 @dataclasses.dataclass(frozen=True)

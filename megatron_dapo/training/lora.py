@@ -38,16 +38,17 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import types
 from typing import Dict, Iterator, Optional, Tuple
 
 import torch
 from torch import nn
 
 from ..checkpoint.mapping import LORA_ATTR, fuse_qkv, is_lora_param
-from ..models.hf_config import ModelArch
+from ..models.hf_config import LORA_MLP_TARGETS, LORA_TARGETS, ModelArch, lora_moe_refusal
 
 #: the HF projections an adapter can target, in PEFT's names
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+TARGETS = LORA_TARGETS
 #: megatron linear (suffix inside a decoder layer) -> (HF projections it fuses, parallel kind)
 MODULES: Dict[str, Tuple[Tuple[str, ...], str]] = {
     "self_attention.linear_qkv": (("q_proj", "k_proj", "v_proj"), "column"),
@@ -59,7 +60,7 @@ MODULES: Dict[str, Tuple[Tuple[str, ...], str]] = {
 HF_PARENT = {p: ("self_attn" if p in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp") for p in TARGETS}
 #: the attribute an adapted megatron linear holds its adapters in (parameter names ``...linear_qkv.lora.*``)
 ATTR = LORA_ATTR
-MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
+MLP_TARGETS = LORA_MLP_TARGETS
 __all__ = ["LoRAOptions", "apply_lora", "is_lora_param", "merged_weight", "adapted_modules", "moe_refusal"]
 
 
@@ -81,14 +82,8 @@ def unknown_targets(targets) -> list:
 
 
 def moe_refusal(arch: ModelArch, targets) -> Optional[str]:
-    """The one line refusing MLP targets on a mixture-of-experts model, or None."""
-    on_mlp = [t for t in targets if t in MLP_TARGETS]
-    if arch.is_moe and on_mlp:
-        return (
-            f"--lora-target-modules {','.join(on_mlp)}: {arch.model_type} is a mixture of experts and adapters "
-            "go on attention only (q_proj,k_proj,v_proj,o_proj); the experts and the router take none"
-        )
-    return None
+    """``models.hf_config.lora_moe_refusal``: MLP targets on a mixture-of-experts model."""
+    return lora_moe_refusal(arch, targets)
 
 
 def _uniform_a(name: str, rows: int, cols: int, seed: int) -> torch.Tensor:
@@ -197,11 +192,39 @@ class LoRAAdapters(nn.Module):
         outs = [h[..., i * r : (i + 1) * r] @ self.lora_B[p].t() for i, p in enumerate(self.names)]
         return self._fuse(outs, dim=-1) * self.scaling
 
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
+        """megatron dist_checkpointing's view: the TP-split factor sharded along its split axis
+        (B by rows in a column layer, A by columns in a row layer), the other one replicated; each
+        projection's factor is its HF-layout tensor, so a checkpoint reshards to any TP."""
+        from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+        axis = (
+            {f"lora_B.{p}": 0 for p in self.names} if self.kind == "column" else {f"lora_A.{p}": 1 for p in self.names}
+        )
+        return make_sharded_tensors_for_checkpoint(
+            self.state_dict(prefix="", keep_vars=True),
+            prefix,
+            axis,
+            sharded_offsets,
+            tp_group=self.tp_group,
+            dp_cp_group=(metadata or {}).get("dp_cp_group"),
+        )
+
     @torch.no_grad()
     def delta_weight(self) -> torch.Tensor:
         """(alpha / r) B A of this rank's shard, laid out as the base weight: what merging adds."""
         parts = [self.lora_B[p].float() @ self.lora_A[p].float() for p in self.names]
         return self._fuse(parts, dim=0) * self.scaling
+
+
+def _linear_sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
+    """An adapted linear's sharded state dict: its own (the adapters dropped from it, where
+    megatron would call them replicated) and its adapters' (:meth:`LoRAAdapters.sharded_state_dict`)."""
+    own = type(self).sharded_state_dict(self, prefix, sharded_offsets, metadata)
+    inner = f"{prefix}{ATTR}."
+    own = {k: v for k, v in own.items() if not k.startswith(inner)}
+    own.update(getattr(self, ATTR).sharded_state_dict(inner, sharded_offsets, metadata))
+    return own
 
 
 def _hook(module, args, output):
@@ -261,6 +284,7 @@ def apply_lora(model, arch: ModelArch, opts: LoRAOptions, tp_group=None) -> int:
         )
         setattr(mod, ATTR, adapters)
         mod.register_forward_hook(_hook)
+        mod.sharded_state_dict = types.MethodType(_linear_sharded_state_dict, mod)
         count += sum(p.numel() for p in adapters.parameters())
     return count
 

@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 
 from ..config.schema import MoEConfig, OptimConfig, ParallelConfig
+from ..config.validate import lora_targets
 from ..distributed import dp_token_counts
 from ..models.hf_config import padded_vocab_size
 from ..models.provider import ModelBuildOptions, MoEOptions, build_gpt_model
@@ -50,6 +51,7 @@ class Policy:
     arch: object
     config: object  # TransformerConfig
     padded_vocab: int
+    lora: Optional[LoRAOptions] = None  # adapters on the base, which is frozen (training/lora.py)
 
 
 def moe_options(moe: MoEConfig) -> MoEOptions:
@@ -60,6 +62,16 @@ def moe_options(moe: MoEConfig) -> MoEOptions:
         enable_expert_bias=moe.moe_router_enable_expert_bias,
         bias_update_rate=moe.moe_router_bias_update_rate,
         token_dispatcher_type=moe.moe_token_dispatcher_type,
+    )
+
+
+def lora_options(cfg) -> Optional[LoRAOptions]:
+    """The adapters of the ``--lora-*`` flags (a DAPOConfig), or None with ``--lora-rank 0``."""
+    m = cfg.model
+    if not m.lora_rank:
+        return None
+    return LoRAOptions(
+        rank=m.lora_rank, alpha=m.lora_alpha, dropout=m.lora_dropout, targets=lora_targets(cfg), seed=cfg.optim.seed
     )
 
 
@@ -179,7 +191,7 @@ def build_policy(
     ddp = wrap_ddp(model, config, opt.use_distributed_optimizer)
     optimizer, scheduler = build_optimizer(ddp, opt, bf16=build.bf16)
     pv = padded_vocab_size(arch.vocab_size, build.make_vocab_size_divisible_by, config.tensor_model_parallel_size)
-    return Policy(ddp, optimizer, scheduler, arch, config, pv)
+    return Policy(ddp, optimizer, scheduler, arch, config, pv, lora)
 
 
 def train_step(policy: Policy, microbatches: list[dict], loss_fn) -> dict:

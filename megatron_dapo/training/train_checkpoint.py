@@ -42,7 +42,9 @@ from ..checkpoint.dist_ckpt import (
     same_ranks,
     save_checkpoint,
 )
+from ..checkpoint.lora_meta import lora_record
 from ..checkpoint.model_io import unwrap
+from ..config.validate import lora_targets
 
 
 def optimizer_format(distributed_optimizer: bool) -> str:
@@ -156,6 +158,15 @@ def run_layout(tp: int, pp: int, cp: int, world_size: int, nodes: Optional[int],
     }
 
 
+def lora_record_of(cfg) -> Optional[dict]:
+    """The LoRA record this run's checkpoints carry (checkpoint/lora_meta.py: the adapters'
+    rank, alpha and targets, the base model named and fingerprinted); None without LoRA."""
+    m = cfg.model
+    if not m.lora_rank:
+        return None
+    return lora_record(m.lora_rank, m.lora_alpha, lora_targets(cfg), m.hf_checkpoint)
+
+
 def _extra(policy, loading: bool):
     dist_opt = _is_distributed(policy)
     if dist_opt:
@@ -211,6 +222,7 @@ def load_train_checkpoint(policy, directory: str) -> dict:
 
 
 __all__ = [
+    "lora_record_of",
     "FULLY_RESHARDABLE",
     "PER_PARAMETER",
     "RESHARDABLE_FORMATS",

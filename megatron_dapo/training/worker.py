@@ -30,7 +30,7 @@ from ..models.provider import ModelBuildOptions, build_gpt_model, use_te_for
 from .dapo_step import compute_logprobs, train_on_minibatch
 from .item import TrainItem
 from .routing_replay import install as install_routing_replay
-from .setup import OptimizerOptions, build_policy, expert_parallel_sizes, moe_options
+from .setup import OptimizerOptions, build_policy, expert_parallel_sizes, lora_options, moe_options
 from .train_checkpoint import load_train_checkpoint, save_train_checkpoint
 
 
@@ -93,7 +93,7 @@ class PolicyWorker:
             use_distributed_optimizer=p.use_distributed_optimizer,
             lr_warmup_iters=lr_warmup_optimizer_steps(cfg),
         )
-        self.policy = build_policy(hf_config_path, build, opt)
+        self.policy = build_policy(hf_config_path, build, opt, lora=lora_options(cfg))
         if cfg.moe.routing_replay:  # R3: replay the engines' routing (training/routing_replay.py)
             install_routing_replay(self.policy.model)
         self.arch = self.policy.arch
@@ -127,8 +127,8 @@ class PolicyWorker:
     def _load_init_weights(self, model) -> str:
 
         m = self.cfg.model
-        if m.pretrained_checkpoint:
-            load_checkpoint(unwrap(model), m.pretrained_checkpoint, self.arch)
+        if m.pretrained_checkpoint:  # a LoRA model reads it as its base (its adapters stay as built)
+            load_checkpoint(unwrap(model), m.pretrained_checkpoint, self.arch, part="base")
             return m.pretrained_checkpoint
         if m.hf_checkpoint and os.path.exists(os.path.join(m.hf_checkpoint, "config.json")):
             load_hf_weights(model, self.arch, m.hf_checkpoint, self.policy.padded_vocab)
@@ -307,7 +307,8 @@ class PolicyWorker:
         save_train_checkpoint(self.policy, directory, metadata)
 
     def load(self, directory: str) -> None:
-
+        if self.policy.lora is not None:  # a LoRA checkpoint holds the adapters: the base first
+            self._load_init_weights(self.policy.model)
         load_train_checkpoint(self.policy, directory)
 
     def barrier(self) -> None:

@@ -211,3 +211,65 @@ def merged_sync(hf_cfg: dict, tp: int, pp: int, feeders):
         out["engine_diff"] = max(float((t - want[n]).abs().max()) for n, t in got.items())
         out["engine_names"] = len(got)
     return out
+
+
+def _lora_policy(hf_cfg: dict, tp: int, pp: int):
+    from megatron_dapo.checkpoint.model_io import load_hf_weights
+    from megatron_dapo.distributed import init_parallel
+    from megatron_dapo.models import ModelBuildOptions
+    from megatron_dapo.training.setup import OptimizerOptions, build_policy
+    from tests.tiny import random_hf_model
+    from tests.tolerances import COMPARE_ADAM_EPS
+
+    init_parallel(tp, pp, seed=1234)
+    sd = random_hf_model(hf_cfg, seed=0).state_dict()
+    opt = OptimizerOptions(lr=1e-2, weight_decay=0.1, clip_grad=1.0, adam_eps=COMPARE_ADAM_EPS)
+    policy = build_policy(hf_cfg, ModelBuildOptions(), opt, lora=LoRAOptions(rank=R, alpha=8.0, seed=5))
+    load_hf_weights(policy.model, policy.arch, lambda n: sd[n], policy.padded_vocab)
+    policy.optimizer.reload_model_params()
+    return policy
+
+
+def _adapter_state(policy) -> dict:
+    from megatron_dapo.checkpoint.model_io import unwrap
+    from megatron_dapo.training.lora import is_lora_param
+
+    return {n: p.detach().clone() for n, p in unwrap(policy.model).named_parameters() if is_lora_param(n)}
+
+
+def lora_checkpoint_resume(hf_cfg: dict, tp: int, pp: int, directory: str, save: bool):
+    """``save``: one step, save (adapters and optimizer only), one more step: the adapters after
+    it. Else: a fresh policy (base from the HF weights) loads the checkpoint, then one step: the
+    adapters after the load and after the step, and the keys the checkpoint holds."""
+    import os
+
+    from megatron_dapo.checkpoint.dist_ckpt import checkpoint_metadata, checkpoint_tensor_shapes
+    from megatron_dapo.training.train_checkpoint import load_train_checkpoint, save_train_checkpoint
+    from tests.hybrid.bodies import nll_step
+
+    policy = _lora_policy(hf_cfg, tp, pp)
+    if save:
+        nll_step(policy, seed=11)
+        meta = checkpoint_metadata(hf_cfg, extra={"step": 1})
+        save_train_checkpoint(policy, directory, meta)
+        nll_step(policy, seed=12)
+        return {"after": _adapter_state(policy)}
+    base_before = {n: t for n, t in _base_state(policy).items()}
+    load_train_checkpoint(policy, directory)
+    loaded = _adapter_state(policy)
+    base_after_load = _base_state(policy)
+    nll_step(policy, seed=12)
+    keys = sorted(checkpoint_tensor_shapes(directory)) if os.path.exists(directory) else []
+    return {
+        "loaded": loaded,
+        "after": _adapter_state(policy),
+        "keys": keys,
+        "base_untouched": all(torch.equal(base_before[n], t) for n, t in base_after_load.items()),
+    }
+
+
+def _base_state(policy) -> dict:
+    from megatron_dapo.checkpoint.model_io import unwrap
+    from megatron_dapo.training.lora import is_lora_param
+
+    return {n: p.detach().clone() for n, p in unwrap(policy.model).named_parameters() if not is_lora_param(n)}

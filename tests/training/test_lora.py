@@ -107,3 +107,31 @@ def test_the_merged_sync_and_export_give_the_weights_with_the_adapters_folded_in
         assert o["probe"] < 1e-4, o  # the engine computes what megatron with its adapters computes
     for o in engines:
         assert o["engine_diff"] < 1e-5 and o["engine_names"] > 0, o
+
+
+def test_a_lora_checkpoint_holds_the_adapters_and_resumes_exactly(gloo, tmp_path):
+    """TP 2: step, save, step; a fresh TP 2 policy (base from the HF weights) loads it and takes
+    the same step: bitwise the same adapters. The checkpoint holds adapters and optimizer state
+    only; a TP 1 policy reads the same adapters from it (resharded, no arithmetic)."""
+    import torch
+
+    from megatron_dapo.checkpoint.mapping import is_lora_param as lora_name
+
+    cfg, ckpt = tiny_qwen2_config(), str(tmp_path / "ckpt")
+    saved = gloo(2).run(lora_bodies.lora_checkpoint_resume, cfg, 2, 1, ckpt, True)
+    resumed = gloo(2).run(lora_bodies.lora_checkpoint_resume, cfg, 2, 1, ckpt, False)
+    for s, r in zip(saved, resumed):
+        assert r["base_untouched"]
+        assert s["after"].keys() == r["after"].keys()
+        for n in s["after"]:
+            assert torch.equal(s["after"][n], r["after"][n]), n  # bitwise: the exact resume
+    model_keys = [k for k in resumed[0]["keys"] if not k.startswith(("optimizer", "scheduler"))]
+    assert model_keys and all(lora_name(k) for k in model_keys), model_keys[:5]
+    one = gloo(1).run(lora_bodies.lora_checkpoint_resume, cfg, 1, 1, ckpt, False)[0]
+    for n, t in one["loaded"].items():
+        parts = [r["loaded"][n] for r in resumed]
+        if parts[0].shape == t.shape:  # replicated over TP
+            assert torch.equal(parts[0], t) and torch.equal(parts[1], t), n
+        else:
+            dim = 0 if ".lora_B." in n else 1
+            assert torch.equal(torch.cat(parts, dim=dim), t), n
