@@ -24,6 +24,8 @@ INSTALL_REQUIRES = [
     'megatron-core>=0.16.1,<0.17; python_version < "3.12"',
     "transformers>=4.56,<6",
     "safetensors>=0.4",
+    # LoRA adapters in PEFT's format (training/lora_export.py): adapter_config.json by peft.LoraConfig
+    "peft>=0.17",
     "sympy>=1.12",
     "pyarrow>=14",
     "numpy>=1.26",

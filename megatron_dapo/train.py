@@ -30,7 +30,14 @@ from .algo.staleness import ControllerSettings, StalenessController
 from .checkpoint.dist_ckpt import checkpoint_metadata
 from .config import ConfigError, parse_args, validate
 from .config.cli import decode_escapes
-from .config.validate import check_model_dir, hf_config_source, load_tokenizer, offload_train_default, stale_token_mode
+from .config.validate import (
+    check_model_dir,
+    hf_config_source,
+    load_tokenizer,
+    lora_targets,
+    offload_train_default,
+    stale_token_mode,
+)
 from .data import ResumableSampler, load_prompt_dataset
 from .diagnostics import repetition_rate
 from .driver import debug, resume
@@ -48,8 +55,9 @@ from .eval.runner import evaluate_in_training
 from .hybrid.phases import HybridStep
 from .known_warnings import quiet_known_warnings
 from .launch.preflight import check_before_launch, dry_run
-from .launch.preflight_checkpoints import checkpoint_bytes
+from .launch.preflight_checkpoints import checkpoint_bytes, lora_of
 from .models import parse_hf_config
+from .models.hf_config import lora_parameters
 from .outputs import checkpoint_dirs as checkpoints
 from .outputs import run_lock
 from .outputs.run_dir import prepare_outputs, write_config
@@ -402,7 +410,7 @@ class Trainer:
             if previous
             else "no earlier checkpoint of this run"
         )
-        need, _ = checkpoint_bytes(self.arch, self.cfg.model.bf16)
+        need, _ = checkpoint_bytes(self.arch, self.cfg.model.bf16, lora_of(self.cfg))
         try:
             with writing(root, f"step {self.step}: saving the checkpoint", need, kept):
                 lora = lora_record_of(self.cfg)  # LoRA: the adapters' record, the base named
@@ -433,6 +441,18 @@ class Trainer:
             shutil.rmtree(directory.rstrip("/") + ".tmp", ignore_errors=True)
             raise
 
+    def export_peft(self, directory: str) -> str:
+        """A LoRA policy's adapters in PEFT's format (written aside, renamed into place)."""
+        need = lora_parameters(self.arch, self.cfg.model.lora_rank, lora_targets(self.cfg)) * 4
+        try:
+            with writing(directory, "exporting the LoRA adapters", need):
+                return checkpoints.write_dir_atomically(
+                    directory, lambda tmp: self.hybrid.while_trainer_resident(self.trainers.export_peft, tmp)
+                )
+        except DiskFullError:
+            shutil.rmtree(directory.rstrip("/") + ".tmp", ignore_errors=True)
+            raise
+
     def finish(self) -> None:
         try:
             plot_training_curves(
@@ -441,7 +461,9 @@ class Trainer:
         except Exception as e:
             print(f"[plot] skipped: {e}")
         if self.cfg.checkpoint.save_hf_final:
-            self.export_hf(os.path.join(self.run_dir, "final_hf"))
+            self.export_hf(os.path.join(self.run_dir, "final_hf"))  # LoRA: the adapters merged in
+            if self.cfg.model.lora_rank:  # and the adapters alone, in PEFT's format
+                self.export_peft(os.path.join(self.run_dir, "final_peft"))
 
 
 def main(argv=None) -> int:

@@ -57,6 +57,9 @@ class PolicyActor:
     def export_hf(self, directory: str) -> list:
         return self.w.export_hf(directory)
 
+    def export_peft(self, directory: str) -> list:
+        return self.w.export_peft(directory)
+
     def full_weights(self) -> dict:
         return self.w.full_weights()
 

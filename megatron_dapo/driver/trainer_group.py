@@ -83,6 +83,10 @@ class TrainerGroup:
         """The current weights as an HF checkpoint in ``directory`` (collective)."""
         self._all(lambda a, r: a.export_hf.remote(directory))
 
+    def export_peft(self, directory: str) -> None:
+        """A LoRA policy's adapters in PEFT's format in ``directory`` (collective)."""
+        self._all(lambda a, r: a.export_peft.remote(directory))
+
     def full_weights(self) -> dict:
         """Megatron global name -> full (TP-gathered) tensor, every PP stage's."""
         out = {}

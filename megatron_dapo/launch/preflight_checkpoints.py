@@ -16,9 +16,10 @@ from ..checkpoint import dist_ckpt, hf_check, manifest
 from ..checkpoint.dist_ckpt import CheckpointError, check_metadata, read_metadata
 from ..checkpoint.lora_meta import KEY as LORA_KEY
 from ..checkpoint.lora_meta import check_lora_record
-from ..config.validate import data_parallel_size, world_size
+from ..config.validate import data_parallel_size, lora_targets, world_size
 from ..data.dataset import DataError, check_fingerprint
 from ..errors import one_line
+from ..models.hf_config import lora_parameters
 from ..outputs import checkpoint_dirs as checkpoints
 from ..training.train_checkpoint import lora_record_of, run_layout
 from .preflight_result import FAIL, OK, SHAPE_ONLY_FILE, WARN, Check, _strip
@@ -301,12 +302,21 @@ def check_load(cfg, arch, dataset=None, dry_run: bool = True) -> Check:
 # ----------------------------------------------------------------------------- disk
 
 
-def checkpoint_bytes(arch, bf16: bool) -> Tuple[float, str]:
+def checkpoint_bytes(arch, bf16: bool, lora: Optional[Tuple[int, tuple]] = None) -> Tuple[float, str]:
     """Estimated size of one trainer checkpoint (model + optimizer state) and how it is made up:
-    weights in the parameter dtype, Adam m and v in fp32, and fp32 main parameters with bf16."""
+    weights in the parameter dtype, Adam m and v in fp32, and fp32 main parameters with bf16.
+    ``lora`` (rank, targets): the adapters and their optimizer state only (the base is not saved)."""
     per = (2 + 4 + 8) if bf16 else (4 + 8)
     how = "bf16 weights 2 + fp32 main params 4 + Adam m, v 8" if bf16 else "fp32 weights 4 + Adam m, v 8"
+    if lora:
+        n = lora_parameters(arch, *lora)
+        return n * per, f"{_params(n)} LoRA adapter params x {per} B ({how}; the frozen base is not saved)"
     return arch.num_parameters * per, f"{_params(arch.num_parameters)} params x {per} B ({how})"
+
+
+def lora_of(cfg) -> Optional[Tuple[int, tuple]]:
+    """(rank, targets) of a LoRA run, None otherwise (for :func:`checkpoint_bytes`)."""
+    return (cfg.model.lora_rank, lora_targets(cfg)) if cfg.model.lora_rank else None
 
 
 def check_disk(cfg, arch) -> List[Check]:
@@ -315,7 +325,7 @@ def check_disk(cfg, arch) -> List[Check]:
     out = []
     ck = cfg.checkpoint
     if ck.save:
-        size, how = checkpoint_bytes(arch, cfg.model.bf16)
+        size, how = checkpoint_bytes(arch, cfg.model.bf16, lora_of(cfg))
         where = _nearest_existing(ck.save)
         save = os.path.abspath(ck.save)
         if not os.path.isdir(where):

@@ -26,6 +26,16 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 LORA_MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
 
 
+def lora_parameters(arch: "ModelArch", rank: int, targets) -> int:
+    """Adapter parameters of LoRA rank ``rank`` on ``targets`` over all layers: r x (in + out)
+    per adapted projection (training/lora.py)."""
+    h, q, kv = arch.hidden_size, arch.num_attention_heads * arch.head_dim, arch.num_query_groups * arch.head_dim
+    f = arch.ffn_hidden_size
+    shapes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
+    shapes.update({"gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)})
+    return arch.num_layers * sum(rank * sum(shapes[t]) for t in targets)
+
+
 def lora_moe_refusal(arch: "ModelArch", targets) -> Optional[str]:
     """The one line refusing MLP targets on a mixture-of-experts model (adapters go on attention
     only: the experts and the router take none), or None."""

@@ -29,6 +29,7 @@ from ..known_warnings import quiet_known_warnings
 from ..models.provider import ModelBuildOptions, build_gpt_model, use_te_for
 from .dapo_step import compute_logprobs, train_on_minibatch
 from .item import TrainItem
+from .lora_export import export_peft
 from .routing_replay import install as install_routing_replay
 from .setup import OptimizerOptions, build_policy, expert_parallel_sizes, lora_options, moe_options
 from .train_checkpoint import load_train_checkpoint, save_train_checkpoint
@@ -221,6 +222,13 @@ class PolicyWorker:
             hf_config_dir=self.hf_config_path,
             tokenizer_dir=tok if tok and os.path.isdir(tok) else None,
         )
+
+    def export_peft(self, directory: str) -> list:
+        """Write the adapters of a LoRA policy in PEFT's format (collective; training/lora_export.py)."""
+
+        if self.policy.lora is None:
+            return []
+        return export_peft(self.policy.model, self.policy.lora, directory, self.cfg.model.hf_checkpoint)
 
     # ------------------------------------------------------------------ DAPO
     def compute_logprobs(self, samples: list) -> Optional[list]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from megatron_dapo.models.hf_config import lora_parameters, parse_hf_config
 from megatron_dapo.training.lora import TARGETS, LoRAOptions, is_lora_param, moe_refusal
 from tests.tiny import tiny_qwen2_config, tiny_qwen3_moe_config
 from tests.tolerances import COMPARE_ADAM_EPS, adam_weight_atol
@@ -53,6 +54,8 @@ def test_only_adapters_train_and_tp2_pp2_end_where_one_rank_ends(gloo):
         assert res["moved"] == [], res["moved"]  # the base is bit-identical after the steps
     ref = one["adapters"]
     assert len(ref) == 2 * len(TARGETS) * cfg["num_hidden_layers"]
+    # the plan's count (checkpoint size, memory) is what the model holds
+    assert one["adapter_numel"] == lora_parameters(parse_hf_config(cfg), lora_bodies.R, TARGETS)
     moved = max(float((ref[k] - v).abs().max()) for k, v in lora_bodies_init(cfg).items())
     assert moved > 1e-3, moved  # the adapters did train
     tol = adam_weight_atol(
