@@ -17,6 +17,9 @@ Sections (each reports PASS/FAIL; the exit code is the number of failed sections
   offload    TrainerOffloader: params + grads + optimizer state to pinned host memory and
              back; memory_allocated before / offloaded / onloaded, GB/s, checksums equal,
              a second cycle (host buffers reused), a train step afterwards
+  lora       LoRA (issue 41): a tiny Qwen2 with adapters on all seven projections, built as
+             a LoRA policy is (with --te: the TE spec with its input norms unfused), fp32: its
+             logits against transformers' model with the adapters merged in HF's layout
 
 SGLang is NOT exercised (its wheels are too large to carry to this machine); neither are
 TP>1 / PP>1 over NCCL (one GPU: NCCL refuses two ranks on one device); those code paths are
@@ -394,6 +397,48 @@ def offload(args, policy, mbs):
     print(f"train step after onload: ok, grad norm {out['grad_norm']:.4g}")
 
 
+@section("lora")
+def lora(args):
+    import torch
+    from megatron.core import parallel_state as ps
+
+    from megatron_dapo.checkpoint.model_io import load_hf_weights
+    from megatron_dapo.models import ModelBuildOptions, build_gpt_model, padded_vocab_size
+    from megatron_dapo.training.forward import forward_backward, gather_vocab
+    from megatron_dapo.training.lora import LoRAOptions, apply_lora
+    from tests.tiny import random_hf_model, tiny_qwen2_config
+    from tests.training.lora_bodies import R, merged_hf_state, set_b
+
+    cfg = tiny_qwen2_config()
+    hf = random_hf_model(cfg, seed=0)
+    sd = hf.state_dict()
+    model, arch, _ = build_gpt_model(cfg, ModelBuildOptions(use_te=args.te, unfuse_norms=True))
+    load_hf_weights(model, arch, lambda n: sd[n], padded_vocab_size(arch.vocab_size, 128, 1))
+    opts = LoRAOptions(rank=R, alpha=8.0, seed=5)
+    apply_lora(model, arch, opts, tp_group=ps.get_tensor_model_parallel_group())
+    set_b(model, arch, opts.targets)
+    model.eval()
+    dev = next(model.parameters()).device
+    tokens = torch.randint(0, arch.vocab_size, (2, 12), generator=torch.Generator().manual_seed(7)).to(dev)
+    got = []
+
+    def loss_fn(batch, logits):
+        got.append(gather_vocab(logits)[..., : arch.vocab_size].detach().float())
+        return logits.sum() * 0, {}
+
+    with torch.no_grad():
+        forward_backward(model, [{"tokens": tokens}], loss_fn, forward_only=True)
+        hf = hf.to(dev)
+        plain = hf(tokens).logits.float()
+        hf.load_state_dict(merged_hf_state(hf.cpu(), arch, opts))
+        ref = hf.to(dev)(tokens).logits.float()
+    diff, effect = float((got[0] - ref).abs().max()), float((plain - ref).abs().max())
+    spec = "TE spec, norms unfused" if args.te else "local spec"
+    print(f"{spec}: |LoRA logits - merged HF logits| max {diff:.2e}; the adapters' effect {effect:.2e}")
+    if not diff < effect / 100:
+        raise AssertionError(f"LoRA logits differ from the merged model's by {diff:.2e} (effect {effect:.2e})")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layers", type=int, default=3)
@@ -421,6 +466,7 @@ def main(argv=None) -> int:
         probe(args, policy)
         if mbs is not None:
             offload(args, policy, mbs)
+    lora(args)
     print("\n===== summary =====")
     for name, status, secs in RESULTS:
         print(f"{status}  {name:8s} {secs:8.2f} s")
@@ -437,7 +483,7 @@ def main(argv=None) -> int:
     except Exception as e:  # teardown must not hide the results
         print("teardown:", e)
     failed = sum(1 for r in RESULTS if r[1] == "FAIL")
-    expected = 7
+    expected = 8
     missing = expected - len(RESULTS)
     print(f"{len(RESULTS) - failed}/{expected} sections passed" + (f", {missing} not run" if missing else ""))
     return failed + missing

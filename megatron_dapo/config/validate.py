@@ -406,7 +406,8 @@ def lora_targets(cfg: DAPOConfig) -> tuple:
 
 
 def check_lora(cfg: DAPOConfig, arch=None, on_gpu: bool = False) -> None:
-    """LoRA's flags (--lora-rank > 0): the targets, the model and the layer implementation."""
+    """LoRA's flags (--lora-rank > 0): the targets against the model (and the sync mode)."""
+    del on_gpu  # both layer specs take adapters (the TE spec with its norms unfused: models/provider.py)
     m = cfg.model
     if not m.lora_rank:
         return
@@ -421,11 +422,6 @@ def check_lora(cfg: DAPOConfig, arch=None, on_gpu: bool = False) -> None:
                 f"--lora-rank {m.lora_rank} is above the narrowest adapted projection's width ({narrowest}): "
                 "an adapter that wide is no low-rank update; lower it"
             )
-    if on_gpu and m.transformer_impl == "transformer_engine":
-        raise ConfigError(
-            "--lora-rank with --transformer-impl transformer_engine: the TE layer spec fuses the input norm into "
-            "the QKV and fc1 linears, so an adapter would see the un-normalised input; pass --transformer-impl local"
-        )
     if m.lora_sync == "adapter":
         raise ConfigError(
             "--lora-sync adapter is not built yet (issue 41): use --lora-sync merged, which folds the adapters "

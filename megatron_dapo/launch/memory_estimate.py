@@ -54,7 +54,7 @@ import math
 from typing import List, Optional
 
 from ..config.schema import DAPOConfig
-from ..config.validate import data_parallel_size, world_size
+from ..config.validate import data_parallel_size, lora_targets, world_size
 from ..models.hf_config import ModelArch, padded_vocab_size
 from .rank_layout import expert_group_size
 
@@ -96,6 +96,7 @@ class MemoryEstimate:
     engine_graphs: float = 0.0  # SGLang's decode CUDA graphs (released with the cuda_graph tag)
     graph_max_bs: int = 0
     mem_fraction_static: float = 0.0
+    lora_params_per_gpu: int = 0  # LoRA: the trained adapter parameters (the rest is frozen)
 
     @property
     def static(self) -> float:
@@ -244,6 +245,11 @@ def estimate_memory(cfg: DAPOConfig, arch: ModelArch, capacity_gb: float = 80.0)
     optimizer = (
         (params - experts) / (dp * cp) + experts / edp if p.use_distributed_optimizer else params
     ) * opt_per_param
+    lora = lora_params_per_gpu(arch, tp, pp, cfg.model.lora_rank, lora_targets(cfg)) if cfg.model.lora_rank else 0
+    if lora:  # the base frozen: gradients and optimizer state of the adapters only
+        weights += lora * wbytes
+        grads = lora * 4
+        optimizer = (lora / (dp * cp) if p.use_distributed_optimizer else lora) * opt_per_param
 
     tokens = o.max_tokens_per_gpu
     if tokens is None:
@@ -283,7 +289,36 @@ def estimate_memory(cfg: DAPOConfig, arch: ModelArch, capacity_gb: float = 80.0)
         engine_graphs=sglang_graph_bytes(capacity_gb, rtp),
         graph_max_bs=sglang_graph_max_bs(capacity_gb, rtp),
         mem_fraction_static=r.mem_fraction_static,
+        lora_params_per_gpu=lora,
     )
+
+
+def lora_params_per_gpu(arch: ModelArch, tp: int, pp: int, rank: int, targets) -> int:
+    """Adapter parameters on one GPU of the busiest stage (training/lora.py): a column-parallel
+    projection's A whole and its B split by TP, a row-parallel one's A split and its B whole."""
+    h, q, kv = arch.hidden_size, arch.num_attention_heads * arch.head_dim, arch.num_query_groups * arch.head_dim
+    f = arch.ffn_hidden_size
+    column = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "gate_proj": (h, f), "up_proj": (h, f)}
+    row = {"o_proj": (q, h), "down_proj": (f, h)}
+    per_layer = sum(rank * (i + o / tp) for t, (i, o) in column.items() if t in targets)
+    per_layer += sum(rank * (i / tp + o) for t, (i, o) in row.items() if t in targets)
+    return int(math.ceil(arch.num_layers / pp) * per_layer)
+
+
+def smallest_fitting_nodes(cfg: DAPOConfig, arch: ModelArch, capacity_gb: float, most: int = 64) -> Optional[int]:
+    """The fewest nodes (of ``--actor-num-gpus-per-node`` GPUs, at this TP x PP x CP) on which the
+    colocated trainer and engines fit ``capacity_gb`` GPUs by this estimate, or None up to ``most``."""
+    p = cfg.parallel
+    for n in range(1, most + 1):
+        if (n * p.gpus_per_node) % (
+            p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size
+        ):
+            continue
+        trial = dataclasses.replace(cfg, parallel=dataclasses.replace(p, nnodes=n))
+        m = estimate_memory(trial, arch, capacity_gb)
+        if max(m.train_peak, m.rollout_peak) <= m.capacity:
+            return n
+    return None
 
 
 def longest_fitting_sequence(cfg: DAPOConfig, arch: ModelArch, capacity_gb: float) -> int:

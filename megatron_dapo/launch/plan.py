@@ -19,11 +19,12 @@ The parts are computed in modules of their own: the rank and engine layout
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Iterator, List, Optional, Sequence
 
 from ..config.schema import DAPOConfig
-from ..config.validate import validate
+from ..config.validate import lora_targets, validate
 from ..models.hf_config import ModelArch
 from ..rollout.base import MEMORY_TAGS, WEIGHTS
 from ..rollout.engines import AUTO, resolve_engine_kind
@@ -39,6 +40,7 @@ from .memory_estimate import (
     MemoryEstimate,
     estimate_memory,
     longest_fitting_sequence,
+    smallest_fitting_nodes,
 )
 from .rank_layout import PlacementPlan, _span, expert_group_size, placement_plan
 from .schedule import lr_schedule
@@ -307,8 +309,14 @@ def dry_run_report(
         f"trainer: {m.params_per_gpu / 1e9:.3f}B params per GPU (busiest PP stage; total "
         f"{arch.num_parameters / 1e9:.2f}B / (TP {plan.tp} x PP {plan.pp}))"
     )
-    add(f"  weights {wb:<17}{_gb(m.weights):>10}")
-    add(f"  grads fp32               {_gb(m.grads):>10}")
+    lora = m.lora_params_per_gpu
+    if lora:
+        add(
+            f"  LoRA rank {cfg.model.lora_rank} on {','.join(lora_targets(cfg))}: {lora / 1e6:.2f}M adapter params per "
+            "GPU trained; the base frozen (no gradients, no optimizer state; docs/lora.md)"
+        )
+    add(f"  weights {wb:<17}{_gb(m.weights):>10}{'  (base + adapters)' if lora else ''}")
+    add(f"  grads fp32               {_gb(m.grads):>10}{'  (adapters only)' if lora else ''}")
     add(
         f"  Adam m+v{' + fp32 main' if cfg.model.bf16 else ''}     {_gb(m.optimizer):>10}"
         f"  ({_optimizer_shards(cfg, arch, plan) if p.use_distributed_optimizer else 'not sharded (no --use-distributed-optimizer)'})"
@@ -350,6 +358,16 @@ def dry_run_report(
         add(
             f"  {name}: training {_gb(mm.train_peak)}, generation {_gb(mm.rollout_peak)} -> peak {_gb(peak)} "
             f"of {mm.capacity / GB:.0f} GB: {'fits' if ok else 'DOES NOT FIT'}"
+        )
+    if lora:
+        fits = {name: smallest_fitting_nodes(cfg, arch, cap) for name, cap in GPU_CAPACITY_GB.items()}
+        full = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora_rank=0))
+        fits_full = {name: smallest_fitting_nodes(full, arch, cap) for name, cap in GPU_CAPACITY_GB.items()}
+        shown = lambda n: f"{n} node(s)" if n else "more than 64 nodes"  # noqa: E731
+        add(
+            f"smallest node count at TP {plan.tp} x PP {plan.pp} x CP {plan.cp} ({plan.gpus_per_node} {unit} per node) "
+            "on which it fits, LoRA vs full fine-tuning: "
+            + "; ".join(f"{name} {shown(fits[name])} vs {shown(fits_full[name])}" for name in GPU_CAPACITY_GB)
         )
     packed = o.use_packing or plan.cp > 1
     add(

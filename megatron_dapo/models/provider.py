@@ -39,6 +39,9 @@ class ModelBuildOptions:
     # Mixture of experts (ignored for dense models); docs/moe.md. The expert-parallel sizes
     # come from the parallel state (``distributed.init_parallel``).
     moe: "MoEOptions" = dataclasses.field(default_factory=lambda: MoEOptions())
+    # LoRA (training/lora.py): the TE spec's input norms as modules of their own, so that the QKV
+    # and fc1 linears (and their adapters) see the normalised input
+    unfuse_norms: bool = False
 
 
 @dataclasses.dataclass
@@ -195,7 +198,9 @@ def resolve_use_te(use_te: Optional[bool] = None) -> bool:
     return True
 
 
-def layer_spec(use_te: Optional[bool] = None, arch: Optional[ModelArch] = None, config=None):
+def layer_spec(
+    use_te: Optional[bool] = None, arch: Optional[ModelArch] = None, config=None, unfuse_norms: bool = False
+):
     """The TE spec or megatron-core's local spec, as :func:`resolve_use_te` decides.
 
     TE's attention handles packed (THD) micro-batches and context parallelism itself. The
@@ -206,6 +211,12 @@ def layer_spec(use_te: Optional[bool] = None, arch: Optional[ModelArch] = None, 
     ``arch``: Qwen3's q/k norms and the mixture of experts (router, token dispatcher and the
     experts: grouped GEMM (``TEGroupedMLP``) under TE, megatron's ``SequentialMLP`` of local
     linear layers otherwise; ``config.moe_grouped_gemm`` decides).
+
+    ``unfuse_norms`` (LoRA): the TE spec fuses the input norm into the QKV linear and the
+    pre-MLP norm into fc1 (``TELayerNormColumnParallelLinear``); here they become TE norms of
+    their own before plain TE column-parallel linears, as the local spec has them, so an adapter
+    on those linears sees the normalised input. The parameter names are then the local spec's
+    (``input_layernorm.weight``), the canonical names of checkpoint/mapping.py.
     """
     from megatron.core.models.gpt import gpt_layer_specs as specs  # megatron-core: when a model is built
 
@@ -213,9 +224,19 @@ def layer_spec(use_te: Optional[bool] = None, arch: Optional[ModelArch] = None, 
     experts = arch.num_experts if arch is not None and arch.is_moe else None
     grouped = bool(config is not None and getattr(config, "moe_grouped_gemm", False))
     if resolve_use_te(use_te):
-        return specs.get_gpt_layer_with_transformer_engine_spec(
+        spec = specs.get_gpt_layer_with_transformer_engine_spec(
             num_experts=experts, moe_grouped_gemm=grouped, qk_layernorm=qk
         )
+        if unfuse_norms:  # CUDA only (TE): checked by benchmarks/gpu_check.py's LoRA section
+            from megatron.core.extensions.transformer_engine import TEColumnParallelLinear, TENorm
+
+            sub = spec.submodules
+            sub.input_layernorm = TENorm
+            sub.self_attention.submodules.linear_qkv = TEColumnParallelLinear
+            if not experts:  # a MoE layer's pre-MLP norm is a module of its own already
+                sub.pre_mlp_layernorm = TENorm
+                sub.mlp.submodules.linear_fc1 = TEColumnParallelLinear
+        return spec
     from .attention import PackedDotProductAttention  # imports megatron-core at its top
 
     if experts:
@@ -259,7 +280,7 @@ def build_gpt_model(hf_config, opts: Optional[ModelBuildOptions] = None, *, pre_
     quiet_gptmodel_deprecation()
     model = GPTModel(
         config=cfg,
-        transformer_layer_spec=layer_spec(opts.use_te, arch, cfg),
+        transformer_layer_spec=layer_spec(opts.use_te, arch, cfg, opts.unfuse_norms),
         vocab_size=vocab,
         max_sequence_length=arch.max_position_embeddings,
         pre_process=pre_process,

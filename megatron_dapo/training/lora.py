@@ -29,8 +29,9 @@ the adapter's global name and the projection, over the whole matrix, then split:
 starts from the same adapters.
 
 MoE: adapters go on attention only; the experts and the router take none (``moe_refusal``).
-The TE spec fuses the input norm into the QKV and fc1 linears, so an adapter there would see the
-un-normalised input: LoRA needs ``--transformer-impl local`` for now (``te_refusal``).
+The TE spec fuses the input norm into the QKV and fc1 linears; a LoRA model is built with those
+norms as modules of their own (``ModelBuildOptions.unfuse_norms``, models/provider.py), so the
+adapters see the normalised input under both specs (``te_refusal`` guards a fused linear).
 """
 
 from __future__ import annotations
@@ -291,8 +292,8 @@ def apply_lora(model, arch: ModelArch, opts: LoRAOptions, tp_group=None) -> int:
 
 def te_refusal() -> str:
     return (
-        "--lora-rank with --transformer-impl transformer_engine: the TE spec fuses the input norm into the "
-        "QKV and fc1 linears, so an adapter would see the un-normalised input; use --transformer-impl local"
+        "LoRA on a TE linear with the input norm fused in (TELayerNormColumnParallelLinear): an adapter would "
+        "see the un-normalised input; build the model with ModelBuildOptions(unfuse_norms=True)"
     )
 
 

@@ -180,6 +180,8 @@ def build_policy(
     the adapters only (training/lora.py)."""
     build = build or ModelBuildOptions()
     opt = opt or OptimizerOptions()
+    if lora is not None:  # the TE spec's norms unfused: the adapters see the normalised input
+        build = dataclasses.replace(build, unfuse_norms=True)
     model, arch, config = build_gpt_model(hf_config, build)
     if lora is not None:
         from megatron.core import parallel_state as ps

@@ -23,6 +23,6 @@ def test_every_section_passes_on_the_cpu():
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert not done.leftovers, done.leftovers
-    for name in ("env", "nccl", "build", "train", "sync", "probe", "offload"):
+    for name in ("env", "nccl", "build", "train", "sync", "probe", "offload", "lora"):
         assert any(line.startswith(f"PASS  {name}") for line in out.splitlines()), (name, out[-3000:])
-    assert "7/7 sections passed" in out
+    assert "8/8 sections passed" in out
