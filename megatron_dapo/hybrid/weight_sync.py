@@ -163,6 +163,7 @@ class WeightSync(BucketGather):
         tp_group=None,
         pp_group=None,
         mp_group=None,
+        merge_lora: bool = True,
     ):
         from megatron.core import parallel_state as ps  # megatron-core: train.py imports this module, stays light
 
@@ -170,6 +171,9 @@ class WeightSync(BucketGather):
             raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
         self.chunks = list(model) if isinstance(model, (list, tuple)) else [model]
         self.arch = arch
+        # LoRA: the adapted weights sent merged (W + (alpha/r) B A; --lora-sync merged), or the frozen
+        # base as it is (the adapters go separately: --lora-sync adapter)
+        self.merge_lora = merge_lora
         self.feeder_ranks = sorted(set(int(r) for r in feeder_ranks))
         if not self.feeder_ranks:
             raise ValueError("feeder_ranks is empty")
@@ -220,7 +224,7 @@ class WeightSync(BucketGather):
         """This rank's plan entries (``bucket_plan.local_entries``); keeps its local parameters
         (``_local``, indexed by the entries)."""
         local = list(self._local_params())
-        owners = lora_owners(self.chunks, local)  # LoRA: adapted weights are sent merged
+        owners = lora_owners(self.chunks, local) if self.merge_lora else {}  # LoRA: adapted weights merged
         self._local = MergedLocal([p for _, p in local], owners) if owners else [p for _, p in local]
         return local_entries(local, self.moe)
 

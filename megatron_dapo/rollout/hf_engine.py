@@ -123,6 +123,11 @@ class HFEngine(RolloutEngine):
         self._closed = False
         self._weights_valid = True
         self._snapshot: Optional[Dict[str, torch.Tensor]] = None  # check_weights("snapshot")
+        # LoRA adapters (load_lora_adapter_from_tensors): name -> {weight: (alpha/r) B A}; the base
+        # of every adapted weight as the last full update left it; the adapter requests are served with
+        self._loras: Dict[str, Dict[str, torch.Tensor]] = {}
+        self._lora_base: Dict[str, torch.Tensor] = {}
+        self.active_lora: Optional[str] = None
         self._cache = None
         self._step_hook: Optional[Callable[[int], None]] = None  # tests: called every step
         self._stream = ContinuousBatcher(self, max_running)
@@ -206,6 +211,66 @@ class HFEngine(RolloutEngine):
             self.update_weights(staged)
         super().finish_weight_update()  # raises on missing names
         self._weights_valid = True
+        self._lora_base, self.active_lora = {}, None  # a full update is the new base, no adapter on it
+
+    # ------------------------------------------------------------------ LoRA adapters ----
+    def load_lora_adapter_from_tensors(
+        self, lora_name: str, tensors: Dict[str, torch.Tensor], config_dict: dict
+    ) -> None:
+        """SGLang's call (``Engine.load_lora_adapter_from_tensors``): an adapter in PEFT's names
+        (``base_model.model.<module>.lora_A.weight`` ``[r, in]``, ``...lora_B.weight`` ``[out, r]``)
+        with its ``adapter_config.json`` dict (``r``, ``lora_alpha``, ``use_rslora``). It becomes the
+        adapter requests are served with (this engine serves one at a time: the newest; SGLang's
+        requests name theirs): every adapted weight is set to ``base + (alpha / r) B A``, the base
+        being what the last full weight update left. Validated whole before anything changes."""
+        self._check_not_released(WEIGHTS, "load_lora_adapter_from_tensors")
+        r = int(config_dict["r"])
+        alpha = float(config_dict.get("lora_alpha", r))
+        scaling = alpha / (r**0.5 if config_dict.get("use_rslora") else r)
+        pairs: Dict[str, Dict[str, torch.Tensor]] = {}
+        for key, t in tensors.items():
+            name = key[len("base_model.model.") :] if key.startswith("base_model.model.") else key
+            for which in ("A", "B"):
+                suffix = f".lora_{which}.weight"
+                if name.endswith(suffix):
+                    pairs.setdefault(name[: -len(suffix)] + ".weight", {})[which] = t
+                    break
+            else:
+                raise WeightUpdateError(f"LoRA adapter {lora_name!r}: {key!r} is no lora_A / lora_B weight")
+        deltas = {}
+        for weight, ab in pairs.items():
+            canonical = self._alias.get(weight)
+            if canonical is None or set(ab) != {"A", "B"}:
+                raise WeightUpdateError(
+                    f"LoRA adapter {lora_name!r}: {weight!r} is {'no weight of the model' if canonical is None else 'missing lora_A or lora_B'}"
+                )
+            a, b, param = ab["A"], ab["B"], self._params[canonical]
+            if a.shape[0] != r or b.shape[1] != r or (b.shape[0], a.shape[1]) != tuple(param.shape):
+                raise WeightUpdateError(
+                    f"LoRA adapter {lora_name!r}: {weight}: A {tuple(a.shape)} and B {tuple(b.shape)} at rank {r} "
+                    f"do not make the weight's {tuple(param.shape)}"
+                )
+            deltas[canonical] = (b.float() @ a.float()) * scaling
+        self._loras[lora_name] = deltas
+        self._activate(lora_name)
+
+    def unload_lora_adapter(self, lora_name: str) -> None:
+        """SGLang's call: forget the adapter; if it was the one served, the base is served again."""
+        if lora_name not in self._loras:
+            raise WeightUpdateError(f"no LoRA adapter {lora_name!r} is loaded (loaded: {sorted(self._loras)})")
+        del self._loras[lora_name]
+        if self.active_lora == lora_name:
+            self._activate(None)
+
+    @torch.no_grad()
+    def _activate(self, lora_name: Optional[str]) -> None:
+        deltas = self._loras.get(lora_name, {}) if lora_name else {}
+        for name in set(deltas) | set(self._lora_base):
+            param = self._params[name]
+            base = self._lora_base.setdefault(name, param.detach().clone())
+            delta = deltas.get(name)
+            param.copy_(base if delta is None else (base.float() + delta).to(param.dtype))
+        self.active_lora = lora_name
 
     def get_weight(self, name: str) -> torch.Tensor:
         """The engine's current tensor for an HF name (aliases allowed); for tests/probes."""

@@ -52,12 +52,12 @@ def gather_adapters(model, tp_group=None) -> Iterator[Tuple[str, torch.Tensor]]:
                 yield peft_name(layer, p, which), t
 
 
-def export_peft(model, opts: LoRAOptions, save_dir: str, base_model: str) -> list:
-    """Write the adapters of ``model`` (this rank's TP/PP part) in PEFT's format into ``save_dir``
-    (collective; see the module docstring). Returns the files written (on rank 0; [] elsewhere)."""
+def adapter_tensors(model) -> Dict[str, torch.Tensor]:
+    """Every adapter factor of the whole model (all PP stages), whole, in PEFT's names, float32 on
+    the CPU, on every rank (collective over the world: each stage's TP rank 0 of DP rank 0
+    contributes its stage's)."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
-    from safetensors.torch import save_file
 
     mine: Dict[str, torch.Tensor] = {}
     for n, t in gather_adapters(model):
@@ -65,11 +65,21 @@ def export_peft(model, opts: LoRAOptions, save_dir: str, base_model: str) -> lis
     holder = ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine if holder else {})
-    if dist.get_rank() != 0:
-        return []
     tensors: Dict[str, torch.Tensor] = {}
     for part in everyone:
         tensors.update(part or {})
+    return tensors
+
+
+def export_peft(model, opts: LoRAOptions, save_dir: str, base_model: str) -> list:
+    """Write the adapters of ``model`` (this rank's TP/PP part) in PEFT's format into ``save_dir``
+    (collective; see the module docstring). Returns the files written (on rank 0; [] elsewhere)."""
+    import torch.distributed as dist
+    from safetensors.torch import save_file
+
+    tensors = adapter_tensors(model)
+    if dist.get_rank() != 0:
+        return []
     os.makedirs(save_dir, exist_ok=True)
     save_file({k: tensors[k].contiguous() for k in sorted(tensors)}, os.path.join(save_dir, ADAPTER_FILE))
     peft_config(opts, base_model).save_pretrained(save_dir)

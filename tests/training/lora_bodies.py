@@ -273,3 +273,52 @@ def _base_state(policy) -> dict:
     from megatron_dapo.training.lora import is_lora_param
 
     return {n: p.detach().clone() for n, p in unwrap(policy.model).named_parameters() if not is_lora_param(n)}
+
+
+def adapter_vs_merged_sync(hf_cfg: dict, tp: int, pp: int, feeders):
+    """The two ways an engine gets a LoRA policy (non-zero B): engine 1 by the merged bucketed sync,
+    engine 2 by the base's bucketed sync (``merge_lora=False``) and then the adapters alone
+    (``load_lora_adapter_from_tensors`` with PEFT's names and config). Greedy outputs of both, the
+    largest weight difference, and whether unloading the adapter gives the base back bitwise."""
+    import torch.distributed as dist
+
+    from megatron_dapo.checkpoint.model_io import load_hf_weights
+    from megatron_dapo.distributed import init_parallel
+    from megatron_dapo.hybrid.weight_sync import WeightSync
+    from megatron_dapo.models import ModelBuildOptions
+    from megatron_dapo.rollout.base import SamplingParams
+    from megatron_dapo.training.lora_export import adapter_tensors, peft_config
+    from megatron_dapo.training.setup import OptimizerOptions, build_policy
+    from tests.hybrid.bodies import make_engine
+    from tests.tiny import random_hf_model
+
+    init_parallel(tp, pp, seed=1234)
+    sd = random_hf_model(hf_cfg, seed=0).state_dict()
+    lora = LoRAOptions(rank=R, alpha=8.0, seed=5)
+    policy = build_policy(hf_cfg, ModelBuildOptions(), OptimizerOptions(), lora=lora)
+    load_hf_weights(policy.model, policy.arch, lambda n: sd[n], policy.padded_vocab)
+    set_b(policy.model, policy.arch, lora.targets)
+    feeder = dist.get_rank() in feeders
+    merged, adapted = (make_engine(hf_cfg), make_engine(hf_cfg)) if feeder else (None, None)
+    WeightSync(policy.model, policy.arch, feeder_ranks=feeders).sync(merged)
+    WeightSync(policy.model, policy.arch, feeder_ranks=feeders, merge_lora=False).sync(adapted)
+    tensors = adapter_tensors(policy.model)  # collective: every rank
+    if not feeder:
+        return None
+    base = {n: adapted.get_weight(n).clone() for n in adapted.expected_weight_names()}
+    adapted.load_lora_adapter_from_tensors("policy-v1", tensors, peft_config(lora, "base").to_dict())
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=12, ignore_eos=True)
+    prompts = [[1, 17, 33, 90], [1, 5, 9], [1, 200, 201, 202, 203, 7]]
+    out_m = [o[0].output_ids for o in merged.generate(prompts, greedy)]
+    out_a = [o[0].output_ids for o in adapted.generate(prompts, greedy)]
+    diff = max(float((merged.get_weight(n) - adapted.get_weight(n)).abs().max()) for n in base)
+    adapted.unload_lora_adapter("policy-v1")
+    restored = all(torch.equal(adapted.get_weight(n), t) for n, t in base.items())
+    return {
+        "merged": out_m,
+        "adapter": out_a,
+        "weight_diff": diff,
+        "restored": restored,
+        "adapter_bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
+        "model_bytes": sum(t.numel() * t.element_size() for t in base.values()),
+    }

@@ -138,3 +138,14 @@ def test_a_lora_checkpoint_holds_the_adapters_and_resumes_exactly(gloo, tmp_path
         else:
             dim = 0 if ".lora_B." in n else 1
             assert torch.equal(torch.cat(parts, dim=dim), t), n
+
+
+def test_the_adapter_sync_and_the_merged_sync_give_the_engine_the_same_greedy_output(gloo):
+    """TP 2: one engine by the merged sync, one by the base's sync and then the adapters alone (the
+    HF engine's ``load_lora_adapter_from_tensors``, SGLang's call): the same greedy paths; the
+    weights agree to float32 rounding of the same products; unloading gives the base back bitwise."""
+    (res,) = [r for r in gloo(2).run(lora_bodies.adapter_vs_merged_sync, tiny_qwen2_config(), 2, 1, [0]) if r]
+    assert res["adapter"] == res["merged"], res
+    assert res["weight_diff"] < 1e-5, res["weight_diff"]
+    assert res["restored"]
+    assert 0 < res["adapter_bytes"] < res["model_bytes"] / 10, res  # what adapter mode sends per sync
