@@ -131,6 +131,7 @@ class Trainer:
             probe_tolerance=cfg.rollout.weight_sync_tolerance,
             param_dtype=torch.bfloat16 if cfg.model.bf16 else torch.float32,
             check_init_sync=cfg.rollout.check_weight_sync_init,
+            adapters_only=cfg.model.lora_rank > 0 and cfg.model.lora_sync == "adapter",
         )
         self.logger = MetricsLogger(
             self.run_dir,

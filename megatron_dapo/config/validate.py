@@ -406,8 +406,9 @@ def lora_targets(cfg: DAPOConfig) -> tuple:
 
 
 def check_lora(cfg: DAPOConfig, arch=None, on_gpu: bool = False) -> None:
-    """LoRA's flags (--lora-rank > 0): the targets against the model (and the sync mode)."""
-    del on_gpu  # both layer specs take adapters (the TE spec with its norms unfused: models/provider.py)
+    """LoRA's flags (--lora-rank > 0): the targets against the model, and what --lora-sync adapter
+    runs with (the HF engine, colocated, synchronous). Both layer specs take adapters (the TE
+    spec with its norms unfused: models/provider.py)."""
     m = cfg.model
     if not m.lora_rank:
         return
@@ -423,10 +424,22 @@ def check_lora(cfg: DAPOConfig, arch=None, on_gpu: bool = False) -> None:
                 "an adapter that wide is no low-rank update; lower it"
             )
     if m.lora_sync == "adapter":
-        raise ConfigError(
-            "--lora-sync adapter is not built yet (issue 41): use --lora-sync merged, which folds the adapters "
-            "into the weights the engines receive"
+        r = cfg.rollout
+        engine = resolve_engine_kind(r.engine, on_gpu)
+        other = (
+            f"--rollout-engine {engine} (its adapter API is not wired yet: issue 41)"
+            if engine != "hf"
+            else "--rollout-placement disaggregated"
+            if r.placement == "disaggregated"
+            else f"--async-mode {r.async_mode}"
+            if r.async_mode != "off"
+            else None
         )
+        if other:
+            raise ConfigError(
+                f"--lora-sync adapter with {other}: use --lora-sync merged, which folds the adapters into the "
+                "weights every engine receives"
+            )
 
 
 def lr_warmup_optimizer_steps(cfg: DAPOConfig) -> int:

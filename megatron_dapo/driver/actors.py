@@ -60,6 +60,9 @@ class PolicyActor:
     def export_peft(self, directory: str) -> list:
         return self.w.export_peft(directory)
 
+    def adapter_payload(self):
+        return self.w.adapter_payload()
+
     def full_weights(self) -> dict:
         return self.w.full_weights()
 
@@ -242,6 +245,16 @@ class EngineActor:
         self.engine.finish_weight_update()
         if version is not None:
             self.engine.set_weight_version(version)
+
+    # LoRA adapters (--lora-sync adapter): SGLang's calls, PEFT's names and config
+    def load_lora_adapter_from_tensors(self, lora_name: str, tensors: dict, config_dict: dict) -> None:
+        load = getattr(self.engine, "load_lora_adapter_from_tensors", None)
+        if load is None:
+            raise TypeError(f"{type(self.engine).__name__} cannot load LoRA adapters (--lora-sync adapter)")
+        load(lora_name, tensors, config_dict)
+
+    def unload_lora_adapter(self, lora_name: str) -> None:
+        self.engine.unload_lora_adapter(lora_name)
 
     # weights broadcast over a collective group (--rollout-placement disaggregated): the engine's
     # calls. In a thread group of their own: they may run while the engine generates (poll), and

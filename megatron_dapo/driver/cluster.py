@@ -11,6 +11,7 @@ imports no Ray (tests/foundation/test_import_graph.py).
 from __future__ import annotations
 
 import os
+import time
 from typing import Optional
 
 import torch
@@ -118,6 +119,8 @@ class Cluster:
         self.trainers: Optional[TrainerGroup] = None  # once build_trainers ran
         self.master_addr = self.master_port = None
         self._engine_ids: dict = {}
+        self.adapter_version = 0  # --lora-sync adapter: the adapters sent so far (their names' counter)
+        self.adapter_of: dict = {}  # engine actor id -> the adapter it serves
         if build_trainers:
             self.build_trainers()
 
@@ -181,12 +184,18 @@ class Cluster:
         spec = self.pg.bundle_specs[0]
         return float(spec.get("CPU", 1))
 
-    def sync(self, engine_handles) -> dict:
+    def sync(self, engine_handles, full: bool = True) -> dict:
+        """The weight sync into ``engine_handles``. ``--lora-sync adapter``: ``full`` sends the frozen
+        base (the first sync, a restarted engine), then every sync sends the adapters alone
+        (:meth:`_sync_adapters`); otherwise ``full`` is ignored (every sync is full)."""
         import ray  # lazy: Ray
 
         handles = list(getattr(engine_handles, "members", engine_handles))  # RemoteEngines or handles
         if self.disaggregated:
             return self._broadcast(handles)
+        adapters = self.cfg.model.lora_rank > 0 and self.cfg.model.lora_sync == "adapter"
+        if adapters and not full:
+            return self._sync_adapters(handles, {"bytes": 0, "buckets": 0, "seconds": 0.0, "engines": len(handles)})
         # Every rank feeds the engine on its own GPUs (docs/hybrid.md, "who feeds whom"); the
         # ranks of an engine not being synced (a restarted engine is synced alone) only take
         # part in the collectives.
@@ -198,11 +207,35 @@ class Cluster:
             by_index[i] = h
         outs = ray.get([a.sync_to.remote(by_index, self.engine_kind) for a in self.actors])
         fed = [o for r, o in enumerate(outs) if by_index[r // self.cfg.rollout.num_gpus_per_engine] is not None]
-        return {
+        stats = {
             "bytes": fed[0]["bytes"] if fed else 0,
             "buckets": max(o["buckets"] for o in outs),
             "seconds": max(o["seconds"] for o in outs),
             "engines": len(handles),
+        }
+        return self._sync_adapters(handles, stats) if adapters else stats
+
+    def _sync_adapters(self, handles, stats: dict) -> dict:
+        """--lora-sync adapter: the trainer's adapters, gathered whole in PEFT's names (a collective
+        of every rank; rank 0 returns them), loaded into each engine under a new name (SGLang's
+        ``load_lora_adapter_from_tensors``), then the engine's previous adapter unloaded."""
+        import ray  # lazy: Ray
+
+        t0 = time.perf_counter()
+        tensors, config = ray.get([a.adapter_payload.remote() for a in self.actors])[0]
+        self.adapter_version += 1
+        name = f"policy-{self.adapter_version}"
+        ray.get([h.load_lora_adapter_from_tensors.remote(name, tensors, config) for h in handles])
+        previous = [(h, self.adapter_of.get(h._actor_id)) for h in handles]
+        ray.get([h.unload_lora_adapter.remote(old) for h, old in previous if old])
+        for h in handles:
+            self.adapter_of[h._actor_id] = name
+        sent = sum(t.numel() * t.element_size() for t in tensors.values())
+        return {
+            **stats,
+            "bytes": stats["bytes"] + sent,
+            "adapter_bytes": sent,
+            "seconds": stats["seconds"] + time.perf_counter() - t0,
         }
 
     def _broadcast(self, handles) -> dict:

@@ -109,7 +109,8 @@ class InProcessTrainer:
         if self.offload_enabled:
             self.worker.offload()
 
-    def sync(self, engines) -> dict:
+    def sync(self, engines, full: bool = True) -> dict:
+        del full  # every in-process sync is a full one (--lora-sync adapter runs on the Ray path)
         members = engines.members
         return self.worker.sync_weights(members[0] if len(members) == 1 else members)
 
@@ -162,8 +163,13 @@ class HybridStep:
         probe_tolerance: Optional[float] = None,
         param_dtype: torch.dtype = torch.float32,
         check_init_sync: bool = False,
+        adapters_only: bool = False,
     ):
         self.trainer = trainer
+        # --lora-sync adapter: the engines keep the frozen base between steps (they release their KV
+        # cache and CUDA graphs only) and take the LoRA adapters alone at each sync; the base is sent
+        # at the first sync and to a restarted engine (trainer protocol: sync(engines, full=...))
+        self.adapters_only = adapters_only
         self.check_init_sync = check_init_sync  # --check-weight-sync-init: see _init_check
         self._init_snapshot = False
         self.offload = offload
@@ -212,14 +218,19 @@ class HybridStep:
             self._event("trainer_offload")
             self.trainer_resident = False
 
-    def _sync_and_probe_reference(self, engines, probe: Optional[list]):
+    def _sync_and_probe_reference(self, engines, probe: Optional[list], full: bool = True):
         checking = bool(probe) and should_check(self.num_syncs, self.check_every)
-        # exact checksums (probe.compare_checksums): the trainer records what it sends
-        sums = getattr(self.trainer, "weight_checksums", None) if checking else None
+        # exact checksums (probe.compare_checksums): the trainer records what it sends; not for an
+        # adapter-only sync (the engine's weights then differ from what was sent: base + adapters)
+        sums = getattr(self.trainer, "weight_checksums", None) if checking and not self.adapters_only else None
         if sums is not None:
             sums(True, engines)  # arm: the next sync records, on both sides
-        stats = self._timed("sync_s", self.trainer.sync, engines)
-        self._event("sync_weights")
+        if self.adapters_only:
+            stats = self._timed("sync_s", self.trainer.sync, engines, full=full)
+            self._event("sync_weights" if full else "sync_adapters")
+        else:
+            stats = self._timed("sync_s", self.trainer.sync, engines)
+            self._event("sync_weights")
         ref = None
         self.last_check = {}
         if checking:
@@ -285,7 +296,8 @@ class HybridStep:
         """rollout -> train: the engines release all their memory, the trainer onloads."""
         self._require(ROLLOUT, what="to_train")
         self.timings = {}
-        self._memory("engine_release", "release_s", engines.release_memory, MEMORY_TAGS)
+        tags = AFTER_SYNC_TAGS if self.adapters_only else MEMORY_TAGS  # adapters only: the base stays
+        self._memory("engine_release", "release_s", engines.release_memory, tags)
         self._onload()
         self.phase = TRAIN
 
@@ -304,10 +316,12 @@ class HybridStep:
             self._onload()
         if init_check and not self._init_snapshot:  # no launch(): engines not released since they loaded
             self._init_check(engines, "snapshot")
-        self._memory("engine_resume_weights", "resume_s", engines.resume_memory, [WEIGHTS])
+        full = self.phase == INIT or not self.adapters_only  # the base goes at the first sync only
+        if full:
+            self._memory("engine_resume_weights", "resume_s", engines.resume_memory, [WEIGHTS])
         if init_check:
             self._init_check(engines, "reset_tensors")
-        stats, ref = self._sync_and_probe_reference(engines, probe)
+        stats, ref = self._sync_and_probe_reference(engines, probe, full=full)
         if init_check:
             self._init_check(engines, "compare")
         self._offload()

@@ -29,7 +29,7 @@ from ..known_warnings import quiet_known_warnings
 from ..models.provider import ModelBuildOptions, build_gpt_model, use_te_for
 from .dapo_step import compute_logprobs, train_on_minibatch
 from .item import TrainItem
-from .lora_export import export_peft
+from .lora_export import adapter_tensors, export_peft, peft_config
 from .routing_replay import install as install_routing_replay
 from .setup import OptimizerOptions, build_policy, expert_parallel_sizes, lora_options, moe_options
 from .train_checkpoint import load_train_checkpoint, save_train_checkpoint
@@ -195,7 +195,11 @@ class PolicyWorker:
         if self._sync is None or self._sync[0] != key:
             feeding = EngineFeeding(self.cfg.rollout.num_gpus_per_engine) if feed_engines else None
             ws = WeightSync(
-                self.policy.model, self.arch, bucket_bytes=size, feeder_ranks=feeding.feeder_ranks if feeding else (0,)
+                self.policy.model,
+                self.arch,
+                bucket_bytes=size,
+                feeder_ranks=feeding.feeder_ranks if feeding else (0,),
+                merge_lora=self.cfg.model.lora_sync != "adapter",  # adapter: the base, the adapters apart
             )
             ws.keep_buffers = ws.device.type == "cpu"  # no first-touch of fresh memory each sync
             self._sync = (key, ws, feeding)
@@ -229,6 +233,15 @@ class PolicyWorker:
         if self.policy.lora is None:
             return []
         return export_peft(self.policy.model, self.policy.lora, directory, self.cfg.model.hf_checkpoint)
+
+    def adapter_payload(self):
+        """The LoRA adapters for the engines (--lora-sync adapter): ``(tensors in PEFT's names,
+        the adapter_config dict)`` on rank 0, None elsewhere (collective: every rank calls)."""
+
+        tensors = adapter_tensors(self.policy.model)
+        if self.rank != 0 or self.policy.lora is None:
+            return None
+        return tensors, peft_config(self.policy.lora, self.cfg.model.hf_checkpoint).to_dict()
 
     # ------------------------------------------------------------------ DAPO
     def compute_logprobs(self, samples: list) -> Optional[list]:

@@ -72,3 +72,34 @@ def test_a_lora_run_trains_adapters_only_saves_them_and_resumes(tmp_path, capsys
     assert main(base_args(hf, prompts, run, **{"--num-rollout": "4", **other})) == 2
     err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert len(err) == 1 and "its adapters were trained with --lora-rank 4, this run has 8" in err[0], err
+
+
+def test_the_adapter_sync_sends_the_base_once_then_the_adapters_alone(tmp_path, capsys):
+    """``--lora-sync adapter`` (HF engine, colocated): the first sync sends the frozen base, every
+    later one the adapters alone (``load_lora_adapter_from_tensors``, the previous adapter
+    unloaded); the engines keep their weights between steps (they release their KV cache only) and
+    the probe finds them computing what megatron computes with its adapters."""
+    import json
+
+    from megatron_dapo.models.hf_config import lora_parameters, parse_hf_config
+    from megatron_dapo.train import main
+
+    hf = make_tiny_qwen2_dir(str(tmp_path / "hf"))
+    prompts = make_prompts(str(tmp_path / "prompts.jsonl"))
+    run = str(tmp_path / "run")
+    args = {**LORA, "--lora-sync": "adapter", "--no-progress": None, "--num-rollout": "2"}
+    assert main(base_args(hf, prompts, run, **args)) == 0
+    rows = read_metrics(run)
+    adapter_bytes = lora_parameters(parse_hf_config(hf), 4, ("q_proj", "v_proj", "down_proj")) * 4  # float32
+    for r in rows:
+        assert r["sync_bytes"] == adapter_bytes, (r["sync_bytes"], adapter_bytes)
+        assert r["weight_sync_probe_diff"] < 1e-4, r
+    with open(os.path.join(run, "hybrid_events.jsonl")) as f:
+        events = [json.loads(line)["events"] for line in f if line.strip()]
+    assert "engine_resume_weights" in events[0] and "sync_weights" in events[0]  # the base, once
+    for step in events[1:]:
+        assert "sync_adapters" in step and "engine_resume_weights" not in step and "sync_weights" not in step, step
+    capsys.readouterr()
+    refused = base_args(hf, prompts, run, **{**args, "--rollout-engine": "sglang", "--dry-run": None})
+    assert main(refused) != 0
+    assert "--lora-sync adapter with --rollout-engine sglang" in capsys.readouterr().out

@@ -30,8 +30,6 @@ ALLOWED = {
     "offload_train_default, which train.py calls",
     ("model", "lora_target_modules"): "normalised by config/validate.py's lora_targets, which training/setup.py "
     "(the adapters) and training/train_checkpoint.py (the checkpoint's record) call",
-    ("model", "lora_sync"): "only 'merged' is built (the bucketed sync merges any adapted weight, "
-    "hybrid/bucket_plan.MergedLocal); 'adapter' is refused by config/validate.py's check_lora (issue 41)",
 }
 
 
