@@ -1,10 +1,12 @@
 """DAPO with LoRA through the driver (``megatron_dapo.train.main``, issue 41): a 2-step run of the
-tiny Qwen2 with ``--lora-rank 4`` (the merged weight sync, probed after every sync), its
+tiny Qwen2 with ``--lora-rank 4 --lora-sync adapter`` (the base sent once, then the adapters alone;
+probed after every sync; the merged sync: tests/training/test_lora.py), its
 adapter-only checkpoints, the merged HF export and the PEFT export at the end (loaded by peft:
 the same logits as the merged model), and a resume from its checkpoint."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -12,6 +14,7 @@ from safetensors.torch import load_file
 
 from megatron_dapo.checkpoint.dist_ckpt import checkpoint_tensor_shapes
 from megatron_dapo.checkpoint.mapping import is_lora_param
+from megatron_dapo.models.hf_config import lora_parameters, parse_hf_config
 from tests.e2e.fixtures import make_prompts, make_tiny_qwen2_dir
 from tests.e2e.test_train_e2e import base_args, read_metrics
 
@@ -26,13 +29,22 @@ def test_a_lora_run_trains_adapters_only_saves_them_and_resumes(tmp_path, capsys
     hf = make_tiny_qwen2_dir(str(tmp_path / "hf"))
     prompts = make_prompts(str(tmp_path / "prompts.jsonl"))
     run, save = str(tmp_path / "run"), str(tmp_path / "ckpt")
-    args = {**LORA, "--no-progress": None, "--save": save, "--save-interval": "1", "--save-hf-final": None}
+    args = {**LORA, "--lora-sync": "adapter", "--no-progress": None, "--save": save, "--save-interval": "1"}
+    args["--save-hf-final"] = None
     assert main(base_args(hf, prompts, run, **{"--num-rollout": "2", **args})) == 0
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2]
+    adapter_bytes = lora_parameters(parse_hf_config(hf), 4, ("q_proj", "v_proj", "down_proj")) * 4  # float32
     for r in rows:
-        # the engine got W + (alpha/r) B A: its logprobs of the probe equal megatron's with its adapters
+        # after training, the adapters alone went to the engine (load_lora_adapter_from_tensors), and
+        # it computes base + (alpha/r) B A: its logprobs of the probe equal megatron's with its adapters
+        assert r["sync_bytes"] == adapter_bytes, (r["sync_bytes"], adapter_bytes)
         assert r["weight_sync_probe_diff"] < 1e-4, r
+    with open(os.path.join(run, "hybrid_events.jsonl")) as f:
+        events = [json.loads(line)["events"] for line in f if line.strip()]
+    assert "engine_resume_weights" in events[0] and "sync_weights" in events[0]  # the base, once
+    for step in events[1:]:  # the engine keeps its weights between steps (it releases its KV cache only)
+        assert "sync_adapters" in step and "engine_resume_weights" not in step and "sync_weights" not in step, step
     # the checkpoint: adapters (and their optimizer state) only
     keys = checkpoint_tensor_shapes(os.path.join(save, "step_000002"))
     model_keys = [k for k in keys if not k.startswith(("optimizer", "scheduler"))]
@@ -72,34 +84,7 @@ def test_a_lora_run_trains_adapters_only_saves_them_and_resumes(tmp_path, capsys
     assert main(base_args(hf, prompts, run, **{"--num-rollout": "4", **other})) == 2
     err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert len(err) == 1 and "its adapters were trained with --lora-rank 4, this run has 8" in err[0], err
-
-
-def test_the_adapter_sync_sends_the_base_once_then_the_adapters_alone(tmp_path, capsys):
-    """``--lora-sync adapter`` (HF engine, colocated): the first sync sends the frozen base, every
-    later one the adapters alone (``load_lora_adapter_from_tensors``, the previous adapter
-    unloaded); the engines keep their weights between steps (they release their KV cache only) and
-    the probe finds them computing what megatron computes with its adapters."""
-    import json
-
-    from megatron_dapo.models.hf_config import lora_parameters, parse_hf_config
-    from megatron_dapo.train import main
-
-    hf = make_tiny_qwen2_dir(str(tmp_path / "hf"))
-    prompts = make_prompts(str(tmp_path / "prompts.jsonl"))
-    run = str(tmp_path / "run")
-    args = {**LORA, "--lora-sync": "adapter", "--no-progress": None, "--num-rollout": "2"}
-    assert main(base_args(hf, prompts, run, **args)) == 0
-    rows = read_metrics(run)
-    adapter_bytes = lora_parameters(parse_hf_config(hf), 4, ("q_proj", "v_proj", "down_proj")) * 4  # float32
-    for r in rows:
-        assert r["sync_bytes"] == adapter_bytes, (r["sync_bytes"], adapter_bytes)
-        assert r["weight_sync_probe_diff"] < 1e-4, r
-    with open(os.path.join(run, "hybrid_events.jsonl")) as f:
-        events = [json.loads(line)["events"] for line in f if line.strip()]
-    assert "engine_resume_weights" in events[0] and "sync_weights" in events[0]  # the base, once
-    for step in events[1:]:
-        assert "sync_adapters" in step and "engine_resume_weights" not in step and "sync_weights" not in step, step
-    capsys.readouterr()
-    refused = base_args(hf, prompts, run, **{**args, "--rollout-engine": "sglang", "--dry-run": None})
+    # the adapter sync is wired for the HF engine only: SGLang is refused by the dry run
+    refused = base_args(hf, prompts, run, **{**resume, "--rollout-engine": "sglang", "--dry-run": None})
     assert main(refused) != 0
     assert "--lora-sync adapter with --rollout-engine sglang" in capsys.readouterr().out
