@@ -404,8 +404,8 @@ def lora(args):
 
     from megatron_dapo.checkpoint.model_io import load_hf_weights
     from megatron_dapo.models import ModelBuildOptions, build_gpt_model, padded_vocab_size
-    from megatron_dapo.training.forward import forward_backward, gather_vocab
     from megatron_dapo.training.lora import LoRAOptions, apply_lora
+    from tests.checkpoint.bodies import _logits
     from tests.tiny import random_hf_model, tiny_qwen2_config
     from tests.training.lora_bodies import R, merged_hf_state, set_b
 
@@ -420,14 +420,8 @@ def lora(args):
     model.eval()
     dev = next(model.parameters()).device
     tokens = torch.randint(0, arch.vocab_size, (2, 12), generator=torch.Generator().manual_seed(7)).to(dev)
-    got = []
-
-    def loss_fn(batch, logits):
-        got.append(gather_vocab(logits)[..., : arch.vocab_size].detach().float())
-        return logits.sum() * 0, {}
-
+    got = [_logits(model, arch, tokens)]
     with torch.no_grad():
-        forward_backward(model, [{"tokens": tokens}], loss_fn, forward_only=True)
         hf = hf.to(dev)
         plain = hf(tokens).logits.float()
         hf.load_state_dict(merged_hf_state(hf.cpu(), arch, opts))
