@@ -1,12 +1,13 @@
 #!/usr/bin/env python
 """Convert a megatron-dapo torch_dist checkpoint into a Hugging Face checkpoint directory.
 
-    python tools/convert_megatron_to_hf.py --load DIR --save DIR [--hf-config DIR] [--tokenizer DIR]
+    python tools/convert_megatron_to_hf.py --load DIR --save DIR [--hf-config DIR] [--tokenizer DIR] [--base DIR]
 
 Writes safetensors shards (+ model.safetensors.index.json), config.json (from --hf-config,
 checked against the checkpoint, else the config stored in the checkpoint's metadata) and the
 tokenizer files of --tokenizer; the result loads with
-``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` offline. Runs as one process.
+``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` offline. Runs as one process. A LoRA
+run's checkpoint (adapters only) is written merged, with the base it names (or ``--base``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ def parse_args(argv=None):
     p.add_argument("--save", required=True, help="output HF checkpoint directory")
     p.add_argument("--hf-config", default=None, help="directory (or config.json) whose config to write")
     p.add_argument("--tokenizer", default=None, help="directory whose tokenizer files to copy")
+    p.add_argument(
+        "--base",
+        default=None,
+        help="a LoRA checkpoint (adapters only): the HF checkpoint of its base model (default: the one it "
+        "names; its fingerprint must match); the adapters are merged into the weights written",
+    )
     p.add_argument("--max-shard-size-gb", type=float, default=5.0)
     p.add_argument(
         "--overwrite",
@@ -68,10 +75,38 @@ def _convert(args) -> int:
         hf_config_dir=args.hf_config,
         tokenizer_dir=args.tokenizer,
         max_shard_bytes=int(args.max_shard_size_gb * 1024**3),
+        lora_setup=_lora_setup(args.load, args.base),
     )
     if dist.get_rank() == 0:
         print(f"wrote {args.save}: {', '.join(files)} in {time.time() - t0:.1f}s")
     return 0
+
+
+def _lora_setup(load: str, base_override):
+    """A LoRA checkpoint's model: its adapters (rank, alpha, targets from its record) on the built
+    model, the base's weights from the HF checkpoint it names (or ``--base``), whose fingerprint
+    must be the record's (checkpoint/lora_meta.py)."""
+
+    def setup(model, arch, record: dict, padded_vocab: int) -> None:
+        from megatron.core import parallel_state as ps
+
+        from megatron_dapo.checkpoint.lora_meta import check_lora_record, lora_record
+        from megatron_dapo.checkpoint.model_io import load_hf_weights
+        from megatron_dapo.training.lora import LoRAOptions, apply_lora
+
+        base = base_override or record["base"]["hf_checkpoint"]
+        if not os.path.isdir(base):
+            raise ConfigError(
+                f"--base {base}: not found (the base model of the LoRA checkpoint {load}); pass --base DIR"
+            )
+        check_lora_record(
+            record, lora_record(record["rank"], record["alpha"], record["targets"], base), f"--load {load}"
+        )
+        opts = LoRAOptions(rank=record["rank"], alpha=record["alpha"], targets=tuple(record["targets"]))
+        apply_lora(model, arch, opts, tp_group=ps.get_tensor_model_parallel_group())
+        load_hf_weights(model, arch, base, padded_vocab)
+
+    return setup
 
 
 if __name__ == "__main__":

@@ -284,12 +284,18 @@ def torch_dist_to_hf(
     tokenizer_dir=None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     make_vocab_size_divisible_by: int = 128,
+    lora_setup=None,
 ) -> list[str]:
     """Write the torch_dist checkpoint in ``load_dir`` as an HF checkpoint in ``save_dir``.
 
     safetensors shards (+ index when more than one), config.json and, from ``tokenizer_dir``,
     the tokenizer files. Collective over the default group (a world of one when absent); rank 0
     writes. Tensors keep the checkpoint's dtype. Returns the files written.
+
+    A LoRA run's checkpoint holds the adapters only (checkpoint/lora_meta.py): ``lora_setup(model,
+    arch, record, padded_vocab)`` puts the adapters on the built model and loads the base it names
+    (tools/convert_megatron_to_hf.py); the export is the merged model. Without it such a
+    checkpoint is refused in one line.
     """
     import torch.distributed as dist
 
@@ -301,9 +307,17 @@ def torch_dist_to_hf(
     damaged = manifest.verify(load_dir)  # the digests recorded at save (none: written before they existed)
     if damaged:
         raise CheckpointError(f"{load_dir}: {damaged}; {dist_ckpt.FIX_DAMAGED}")
+    lora = (meta.get("extra") or {}).get("lora")
+    if lora and lora_setup is None:
+        raise CheckpointError(
+            f"{load_dir} holds LoRA adapters only (rank {lora['rank']}, base {lora['base']['hf_checkpoint']}): "
+            "convert it with tools/convert_megatron_to_hf.py, which loads the base and merges them"
+        )
     ensure_distributed()  # every check above reads files only
     arch = dist_ckpt.metadata_arch(meta)
-    model, arch, _ = _build(arch, dist_ckpt.torch_dtype(meta["dtype"]), 1, 1, make_vocab_size_divisible_by)
+    model, arch, padded = _build(arch, dist_ckpt.torch_dtype(meta["dtype"]), 1, 1, make_vocab_size_divisible_by)
+    if lora:
+        lora_setup(model, arch, lora, padded)
     dist_ckpt.load_checkpoint(model, load_dir, arch)
     written: list[str] = []
     if dist.get_rank() == 0:

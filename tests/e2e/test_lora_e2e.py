@@ -60,6 +60,30 @@ def test_a_lora_run_trains_adapters_only_saves_them_and_resumes(tmp_path, capsys
         n for n in final if n not in adapted and not (final[n] == base[n]).all()
     ]
 
+    # the converter merges a LoRA checkpoint with the base it names: the same tensors as the run's export
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    conv = str(tmp_path / "converted")
+    done = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(root, "tools", "convert_megatron_to_hf.py"),
+            "--load",
+            os.path.join(save, "step_000002"),
+            "--save",
+            conv,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    converted = load_file(os.path.join(conv, "model.safetensors"))
+    assert converted.keys() == final.keys() and all((converted[n] == final[n]).all() for n in final)
+
     # the adapters in PEFT's format: peft loads them on the base, and the result computes what the
     # merged export computes (float32; PEFT adds (alpha/r) B A x to W x, the export stores W + (alpha/r) B A)
     import torch
