@@ -96,7 +96,7 @@ def lora_logits_vs_merged_hf(hf_cfg: dict, tp: int, pp: int, targets: tuple):
     return {"diff": float((got - ref).abs().max()), "effect": float((plain - ref).abs().max())}
 
 
-def lora_train_steps(hf_cfg: dict, tp: int, pp: int, steps: int):
+def lora_train_steps(hf_cfg: dict, tp: int, pp: int, steps: int, distributed_optimizer: bool = False):
     """``steps`` AdamW steps of a LoRA policy on a fixed batch: which parameters the optimizer
     holds, whether any base weight moved (bitwise), and the adapters after the steps, whole
     (TP shards gathered), keyed ``layer.p.A|B``."""
@@ -115,7 +115,13 @@ def lora_train_steps(hf_cfg: dict, tp: int, pp: int, steps: int):
     init_parallel(tp, pp, seed=1234)
     hf = random_hf_model(hf_cfg, seed=0)
     sd = hf.state_dict()
-    opt = OptimizerOptions(lr=1e-2, weight_decay=0.0, clip_grad=1.0, adam_eps=COMPARE_ADAM_EPS)
+    opt = OptimizerOptions(
+        lr=1e-2,
+        weight_decay=0.0,
+        clip_grad=1.0,
+        adam_eps=COMPARE_ADAM_EPS,
+        use_distributed_optimizer=distributed_optimizer,
+    )
     lora = LoRAOptions(rank=R, alpha=8.0, seed=5)
     policy = build_policy(hf_cfg, ModelBuildOptions(), opt, lora=lora)
     load_hf_weights(policy.model, policy.arch, lambda n: sd[n], policy.padded_vocab)

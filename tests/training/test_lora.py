@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from megatron_dapo.models.hf_config import lora_parameters, parse_hf_config
 from megatron_dapo.training.lora import TARGETS, LoRAOptions, is_lora_param, moe_refusal
@@ -70,10 +71,19 @@ def test_only_adapters_train_and_tp2_pp2_end_where_one_rank_ends(gloo):
     assert COMPARE_ADAM_EPS > 0
 
 
+def test_the_distributed_optimizer_shards_the_adapters_only(gloo):
+    """DP 2 with megatron's distributed optimizer: its shards of the two ranks add up to the
+    adapters (the frozen base is in no buffer), the base stays bit-identical, both ranks end with
+    the same adapters."""
+    a, b = gloo(2).run(lora_bodies.lora_train_steps, tiny_qwen2_config(), 1, 1, 2, True)
+    assert a["adapter_numel"] == b["adapter_numel"] > 0
+    assert a["in_optimizer"] + b["in_optimizer"] == a["adapter_numel"], (a["in_optimizer"], b["in_optimizer"])
+    assert a["moved"] == b["moved"] == []
+    assert all(torch.equal(a["adapters"][k], b["adapters"][k]) for k in a["adapters"])
+
+
 def lora_bodies_init(cfg: dict) -> dict:
     """The adapters as the init leaves them (A drawn from its seed, B zero), keyed as the bodies key them."""
-    import torch
-
     from megatron_dapo.models import parse_hf_config
     from megatron_dapo.training.lora import MODULES, _uniform_a
 
@@ -116,8 +126,6 @@ def test_a_lora_checkpoint_holds_the_adapters_and_resumes_exactly(gloo, tmp_path
     """TP 2: step, save, step; a fresh TP 2 policy (base from the HF weights) loads it and takes
     the same step: bitwise the same adapters. The checkpoint holds adapters and optimizer state
     only; a TP 1 policy reads the same adapters from it (resharded, no arithmetic)."""
-    import torch
-
     from megatron_dapo.checkpoint.mapping import is_lora_param as lora_name
 
     cfg, ckpt = tiny_qwen2_config(), str(tmp_path / "ckpt")
