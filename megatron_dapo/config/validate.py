@@ -413,6 +413,12 @@ def check_lora(cfg: DAPOConfig, arch=None, on_gpu: bool = False) -> None:
     if not m.lora_rank:
         return
     targets = lora_targets(cfg)
+    if m.lora_dropout > 0 and cfg.parallel.tensor_model_parallel_size > 1:
+        raise ConfigError(
+            f"--lora-dropout {m.lora_dropout} with --tensor-model-parallel-size {cfg.parallel.tensor_model_parallel_size}: "
+            "the TP ranks would draw different masks on the input their replicated LoRA A factors share; "
+            "use --lora-dropout 0 (the default) at TP > 1"
+        )
     if arch is not None:
         refusal = lora_moe_refusal(arch, targets)
         if refusal:

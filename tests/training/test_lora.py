@@ -157,3 +157,35 @@ def test_the_adapter_sync_and_the_merged_sync_give_the_engine_the_same_greedy_ou
     assert res["weight_diff"] < 1e-5, res["weight_diff"]
     assert res["restored"]
     assert 0 < res["adapter_bytes"] < res["model_bytes"] / 10, res  # what adapter mode sends per sync
+
+
+def test_the_lora_flags_are_read_and_checked_in_one_line():
+    from megatron_dapo.config.cli import parse_args
+    from megatron_dapo.config.validate import check_lora, lora_targets
+    from megatron_dapo.errors import ConfigError
+    from megatron_dapo.models import parse_hf_config
+
+    def cfg(*flags):
+        return parse_args(["--hf-checkpoint", "x", "--lora-rank", "8", *flags])
+
+    assert lora_targets(cfg("--lora-target-modules", "v_proj,q_proj", "down_proj")) == ("q_proj", "v_proj", "down_proj")
+    assert lora_targets(cfg("--lora-target-modules", "all-linear")) == TARGETS
+    dense, moe = parse_hf_config(tiny_qwen2_config()), parse_hf_config(tiny_qwen3_moe_config())
+    check_lora(cfg(), dense)  # the defaults pass
+    refused = {
+        "q_prj": cfg("--lora-target-modules", "q_prj"),
+        "--lora-dropout 0.1 with --tensor-model-parallel-size 2": cfg(
+            "--lora-dropout", "0.1", "--tensor-model-parallel-size", "2"
+        ),
+        "is above the narrowest adapted projection": cfg("--lora-rank", "4096"),
+        "--lora-sync adapter with --async-mode one-step-off": cfg(
+            "--lora-sync", "adapter", "--async-mode", "one-step-off"
+        ),
+        "--lora-sync adapter with --rollout-engine sglang": cfg("--lora-sync", "adapter", "--rollout-engine", "sglang"),
+    }
+    for needle, c in refused.items():
+        with pytest.raises(ConfigError) as e:
+            check_lora(c, dense)
+        assert needle in str(e.value) and "\n" not in str(e.value), (needle, str(e.value))
+    with pytest.raises(ConfigError, match="attention only"):
+        check_lora(cfg(), moe)
