@@ -103,29 +103,12 @@ def lora_train_steps(hf_cfg: dict, tp: int, pp: int, steps: int, distributed_opt
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    from megatron_dapo.checkpoint.model_io import layer_offset, load_hf_weights, unwrap
-    from megatron_dapo.distributed import init_parallel
-    from megatron_dapo.models import ModelBuildOptions
+    from megatron_dapo.checkpoint.model_io import layer_offset, unwrap
     from megatron_dapo.training.lora import adapted_modules, is_lora_param
-    from megatron_dapo.training.setup import OptimizerOptions, build_policy, train_step
+    from megatron_dapo.training.setup import train_step
     from tests.foundation.bodies import _nll_loss_fn
-    from tests.tiny import random_hf_model
-    from tests.tolerances import COMPARE_ADAM_EPS
 
-    init_parallel(tp, pp, seed=1234)
-    hf = random_hf_model(hf_cfg, seed=0)
-    sd = hf.state_dict()
-    opt = OptimizerOptions(
-        lr=1e-2,
-        weight_decay=0.0,
-        clip_grad=1.0,
-        adam_eps=COMPARE_ADAM_EPS,
-        use_distributed_optimizer=distributed_optimizer,
-    )
-    lora = LoRAOptions(rank=R, alpha=8.0, seed=5)
-    policy = build_policy(hf_cfg, ModelBuildOptions(), opt, lora=lora)
-    load_hf_weights(policy.model, policy.arch, lambda n: sd[n], policy.padded_vocab)
-    policy.optimizer.reload_model_params()
+    policy = _lora_policy(hf_cfg, tp, pp, weight_decay=0.0, distributed_optimizer=distributed_optimizer)
     inner = unwrap(policy.model)
     base_before = {n: p.detach().clone() for n, p in inner.named_parameters() if not is_lora_param(n)}
     trainable = sorted(n for n, p in inner.named_parameters() if p.requires_grad)
@@ -213,7 +196,7 @@ def merged_sync(hf_cfg: dict, tp: int, pp: int, feeders):
     return out
 
 
-def _lora_policy(hf_cfg: dict, tp: int, pp: int):
+def _lora_policy(hf_cfg: dict, tp: int, pp: int, weight_decay: float = 0.1, distributed_optimizer: bool = False):
     from megatron_dapo.checkpoint.model_io import load_hf_weights
     from megatron_dapo.distributed import init_parallel
     from megatron_dapo.models import ModelBuildOptions
@@ -223,7 +206,13 @@ def _lora_policy(hf_cfg: dict, tp: int, pp: int):
 
     init_parallel(tp, pp, seed=1234)
     sd = random_hf_model(hf_cfg, seed=0).state_dict()
-    opt = OptimizerOptions(lr=1e-2, weight_decay=0.1, clip_grad=1.0, adam_eps=COMPARE_ADAM_EPS)
+    opt = OptimizerOptions(
+        lr=1e-2,
+        weight_decay=weight_decay,
+        clip_grad=1.0,
+        adam_eps=COMPARE_ADAM_EPS,
+        use_distributed_optimizer=distributed_optimizer,
+    )
     policy = build_policy(hf_cfg, ModelBuildOptions(), opt, lora=LoRAOptions(rank=R, alpha=8.0, seed=5))
     load_hf_weights(policy.model, policy.arch, lambda n: sd[n], policy.padded_vocab)
     policy.optimizer.reload_model_params()
