@@ -143,6 +143,8 @@ COLLECTIVE_MODULES = {
     "megatron_dapo/training/logprobs.py": "tests/foundation/test_parallel_logits.py, tests/training",
     "megatron_dapo/training/routing_replay.py": "tests/moe/test_routing_replay.py (routing stats over TP/CP/PP)",
     "megatron_dapo/training/worker.py": "tests/e2e (barrier only)",
+    "megatron_dapo/training/lora_export.py": "tests/training/test_lora.py (the adapters' TP all-gather on the "
+    "params' device, the world's object gather: the adapter sync at TP 2)",
 }
 _COLLECTIVE = re.compile(
     r"\bdist\.(all_reduce|broadcast|all_gather|all_gather_into_tensor|reduce_scatter|reduce_scatter_tensor|reduce|"

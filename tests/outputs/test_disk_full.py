@@ -54,7 +54,7 @@ def test_a_checkpoint_save_on_a_full_disk_keeps_the_previous_one_and_latest(tmp_
     t = Trainer.__new__(Trainer)
     t.cfg = types.SimpleNamespace(
         checkpoint=types.SimpleNamespace(save=str(save), keep_last=2),
-        model=types.SimpleNamespace(bf16=False),
+        model=types.SimpleNamespace(bf16=False, lora_rank=0),
         run=types.SimpleNamespace(crash_during_save_at_step=None),
     )
     t.step, t.run_id, t.hf_dir = 3, "r", make_tiny_qwen2_dir(str(tmp_path / "hf"))

@@ -238,6 +238,9 @@ def lora_checkpoint_resume(hf_cfg: dict, tp: int, pp: int, directory: str, save:
 
     policy = _lora_policy(hf_cfg, tp, pp)
     if save:
+        from tests.checkpoint.bodies import allow_children
+
+        allow_children()  # dist_checkpointing.save starts writer processes (megatron-core 0.16)
         nll_step(policy, seed=11)
         meta = checkpoint_metadata(hf_cfg, extra={"step": 1})
         save_train_checkpoint(policy, directory, meta)
