@@ -235,7 +235,7 @@ def layer_spec(
             sub.self_attention.submodules.linear_qkv = TEColumnParallelLinear
             if not experts:  # a MoE layer's pre-MLP norm is a module of its own already
                 sub.pre_mlp_layernorm = TENorm
-                sub.mlp.submodules.linear_fc1 = TEColumnParallelLinear
+                mlp_submodules(sub.mlp).linear_fc1 = TEColumnParallelLinear
         return spec
     from .attention import PackedDotProductAttention  # imports megatron-core at its top
 
@@ -246,6 +246,12 @@ def layer_spec(
     )
     spec.submodules.self_attention.submodules.core_attention = PackedDotProductAttention
     return spec
+
+
+def mlp_submodules(mlp):
+    """The ``MLPSubmodules`` of a dense MLP's spec: a ``ModuleSpec`` (megatron-core 0.16) or a
+    ``functools.partial`` of ``MLP.as_mlp_submodule`` (0.19)."""
+    return mlp.submodules if hasattr(mlp, "submodules") else mlp.keywords["submodules"]
 
 
 #: megatron-core 0.19 logs this on every GPTModel build (it is "only accepting critical bug fixes",
