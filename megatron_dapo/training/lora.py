@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from ..checkpoint.mapping import LORA_ATTR, fuse_qkv, is_lora_param
-from ..models.hf_config import LORA_MLP_TARGETS, LORA_TARGETS, ModelArch, lora_moe_refusal
+from ..models.hf_config import LORA_TARGETS, ModelArch, lora_moe_refusal
 
 #: the HF projections an adapter can target, in PEFT's names
 TARGETS = LORA_TARGETS
@@ -61,8 +61,7 @@ MODULES: Dict[str, Tuple[Tuple[str, ...], str]] = {
 HF_PARENT = {p: ("self_attn" if p in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp") for p in TARGETS}
 #: the attribute an adapted megatron linear holds its adapters in (parameter names ``...linear_qkv.lora.*``)
 ATTR = LORA_ATTR
-MLP_TARGETS = LORA_MLP_TARGETS
-__all__ = ["LoRAOptions", "apply_lora", "is_lora_param", "merged_weight", "adapted_modules", "moe_refusal"]
+__all__ = ["LoRAOptions", "apply_lora", "is_lora_param", "adapted_modules", "moe_refusal"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -306,9 +305,3 @@ def _fused_rows(arch: ModelArch, fused: Tuple[str, ...], out_local: int) -> Dict
     if fused == ("gate_proj", "up_proj"):
         return {"gate_proj": out_local // 2, "up_proj": out_local // 2}
     return {fused[0]: out_local}
-
-
-def merged_weight(mod: nn.Module) -> torch.Tensor:
-    """The linear's weight shard with its adapters folded in (``W + (alpha / r) B A``), a new tensor."""
-    adapters = getattr(mod, ATTR)
-    return (mod.weight.float() + adapters.delta_weight()).to(mod.weight.dtype)
